@@ -1,0 +1,479 @@
+"""Typed run configuration.
+
+A run is described by one :class:`RunConfig` made of small keyword-only dataclasses.
+Every field has a doc comment; ``__post_init__`` validation names the field
+(``train.batch_per_gpu``) and the fix. Configs come from a preset, then a YAML file,
+then ``--set section.field=value`` overrides, and the resolved config is written to
+``RUN_DIR/config.yaml`` by every run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import UserError, closest
+
+
+class Device(str, enum.Enum):
+    """Where the run executes. ``auto`` picks CUDA, then MPS, then CPU."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+    MPS = "mps"
+
+
+class Precision(str, enum.Enum):
+    """Numeric precision of the forward/backward pass.
+
+    ``auto``: bf16 autocast on GPUs that support it, fp16 + GradScaler on older CUDA
+    GPUs, fp32 on CPU and MPS.
+    """
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Recipe(str, enum.Enum):
+    """Training recipe. ``fast``: every speed lever this tool has (default).
+    ``plain``: the common recipe users copy (fp16 autocast + GradScaler, fp32 AdamW,
+    a CPU DataLoader with 4 workers, default DDP), kept for side-by-side benchmarks."""
+
+    FAST = "fast"
+    PLAIN = "plain"
+
+
+class Toggle(str, enum.Enum):
+    """A feature switch whose ``auto`` lets the runtime decide per device."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class BetaSchedule(str, enum.Enum):
+    """Noise schedule, as named by diffusers' schedulers."""
+
+    LINEAR = "linear"
+    SCALED_LINEAR = "scaled_linear"
+    COSINE = "squaredcos_cap_v2"
+
+
+class Prediction(str, enum.Enum):
+    """What the network predicts: the noise, the velocity or the clean sample."""
+
+    EPSILON = "epsilon"
+    V_PREDICTION = "v_prediction"
+    SAMPLE = "sample"
+
+
+class LrSchedule(str, enum.Enum):
+    """Learning rate after warm-up: constant or cosine decay to 10 %."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
+class LrScaling(str, enum.Enum):
+    """How the learning rate follows the effective batch (relative to ``optim.base_batch``)."""
+
+    NONE = "none"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+
+
+def _fail(name: str, problem: str, fix: str) -> None:
+    raise UserError(f"config {name}: {problem}", fix)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The denoising network (a diffusers ``UNet2DModel``)."""
+
+    sample_size: int = 28
+    """Image side in pixels; data is resized/cropped to it."""
+    channels: int = 0
+    """Image channels; 0 follows the data (1 for grayscale, 3 for RGB)."""
+    block_out_channels: tuple[int, ...] = (32, 64, 128)
+    """Width of each UNet level, from the highest resolution down."""
+    attention: tuple[bool, ...] = (False, True, True)
+    """Self-attention at each level (same length as ``block_out_channels``)."""
+    layers_per_block: int = 2
+    """ResNet layers per UNet level."""
+    norm_num_groups: int = 32
+    """GroupNorm groups; must divide every width in ``block_out_channels``."""
+    dropout: float = 0.0
+    """Dropout in the ResNet blocks."""
+
+    def __post_init__(self) -> None:
+        self.block_out_channels = tuple(int(c) for c in self.block_out_channels)
+        self.attention = tuple(bool(a) for a in self.attention)
+        if self.sample_size < 4:
+            _fail("model.sample_size", f"{self.sample_size} is too small", "use 8 pixels or more")
+        if not self.block_out_channels:
+            _fail("model.block_out_channels", "is empty", "give one width per UNet level, e.g. [32, 64, 128]")
+        if len(self.attention) != len(self.block_out_channels):
+            _fail(
+                "model.attention",
+                f"has {len(self.attention)} entries but model.block_out_channels has {len(self.block_out_channels)}",
+                "give one true/false per UNet level",
+            )
+        for width in self.block_out_channels:
+            if width <= 0 or width % self.norm_num_groups:
+                _fail(
+                    "model.block_out_channels",
+                    f"width {width} is not a positive multiple of model.norm_num_groups={self.norm_num_groups}",
+                    "use widths divisible by norm_num_groups, or lower norm_num_groups",
+                )
+        downsamples = 2 ** (len(self.block_out_channels) - 1)
+        if self.sample_size % downsamples:
+            _fail(
+                "model.sample_size",
+                f"{self.sample_size} px cannot be halved {len(self.block_out_channels) - 1} times "
+                f"by a {len(self.block_out_channels)}-level UNet",
+                f"use a size divisible by {downsamples} (e.g. {max(downsamples, self.sample_size // downsamples * downsamples)}) "
+                "or fewer levels",
+            )
+        if self.channels not in (0, 1, 3, 4):
+            _fail("model.channels", f"{self.channels} is not supported", "use 0 (follow the data), 1, 3 or 4")
+        if self.layers_per_block < 1:
+            _fail("model.layers_per_block", "must be at least 1", "set it to 1 or 2")
+        if not 0.0 <= self.dropout < 1.0:
+            _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
+
+
+@dataclass(kw_only=True)
+class DiffusionConfig:
+    """The forward (noising) process, shared by training and sampling."""
+
+    num_train_timesteps: int = 1000
+    """Number of diffusion steps the network is trained on."""
+    beta_schedule: BetaSchedule = BetaSchedule.LINEAR
+    """Noise schedule."""
+    beta_start: float = 1e-4
+    """First beta of the linear schedules."""
+    beta_end: float = 0.02
+    """Last beta of the linear schedules."""
+    prediction_type: Prediction = Prediction.EPSILON
+    """Training target."""
+
+    def __post_init__(self) -> None:
+        if self.num_train_timesteps < 2:
+            _fail("diffusion.num_train_timesteps", "must be at least 2", "use 1000")
+        if not 0 < self.beta_start < self.beta_end < 1:
+            _fail("diffusion.beta_start/beta_end", "need 0 < beta_start < beta_end < 1", "use 1e-4 and 0.02")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where training images come from and how they are augmented."""
+
+    source: str = "builtin:glyphs"
+    """Data spec: builtin[:glyphs|digits|mix], imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT."""
+    shift_px: int = 1
+    """Random translation of up to this many pixels (on the device), 0 to disable."""
+    hflip: bool = False
+    """Random horizontal flips (off by default: they turn letters into mirror glyphs)."""
+    max_items: int = 0
+    """Use at most this many images (0: all)."""
+    workers: int = -1
+    """Data-loader workers per rank when a CPU loader is used (-1: from the CPU and memory budget)."""
+
+    def __post_init__(self) -> None:
+        if not self.source.strip():
+            _fail("data.source", "is empty", "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT or mnist:ROOT")
+        if self.shift_px < 0:
+            _fail("data.shift_px", "is negative", "use 0 (off) or a few pixels")
+        if self.max_items < 0:
+            _fail("data.max_items", "is negative", "use 0 for all images")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """AdamW with linear warm-up, clipping and an optional LR scaling rule."""
+
+    lr: float = 2e-4
+    """Peak learning rate (at ``base_batch``; see ``lr_scaling``)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.999
+    """AdamW beta2."""
+    warmup_steps: int = 200
+    """Linear warm-up from 0 to the peak learning rate."""
+    schedule: LrSchedule = LrSchedule.CONSTANT
+    """Learning rate after warm-up."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+    lr_scaling: LrScaling = LrScaling.NONE
+    """Scale ``lr`` with effective batch / ``base_batch``."""
+    base_batch: int = 256
+    """The effective batch that ``lr`` was tuned for (used by ``lr_scaling``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lr < 1:
+            _fail("optim.lr", f"{self.lr} is outside (0, 1)", "use e.g. 2e-4")
+        if self.warmup_steps < 0:
+            _fail("optim.warmup_steps", "is negative", "use 0 or more")
+        if self.grad_clip < 0:
+            _fail("optim.grad_clip", "is negative", "use 0 (off) or e.g. 1.0")
+        if self.base_batch < 1:
+            _fail("optim.base_batch", "must be positive", "use the batch your lr was tuned at")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Loop length, batching, EMA, logging and checkpoint cadence."""
+
+    steps: int = 10_000
+    """Optimizer steps to train (the run's target; resumes continue to it)."""
+    batch_per_gpu: int = 64
+    """Micro-batch per process (per GPU)."""
+    grad_accum: int = 1
+    """Micro-batches accumulated per optimizer step. Effective batch = batch_per_gpu x world size x grad_accum."""
+    ema_decay: float = 0.999
+    """EMA decay of the weights used for sampling."""
+    seed: int = 0
+    """Seed of data order, noise and sampling; a run is reproducible for a given world size."""
+    log_every: int = 25
+    """Log metrics every N steps (the only host synchronisation of the loop)."""
+    checkpoint_every: int = 500
+    """Write a checkpoint every N steps (and at the end)."""
+    keep_checkpoints: int = 3
+    """Keep the newest K checkpoints."""
+    sample_every: int = 0
+    """Write a sample grid every N steps (0: only at the end)."""
+    sample_count: int = 64
+    """Images in each sample grid."""
+    sample_steps: int = 50
+    """DDIM steps for the grids written during training."""
+    max_nonfinite_steps: int = 3
+    """Consecutive non-finite losses tolerated (steps skipped) before rolling back to the last checkpoint."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_per_gpu", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
+                     "sample_count", "sample_steps", "max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                _fail(f"train.{name}", f"must be at least 1 (got {getattr(self, name)})", f"set train.{name} to a positive number")
+        if self.sample_every < 0:
+            _fail("train.sample_every", "is negative", "use 0 (only at the end) or a step interval")
+        if not 0.0 <= self.ema_decay < 1.0:
+            _fail("train.ema_decay", f"{self.ema_decay} is outside [0, 1)", "use e.g. 0.999")
+
+
+@dataclass(kw_only=True)
+class RuntimeConfig:
+    """Hardware and distributed settings; the same config runs on every device."""
+
+    device: Device = Device.AUTO
+    """Device; ``auto`` picks CUDA, then MPS, then CPU."""
+    precision: Precision = Precision.AUTO
+    """Forward/backward precision."""
+    recipe: Recipe = Recipe.FAST
+    """``fast`` (default) or ``plain`` (the common recipe, for benchmarks)."""
+    compile: Toggle = Toggle.AUTO
+    """torch.compile the network (``auto``: on CUDA only)."""
+    channels_last: Toggle = Toggle.AUTO
+    """channels_last memory format (``auto``: on CUDA only)."""
+    join_timeout_s: float = 300.0
+    """Seconds to wait for all ranks to join before failing with a diagnosis."""
+    collective_timeout_s: float = 1800.0
+    """Timeout of each collective (NCCL/gloo) after start-up."""
+    ddp_bucket_mb: int = 100
+    """DDP gradient bucket size in MiB (the fast recipe; the plain one uses DDP's default 25)."""
+    ddp_bf16_compress: Toggle = Toggle.AUTO
+    """Compress gradients to bf16 for the all-reduce (``auto``: on CUDA with bf16)."""
+
+    def __post_init__(self) -> None:
+        if self.join_timeout_s <= 0:
+            _fail("runtime.join_timeout_s", "must be positive", "use e.g. 300")
+        if self.collective_timeout_s <= 0:
+            _fail("runtime.collective_timeout_s", "must be positive", "use e.g. 1800")
+        if self.ddp_bucket_mb < 1:
+            _fail("runtime.ddp_bucket_mb", "must be at least 1", "use e.g. 25 or 100")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Everything a run needs; written to ``RUN_DIR/config.yaml``."""
+
+    preset: str = "tiny"
+    """Preset this config started from (informational)."""
+    task: str = "images"
+    """Diffusion task (``images`` today)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def effective_batch(self, world_size: int) -> int:
+        return self.train.batch_per_gpu * world_size * self.train.grad_accum
+
+
+SECTIONS: tuple[str, ...] = ("model", "diffusion", "data", "optim", "train", "runtime")
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_to_plain(v) for v in value]
+    return value
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(name: str, annotation: Any, value: Any) -> Any:
+    """Convert a YAML value to the field's type, or raise a UserError naming the field."""
+    origin = typing.get_origin(annotation)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, Mapping):
+            _fail(name, f"expected a mapping of fields, got {value!r}", f"write {name}: followed by indented fields")
+        return _build(annotation, value, name)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        choices = [m.value for m in annotation]
+        if isinstance(value, annotation):
+            return value
+        if str(value) not in choices:
+            _fail(name, f"'{value}' is not one of {', '.join(choices)}{closest(str(value), choices)}", f"set {name} to one of: {', '.join(choices)}")
+        return annotation(str(value))
+    if origin is tuple:
+        inner = typing.get_args(annotation)[0]
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            _fail(name, f"expected a list, got {value!r}", f"write {name}=[a, b, c]")
+        return tuple(_coerce(name, inner, v) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(name, args[0], value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "yes", "on", "1"):
+            return True
+        if str(value).lower() in ("false", "no", "off", "0"):
+            return False
+        _fail(name, f"expected true or false, got {value!r}", f"set {name} to true or false")
+    if annotation is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.strip().lstrip("-").replace("_", "").isdigit())):
+            _fail(name, f"expected a whole number, got {value!r}", f"set {name} to an integer")
+        return int(value)
+    if annotation is float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        except (TypeError, ValueError):
+            _fail(name, f"expected a number, got {value!r}", f"set {name} to a number such as 0.001")
+    if annotation is str:
+        if not isinstance(value, (str, int, float)):
+            _fail(name, f"expected text, got {value!r}", f"set {name} to a string")
+        return str(value)
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
+    hints = _field_types(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise UserError(
+                f"unknown config key '{full}'{closest(str(key), names)}",
+                f"valid keys{' in ' + prefix if prefix else ''}: {', '.join(names)}",
+            )
+        kwargs[key] = _coerce(full, hints[key], value)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - dataclass signature mismatch is a bug
+        raise UserError(f"config {prefix or 'root'}: {exc}", "check the config file against `diffscale train --dry-run`") from exc
+
+
+def from_dict(data: Mapping[str, Any]) -> RunConfig:
+    """Build and validate a RunConfig from plain data (e.g. parsed YAML)."""
+    return _build(RunConfig, data)
+
+
+def merge(base: RunConfig, data: Mapping[str, Any]) -> RunConfig:
+    """Overlay a (possibly partial) mapping on ``base`` and re-validate."""
+    merged = _deep_merge(base.to_dict(), data)
+    return from_dict(merged)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["train.steps=10", "model.attention=[false,true]"]`` -> nested dict (values parsed as YAML)."""
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError(f"override '{pair}' has no '='", "write --set section.field=value, e.g. --set train.steps=100")
+        key, raw = pair.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise UserError(f"override '{pair}' has an empty key", "write --set section.field=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        cursor = nested
+        for part in parts[:-1]:
+            cursor = cursor.setdefault(part, {})
+            if not isinstance(cursor, dict):
+                raise UserError(f"override '{pair}' conflicts with another --set", "set each field once")
+        cursor[parts[-1]] = value
+    return nested
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file '{path}' does not exist", "pass the path of a YAML config, or use --preset NAME")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"config file '{path}' is not valid YAML ({str(exc).splitlines()[0]})", "fix the YAML syntax") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}' does not hold a mapping", "write section: followed by fields, as in RUN_DIR/config.yaml")
+    return data
+
+
+def write_yaml(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(cfg.to_yaml())

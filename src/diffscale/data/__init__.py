@@ -1,0 +1,1 @@
+"""Data sources (built-in, image folders, arrays, torchvision sets) and on-device batching."""

@@ -1,0 +1,65 @@
+"""Forward process q(x_t | x_0) and the denoising loss, built from diffusers' DDPMScheduler.
+
+The noise schedule comes from diffusers (so an exported model samples identically
+with ``DDPMPipeline``); the per-step arithmetic is done here on the device without
+host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler
+
+from ..config import DiffusionConfig, Prediction
+
+
+class GaussianDiffusion:
+    """x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps, and the loss on the network's prediction."""
+
+    def __init__(self, cfg: DiffusionConfig) -> None:
+        self.cfg = cfg
+        self.num_timesteps = cfg.num_train_timesteps
+        self.prediction = cfg.prediction_type
+        scheduler = self.ddpm_scheduler()
+        abar = scheduler.alphas_cumprod.to(torch.float32)
+        self._sqrt_abar = abar.sqrt()
+        self._sqrt_one_minus_abar = (1.0 - abar).sqrt()
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def scheduler_kwargs(self) -> dict:
+        return dict(
+            num_train_timesteps=self.cfg.num_train_timesteps,
+            beta_schedule=self.cfg.beta_schedule.value,
+            beta_start=self.cfg.beta_start,
+            beta_end=self.cfg.beta_end,
+            prediction_type=self.cfg.prediction_type.value,
+            clip_sample=True,
+        )
+
+    def ddpm_scheduler(self) -> DDPMScheduler:
+        return DDPMScheduler(**self.scheduler_kwargs())
+
+    def ddim_scheduler(self) -> DDIMScheduler:
+        return DDIMScheduler(**self.scheduler_kwargs())
+
+    def _coefficients(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._cache:
+            self._cache[device] = (self._sqrt_abar.to(device), self._sqrt_one_minus_abar.to(device))
+        return self._cache[device]
+
+    def q_sample(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Noised images. x0, noise: (B, C, H, W); t: (B,) integer timesteps."""
+        a, s = self._coefficients(x0.device)
+        return a[t].view(-1, 1, 1, 1) * x0 + s[t].view(-1, 1, 1, 1) * noise
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.prediction == Prediction.EPSILON:
+            return noise
+        if self.prediction == Prediction.SAMPLE:
+            return x0
+        a, s = self._coefficients(x0.device)
+        return a[t].view(-1, 1, 1, 1) * noise - s[t].view(-1, 1, 1, 1) * x0
+
+    def loss(self, prediction: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Mean squared error against the configured target, in fp32. Returns a scalar."""
+        return torch.nn.functional.mse_loss(prediction.float(), self.target(x0, noise, t).float())

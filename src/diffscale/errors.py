@@ -1,0 +1,32 @@
+"""The one user-facing error type.
+
+Every error a user can cause (bad config, missing data, a cluster that cannot fit
+the job, a corrupt checkpoint) is raised as :class:`UserError`. The CLI prints it
+as one line -- ``error: <cause> -- <fix>`` -- and exits with code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """An error the user can fix. ``cause`` says what is wrong, ``fix`` what to do."""
+
+    def __init__(self, cause: str, fix: str = "") -> None:
+        self.cause = cause
+        self.fix = fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"{self.cause} -- {self.fix}" if self.fix else self.cause
+
+
+def closest(word: str, choices: Iterable[str]) -> str:
+    """A ' (did you mean X?)' hint, or '' when nothing is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean '{match[0]}'?)" if match else ""

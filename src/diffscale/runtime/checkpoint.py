@@ -1,0 +1,259 @@
+"""Atomic, verifiable, device-agnostic checkpoints. Loading never unpickles anything.
+
+Layout of one checkpoint, ``RUN_DIR/checkpoints/step_00001200/``:
+
+* ``model.safetensors`` / ``ema.safetensors`` -- network weights (fp32, CPU)
+* ``optimizer.safetensors`` -- optimizer state tensors, keyed ``state.<param index>.<name>``
+* ``rng.safetensors`` -- RNG states of every generator (torch CPU, CUDA) as uint8 tensors
+* ``state.json`` -- step, data position, optimizer hyper-parameters, scaler, config, model signature
+* ``manifest.json`` -- SHA-256 and size of every file above; written last
+
+A checkpoint is written into a temporary folder and renamed into place, so a process
+killed at any instant leaves either the complete new checkpoint or none; the manifest
+is verified on load and a damaged checkpoint is skipped for the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..errors import UserError
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^step_(\d{8})$")
+FORMAT_VERSION = 1
+
+
+class CorruptCheckpoint(Exception):
+    """A checkpoint failed verification (missing file, checksum mismatch, unreadable)."""
+
+
+@dataclass
+class TrainingState:
+    """Everything needed to continue a run exactly."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    ema: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    meta: dict[str, Any]
+    """JSON-able: data position, scaler state, config, model signature, counters."""
+    rng: dict[str, torch.Tensor]
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete-looking checkpoints (renamed into place), oldest first."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def step_of(path: Path) -> int:
+    match = _NAME.match(Path(path).name)
+    if not match:
+        raise UserError(f"'{path}' is not a checkpoint folder (expected .../checkpoints/step_NNNNNNNN)",
+                        "pass --resume auto or a checkpoint folder")
+    return int(match.group(1))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _flatten_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for index, entry in state_dict["state"].items():
+        for name, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{index}.{name}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars.setdefault(str(index), {})[name] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value
+    for index, entry in info.get("scalars", {}).items():
+        state.setdefault(int(index), {}).update(entry)
+    return {"state": state, "param_groups": info["param_groups"]}
+
+
+def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+
+
+def save_checkpoint(run_dir: Path, state: TrainingState, *, keep: int) -> Path:
+    """Write atomically (temporary folder, fsync, rename), then prune to the newest ``keep``."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{state.step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    opt_tensors, opt_info = _flatten_optimizer(state.optimizer)
+    files = {
+        "model.safetensors": _cpu(state.model),
+        "ema.safetensors": _cpu(state.ema),
+        "optimizer.safetensors": opt_tensors,
+        "rng.safetensors": _cpu(state.rng),
+    }
+    for name, tensors in files.items():
+        save_file(tensors, str(tmp / name))
+    meta = dict(state.meta, step=state.step, optimizer=opt_info, format=FORMAT_VERSION)
+    (tmp / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": state.step,
+        "files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())},
+    }
+    for path in tmp.iterdir():
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())
+    manifest_path = tmp / "manifest.json"
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    with open(manifest_path, "rb+") as fh:
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved again (e.g. after a rollback): replace it
+        old = root / f".old-{final.name}-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(root)
+    prune(run_dir, keep)
+    return final
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints; remove temporaries left by killed writers."""
+    checkpoints = list_checkpoints(run_dir)
+    for old in checkpoints[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    root = checkpoint_root(run_dir)
+    for leftover in root.glob(".tmp-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Check the manifest against the files; returns the manifest or raises CorruptCheckpoint."""
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise CorruptCheckpoint(f"{path.name}: manifest.json is missing")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"{path.name}: manifest.json is unreadable ({exc})") from exc
+    for name, entry in manifest.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise CorruptCheckpoint(f"{path.name}: {name} is missing")
+        if file.stat().st_size != entry["bytes"]:
+            raise CorruptCheckpoint(f"{path.name}: {name} has {file.stat().st_size} bytes, expected {entry['bytes']} (truncated?)")
+        if _sha256(file) != entry["sha256"]:
+            raise CorruptCheckpoint(f"{path.name}: {name} fails its checksum")
+    for required in ("model.safetensors", "ema.safetensors", "optimizer.safetensors", "state.json"):
+        if required not in manifest.get("files", {}):
+            raise CorruptCheckpoint(f"{path.name}: manifest does not list {required}")
+    return manifest
+
+
+def load_checkpoint(path: Path) -> TrainingState:
+    """Verify and load one checkpoint onto the CPU (the caller moves tensors to its device)."""
+    verify(path)
+    try:
+        meta = json.loads((path / "state.json").read_text())
+        model = load_file(str(path / "model.safetensors"))
+        ema = load_file(str(path / "ema.safetensors"))
+        opt_tensors = load_file(str(path / "optimizer.safetensors"))
+        rng_path = path / "rng.safetensors"
+        rng = load_file(str(rng_path)) if rng_path.is_file() else {}
+    except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{path.name}: {exc}") from exc
+    optimizer = _unflatten_optimizer(opt_tensors, meta.pop("optimizer"))
+    return TrainingState(step=int(meta["step"]), model=model, ema=ema, optimizer=optimizer, meta=meta, rng=rng)
+
+
+def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
+    """Newest checkpoint that verifies; damaged ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return load_checkpoint(path)
+        except CorruptCheckpoint as exc:
+            log(f"warning: checkpoint {exc}; falling back to the previous one")
+    return None
+
+
+def load_resume(run_dir: Path, resume: str, *, log=print) -> TrainingState | None:
+    """``auto``: newest good checkpoint (None when the run dir has none); else a checkpoint path."""
+    if resume == "auto":
+        state = load_latest(run_dir, log=log)
+        if state is None and list_checkpoints(run_dir):
+            raise UserError(f"every checkpoint in '{checkpoint_root(run_dir)}' is damaged",
+                            "restore one from a backup, or start a new run with another --out")
+        return state
+    path = Path(resume)
+    if not path.is_dir():
+        raise UserError(f"checkpoint '{resume}' does not exist", "pass --resume auto or an existing checkpoints/step_NNNNNNNN folder")
+    step_of(path)
+    try:
+        return load_checkpoint(path)
+    except CorruptCheckpoint as exc:
+        raise UserError(f"checkpoint {exc}", "resume from an older checkpoint, or use --resume auto to pick the newest good one") from exc
+
+
+def warn(msg: str) -> None:  # pragma: no cover - used where no console exists
+    warnings.warn(msg, stacklevel=2)

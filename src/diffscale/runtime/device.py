@@ -1,0 +1,147 @@
+"""Device and precision policy: one code path for CPU, MPS, one GPU and many."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Device, Precision, Recipe, RuntimeConfig, Toggle
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """What the hardware offers and how the run will use it."""
+
+    device: torch.device
+    name: str
+    memory_bytes: int
+    precision: Precision
+    """Resolved precision (never ``auto``)."""
+    use_grad_scaler: bool
+    compile: bool
+    channels_last: bool
+    fused_adamw: bool
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(self.precision)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        dtype = self.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def pick_device(requested: Device, local_rank: int = 0) -> torch.device:
+    """CUDA, then MPS, then CPU; a rank's GPU is its local rank among the visible ones.
+
+    CUDA_VISIBLE_DEVICES set by a scheduler is respected, never overwritten: the local
+    rank indexes the GPUs it left visible.
+    """
+    if requested == Device.CUDA or (requested == Device.AUTO and _cuda_available()):
+        if not _cuda_available():
+            raise UserError("runtime.device is cuda but no CUDA GPU is visible",
+                            "use --device auto (or cpu), or run on a GPU node")
+        count = torch.cuda.device_count()
+        if count == 1 and local_rank > 0:
+            # One GPU per task (SLURM --gpus-per-task / a scheduler's binding): it is index 0.
+            return torch.device("cuda", 0)
+        if local_rank >= count:
+            raise UserError(
+                f"local rank {local_rank} has no GPU: only {count} visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
+                "start one process per GPU (tasks per node = GPUs per node)",
+            )
+        return torch.device("cuda", local_rank)
+    if requested == Device.MPS or (requested == Device.AUTO and _mps_available()):
+        if not _mps_available():
+            raise UserError("runtime.device is mps but this PyTorch has no MPS backend",
+                            "use --device auto (or cpu) on this machine")
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
+    """Turn the ``auto`` settings into concrete ones for this device."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, memory = props.name, int(props.total_memory)
+        bf16_ok = torch.cuda.is_bf16_supported()
+    elif device.type == "mps":
+        name, memory, bf16_ok = "Apple MPS", 0, False
+    else:
+        name, memory, bf16_ok = "CPU", _host_memory(), False
+
+    precision = cfg.precision
+    plain = cfg.recipe == Recipe.PLAIN
+    if precision == Precision.AUTO:
+        if device.type == "cuda":
+            precision = Precision.FP16 if plain or not bf16_ok else Precision.BF16
+        else:
+            precision = Precision.FP32
+    if precision == Precision.BF16 and device.type == "cuda" and not bf16_ok:
+        raise UserError(f"runtime.precision bf16 is not supported on {name}", "use --precision fp16 or auto")
+    if precision == Precision.FP16 and device.type != "cuda":
+        raise UserError(f"runtime.precision fp16 needs a CUDA GPU (this run is on {device.type})",
+                        "use --precision auto or fp32")
+
+    fast_cuda = device.type == "cuda" and not plain
+    compile_on = _toggle(cfg.compile, fast_cuda)
+    channels_last = _toggle(cfg.channels_last, fast_cuda)
+    return DevicePolicy(
+        device=device,
+        name=name,
+        memory_bytes=memory,
+        precision=precision,
+        use_grad_scaler=precision == Precision.FP16,
+        compile=compile_on,
+        channels_last=channels_last,
+        fused_adamw=fast_cuda,
+    )
+
+
+def configure_backends(policy: DevicePolicy) -> None:
+    """Process-wide math settings that are safe for training (TF32, cuDNN autotuning)."""
+    if policy.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+
+
+def _toggle(value: Toggle, auto: bool) -> bool:
+    return auto if value == Toggle.AUTO else value == Toggle.ON
+
+
+def _host_memory() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # psutil missing or restricted: memory is only shown in the banner
+        return 0
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    if device.type == "mps":
+        return int(torch.mps.current_allocated_memory())
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except Exception:
+        return 0

@@ -1,0 +1,269 @@
+"""The process group, read from whichever launcher started us.
+
+One process is simply the world-size-1 case: every caller uses the same
+:class:`DistContext` API whether the run has one rank or 64. Launchers understood:
+
+* ``torchrun`` (and Grid Engine jobs, whose script starts one torchrun per host):
+  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+* SLURM tasks started by ``srun``: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
+  SLURM_NODEID, first host of SLURM_JOB_NODELIST, port derived from SLURM_JOB_ID.
+
+Model code never imports this module: DDP is applied from the outside by the trainer.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+PORT_BASE = 20000
+PORT_SPAN = 20000
+
+
+def port_from_job_id(job_id: str | int) -> int:
+    """A rendezvous port every task of one job derives alike, distinct between jobs."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand a SLURM hostlist (``gpu[01-03,07],login1``) into host names, in order."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec):
+        match = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            if "-" in item:
+                lo, hi = item.split("-", 1)
+                width = len(lo)
+                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(f"{prefix}{item}{suffix}")
+    return hosts
+
+
+def parse_pe_hostfile(text: str) -> list[tuple[str, int]]:
+    """Grid Engine PE_HOSTFILE -> [(host, slots)] in file order, duplicate host lines merged.
+
+    Each line is ``host slots queue processor-range``; a host may appear once per
+    queue instance, so slots of repeated hosts are added up.
+    """
+    order: list[str] = []
+    slots: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        host, count = fields[0], int(fields[1])
+        if host not in slots:
+            order.append(host)
+            slots[host] = 0
+        slots[host] += count
+    return [(h, slots[h]) for h in order]
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Who this process is in the job, as told by the launcher's environment."""
+
+    launcher: str
+    """``single``, ``torchrun`` or ``slurm``."""
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    master_source: str = "single process"
+    agent_store: bool = False
+    """torchrun's agent already serves the TCP store at MASTER_ADDR:MASTER_PORT; every rank is a client."""
+    attempt: int = 0
+    """torchrun restart count; keys in a reused agent store are namespaced by it."""
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read the launcher's environment (pure: pass ``env`` to test recorded ones)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        rank = int(env["RANK"])
+        return LaunchInfo(
+            launcher="torchrun",
+            rank=rank,
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=int(env.get("GROUP_RANK", rank // max(local_world, 1))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            master_source="MASTER_ADDR/MASTER_PORT from torchrun",
+            agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+            attempt=int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        )
+    # srun sets SLURM_STEP_ID; the batch script itself (no srun) must stay one process.
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        world = int(env["SLURM_NTASKS"])
+        nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
+        tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+        local_world = int(re.match(r"\d+", tasks_per_node).group()) if re.match(r"\d+", tasks_per_node) else max(world // max(nodes, 1), 1)
+        if "MASTER_ADDR" in env:
+            addr, source = env["MASTER_ADDR"], "MASTER_ADDR set in the job"
+        else:
+            nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+            hosts = expand_hostlist(nodelist) if nodelist else []
+            addr, source = (hosts[0] if hosts else "127.0.0.1"), "first host of SLURM_JOB_NODELIST"
+        if "MASTER_PORT" in env:
+            port = int(env["MASTER_PORT"])
+        else:
+            port = port_from_job_id(env.get("SLURM_JOB_ID", "0"))
+            source += ", port from SLURM_JOB_ID"
+        return LaunchInfo(
+            launcher="slurm",
+            rank=int(env["SLURM_PROCID"]),
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=int(env.get("SLURM_NODEID", 0)),
+            master_addr=addr,
+            master_port=port,
+            master_source=source,
+        )
+    return LaunchInfo(launcher="single")
+
+
+@dataclass
+class DistContext:
+    """The process group of this run; world size 1 needs no process group at all."""
+
+    info: LaunchInfo
+    device: torch.device
+    backend: str = ""
+    _initialised: bool = field(default=False, repr=False)
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.info.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.info.local_rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.info.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.info.world_size > 1
+
+    def barrier(self) -> None:
+        if self._initialised:
+            if self.backend == "nccl":
+                dist.barrier(device_ids=[self.device.index or 0])
+            else:
+                dist.barrier()
+
+    def all_mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Average a tensor over ranks (identity for one process)."""
+        if self._initialised:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor /= self.world_size
+        return tensor
+
+    def any_true(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any rank (used for stop signals)."""
+        if not self._initialised:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item() > 0)
+
+    def broadcast_object(self, obj: object) -> object:
+        if not self._initialised:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def shutdown(self) -> None:
+        if self._initialised:
+            dist.destroy_process_group()
+            self._initialised = False
+
+
+def _hang_hint(info: LaunchInfo) -> str:
+    if info.launcher == "slurm":
+        return ("a multi-node SLURM job needs one task per GPU started by srun "
+                "(#SBATCH --ntasks-per-node = GPUs per node, and `srun` before the command)")
+    return ("every host must start its launcher: torchrun --nnodes N --node_rank K on each host "
+            "(Grid Engine: one qrsh -inherit per host from PE_HOSTFILE); check MASTER_ADDR/MASTER_PORT "
+            "reach the first host")
+
+
+def init_distributed(info: LaunchInfo, device: torch.device, *, join_timeout_s: float,
+                     collective_timeout_s: float) -> DistContext:
+    """Join the process group, or fail with a diagnosis when not every rank arrives in time."""
+    ctx = DistContext(info=info, device=device)
+    if info.world_size == 1:
+        return ctx
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    store_timeout = datetime.timedelta(seconds=join_timeout_s)
+    try:
+        store = dist.TCPStore(
+            info.master_addr, info.master_port, info.world_size,
+            is_master=info.rank == 0 and not info.agent_store,
+            timeout=store_timeout, wait_for_workers=False, use_libuv=False,
+        )
+    except (RuntimeError, OSError) as exc:
+        raise UserError(
+            f"rank {info.rank} could not reach the rendezvous at {info.master_addr}:{info.master_port} "
+            f"({info.master_source}): {str(exc).splitlines()[0]}",
+            _hang_hint(info),
+        ) from exc
+    # Count arrivals ourselves so a hang names how many ranks joined.
+    key = f"diffscale/joined/{info.attempt}"
+    store.add(key, 1)
+    deadline = time.monotonic() + join_timeout_s
+    joined = int(store.add(key, 0))
+    while joined < info.world_size:
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"only {joined} of {info.world_size} ranks joined after {join_timeout_s:.0f} s "
+                f"(launcher: {info.launcher}, master {info.master_addr}:{info.master_port})",
+                _hang_hint(info),
+            )
+        time.sleep(0.05)
+        joined = int(store.add(key, 0))
+    dist.init_process_group(
+        backend=backend, store=dist.PrefixStore(f"diffscale/pg/{info.attempt}", store), rank=info.rank, world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=collective_timeout_s),
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
+    ctx.backend = backend
+    ctx._initialised = True
+    return ctx
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
