@@ -54,7 +54,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     from .train import train
 
-    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console())
+    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True))
     return outcome.exit_code
 
 
@@ -111,7 +111,7 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
 
     table = Table(title="diffscale presets")
     for col in ("preset", "px", "block_out_channels", "attention", "params", "batch/GPU", "for"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for name, info in PRESETS.items():
         cfg = info.build()
         with torch.device("meta"):
@@ -119,7 +119,7 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
         attn = ",".join("yes" if a else "no" for a in cfg.model.attention)
         table.add_row(name, str(cfg.model.sample_size), str(cfg.model.block_out_channels), attn,
                       f"{params / 1e6:.1f} M", str(cfg.train.batch_per_gpu), info.purpose)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
 

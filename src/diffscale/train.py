@@ -91,7 +91,7 @@ def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int,
         f"{' + GradScaler' if policy.use_grad_scaler else ''}{' | compiled' if policy.compile else ''} | "
         f"world size {ctx.world_size} ({ctx.info.launcher}) | effective batch {eff} = "
         f"{cfg.train.batch_per_gpu} x {ctx.world_size} proc x {cfg.train.grad_accum} accum | "
-        f"{cfg.preset} UNet {params / 1e6:.1f} M params | data {data}"
+        f"{cfg.preset} UNet {params / 1e6:.2f} M params | data {data}"
     )
 
 
@@ -201,7 +201,7 @@ class _Trainer:
 def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps: int | None = None,
           console: Console | None = None) -> TrainOutcome:
     """Train until ``cfg.train.steps`` (or ``max_steps``), a stop signal, or an unrecoverable error."""
-    console = console or Console()
+    console = console or Console(soft_wrap=True)
     run_dir = Path(run_dir)
     launch = detect_launch()
     device = pick_device(cfg.runtime.device, launch.local_rank)
@@ -348,7 +348,7 @@ def _wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: De
         kwargs["device_ids"] = [policy.device.index]
     if fast:
         kwargs.update(bucket_cap_mb=cfg.runtime.ddp_bucket_mb, gradient_as_bucket_view=True, static_graph=True)
-    model = DDP(net, broadcast_buffers=False, **kwargs)
+    model = DDP(net, **kwargs)
     from .config import Toggle
 
     compress = cfg.runtime.ddp_bf16_compress

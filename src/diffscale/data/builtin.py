@@ -10,6 +10,7 @@ Every image is white-on-black ``uint8`` of shape (N, 1, S, S).
 
 from __future__ import annotations
 
+import functools
 import string
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def _font_dir() -> Path:
 
 def render_glyphs(size: int, *, variants_per_glyph: int = 6, seed: int = 0) -> torch.Tensor:
     """Render every glyph in every font with seeded rotation/scale jitter -> (N, 1, size, size) uint8."""
+    return _to_size(_rendered(variants_per_glyph, seed), size)
+
+
+@functools.lru_cache(maxsize=2)
+def _rendered(variants_per_glyph: int, seed: int) -> torch.Tensor:
+    """The glyphs at render size, float (N, 1, 48, 48); cached: rendering takes ~2 s."""
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
@@ -59,8 +66,7 @@ def render_glyphs(size: int, *, variants_per_glyph: int = 6, seed: int = 0) -> t
                 images.append(np.asarray(canvas))
     if not images:
         raise UserError("no fonts found for the built-in glyphs data set", "reinstall matplotlib, or use --data builtin:digits")
-    stack = torch.from_numpy(np.stack(images)).unsqueeze(1).float()
-    return _to_size(stack, size)
+    return torch.from_numpy(np.stack(images)).unsqueeze(1).float()
 
 
 def load_digits(size: int) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""Real torchrun process groups (gloo on CPU): the same training on 1, 2 and 2x1 'nodes'."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import micro_args, run_cli
+from diffscale.runtime import checkpoint as ckpt
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env():
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def torchrun(*args: str, nproc: int = 2, extra: tuple[str, ...] = (), timeout: float = 300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra,
+           "-m", "diffscale", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _weights(run_dir):
+    last = ckpt.list_checkpoints(run_dir)[-1]
+    return last.name, load_file(str(last / "model.safetensors"))
+
+
+def _assert_close(a, b):
+    """Equal up to float reassociation of the all-reduce.
+
+    Biases that feed a GroupNorm have a gradient that is zero in exact arithmetic, so
+    their float noise is normalised by Adam into +-lr steps; those few elements may
+    differ by up to lr x steps. Everything else agrees to 1e-5.
+    """
+    assert a.keys() == b.keys()
+    total = sum(v.numel() for v in a.values())
+    off = sum(int(((a[k] - b[k]).abs() > 1e-5).sum()) for k in a)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert off / total < 0.03, f"{off} of {total} parameters differ by more than 1e-5"
+    assert worst <= 1e-3 * STEPS, f"parameters differ by up to {worst}"
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory):
+    """One process, batch 4 x accumulation 2: effective batch 8."""
+    run = tmp_path_factory.mktemp("single") / "run"
+    proc = run_cli("train", "--out", str(run), *micro_args("train.batch_per_gpu=4", "train.grad_accum=2", steps=STEPS))
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_two_processes_match_one_process_at_the_same_effective_batch(tmp_path, single_reference):
+    run = tmp_path / "ddp"
+    proc = torchrun("train", "--out", str(run), *micro_args("train.batch_per_gpu=4", steps=STEPS),
+                    extra=("--standalone",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world size 2 (torchrun) | effective batch 8 = 4 x 2 proc x 1 accum" in proc.stdout
+    name_a, a = _weights(single_reference)
+    name_b, b = _weights(run)
+    assert name_a == name_b
+    _assert_close(a, b)
+    ma, mb = _metrics(single_reference), _metrics(run)
+    assert [m["step"] for m in mb] == [m["step"] for m in ma]  # one line per report: only rank 0 logs
+    for x, y in zip(ma, mb):  # the same samples, noise and timesteps at every step
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
+    assert len(list((run / "tb").iterdir())) == 1
+    assert proc.stdout.count("diffscale | ") == 1  # the banner comes from rank 0 alone
+
+
+def test_two_node_emulation_with_torchrun_nnodes_2(tmp_path, single_reference):
+    run = tmp_path / "twonode"
+    port = _free_port()
+    procs = []
+    for node_rank in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+               "-m", "diffscale", "train", "--out", str(run), *micro_args("train.batch_per_gpu=4", steps=STEPS)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env()))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    _assert_close(_weights(single_reference)[1], _weights(run)[1])
+
+
+def test_resume_on_a_different_world_size_keeps_the_effective_batch(tmp_path, single_reference):
+    run = tmp_path / "resize"
+    first = torchrun("train", "--out", str(run), "--max-steps", "4",
+                     *micro_args("train.batch_per_gpu=4", steps=STEPS), extra=("--standalone",))
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = run_cli("train", "--out", str(run), "--resume", "auto", *micro_args("train.batch_per_gpu=4", steps=STEPS))
+    assert second.returncode == 0, second.stderr
+    assert "resuming on 1 processes (was 2): train.grad_accum 1 -> 2 keeps the effective batch at 8" in second.stdout
+    _assert_close(_weights(single_reference)[1], _weights(run)[1])
+
+
+def test_a_missing_rank_fails_with_a_diagnosis_instead_of_hanging(tmp_path):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    proc = run_cli("train", "--out", str(tmp_path / "run"), *micro_args("runtime.join_timeout_s=3"), env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "error: only 1 of 2 ranks joined after 3 s" in proc.stderr
+    assert "torchrun --nnodes N --node_rank K on each host" in proc.stderr
+    assert "Traceback" not in proc.stderr

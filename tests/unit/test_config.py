@@ -1,0 +1,82 @@
+import pytest
+
+from diffscale import config as C
+from diffscale.cli import main
+from diffscale.errors import UserError
+from diffscale.presets import PRESETS, get_preset
+
+
+def test_presets_keep_the_reference_widths():
+    expected = {
+        "small": (28, (32, 64, 128), (False, True, True), 2048),
+        "medium": (64, (64, 128, 256, 256), (False, False, True, False), 384),
+        "large": (96, (128, 128, 256, 256, 512), (False, False, False, True, False), 96),
+        "xl": (128, (128, 128, 256, 256, 512, 512), (False, False, False, False, True, False), 32),
+    }
+    for name, (px, widths, attention, batch) in expected.items():
+        cfg = get_preset(name)
+        assert (cfg.model.sample_size, cfg.model.block_out_channels, cfg.model.attention, cfg.train.batch_per_gpu) == (
+            px, widths, attention, batch)
+        assert cfg.model.layers_per_block == 2
+    assert set(PRESETS) == {"tiny", "small", "medium", "large", "xl"}
+
+
+def test_yaml_round_trip_is_identity():
+    for name in PRESETS:
+        cfg = get_preset(name)
+        assert C.from_dict(C.yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_overrides_parse_types():
+    cfg = C.merge(get_preset("tiny"), C.parse_overrides(
+        ["train.steps=7", "model.attention=[false,true,false]", "optim.lr=1e-3", "runtime.device=cpu"]))
+    assert cfg.train.steps == 7 and cfg.model.attention == (False, True, False)
+    assert cfg.optim.lr == 1e-3 and cfg.runtime.device == C.Device.CPU
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.stpes=3", "unknown config key 'train.stpes' (did you mean 'steps'?)"),
+    ("trian.steps=3", "unknown config key 'trian' (did you mean 'train'?)"),
+    ("train.steps=abc", "config train.steps: expected a whole number, got 'abc'"),
+    ("train.batch_per_gpu=0", "config train.batch_per_gpu: must be at least 1 (got 0)"),
+    ("optim.lr=5", "config optim.lr: 5.0 is outside (0, 1)"),
+    ("runtime.precision=fp8", "config runtime.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
+    ("model.sample_size=30", "config model.sample_size: 30 px cannot be halved 2 times by a 3-level UNet"),
+    ("model.attention=[true]", "config model.attention: has 1 entries but model.block_out_channels has 3"),
+])
+def test_bad_config_values_are_named_with_a_fix(override, message):
+    with pytest.raises(UserError) as info:
+        C.merge(get_preset("tiny"), C.parse_overrides([override]))
+    assert info.value.message.startswith(message)
+    assert " -- " in info.value.message  # always a fix
+
+
+def test_cli_prints_one_line_and_exits_2(capsys):
+    assert main(["train", "--preset", "smal"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: tiny, small, medium, large, xl (see `diffscale presets`)"
+    assert "Traceback" not in err
+
+
+def test_missing_and_invalid_config_files(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "config file" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    assert main(["train", str(bad)]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+
+
+def test_dry_run_prints_resolved_config(capsys):
+    assert main(["train", "--preset", "small", "--set", "train.steps=5", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    data = C.yaml.safe_load(out)
+    assert data["train"]["steps"] == 5 and data["model"]["block_out_channels"] == [32, 64, 128]
+
+
+def test_presets_table(capsys):
+    assert main(["presets"]) == 0
+    out = capsys.readouterr().out
+    for name in PRESETS:
+        assert name in out
+    assert "(32, 64, 128)" in out and "2048" in out

@@ -1,0 +1,130 @@
+"""Data specs: real loaders on small files made here, and the messages for bad input."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import micro_args
+from diffscale.cli import main
+from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
+from diffscale.data.sources import load_images, parse_spec
+from diffscale.errors import UserError
+
+
+def test_builtin_sets_ship_with_dependencies():
+    glyphs = load_images("builtin:glyphs", 16)
+    digits = load_images("builtin:digits", 16)
+    mix = load_images("builtin", 28)
+    assert glyphs.dtype == torch.uint8 and glyphs.shape[1:] == (1, 16, 16) and glyphs.shape[0] > 2000
+    assert digits.shape == (1797, 1, 16, 16)
+    assert mix.shape[2:] == (28, 28)
+    assert glyphs.float().mean() > 10 and glyphs.max() == 255  # white strokes on black
+
+
+def test_imagefolder_recursive_rgb_resized_and_cropped(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    Image.new("RGB", (40, 20), (255, 0, 0)).save(tmp_path / "a" / "wide.png")
+    Image.new("RGB", (30, 30), (0, 0, 255)).save(tmp_path / "a" / "b" / "square.jpg")
+    (tmp_path / "notes.txt").write_text("not an image")
+    images = load_images(f"imagefolder:{tmp_path}", 16)
+    assert images.shape == (2, 3, 16, 16)
+    # sorted by path: a/b/square.jpg (blue) before a/wide.png (red)
+    assert images[0, 2].float().mean() > 200 and images[1, 0].float().mean() > 200 and images[1, 2].float().mean() < 30
+
+
+def test_imagefolder_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_images(f"imagefolder:{tmp_path / 'missing'}", 16)
+    with pytest.raises(UserError, match="holds no images"):
+        load_images(f"imagefolder:{tmp_path}", 16)
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    with pytest.raises(UserError, match="cannot read image .*broken.png.*remove or replace the damaged file"):
+        load_images(f"imagefolder:{tmp_path}", 16)
+
+
+@pytest.mark.parametrize("array", [
+    np.random.default_rng(0).integers(0, 255, (5, 12, 12), dtype=np.uint8),
+    np.random.default_rng(0).integers(0, 255, (5, 12, 12, 3), dtype=np.uint8),
+    np.random.default_rng(0).random((5, 12, 12), dtype=np.float32),
+    np.random.default_rng(0).random((5, 12, 12), dtype=np.float32) * 2 - 1,
+])
+def test_npz_layouts(tmp_path, array):
+    path = tmp_path / "data.npz"
+    np.savez(path, images=array)
+    images = load_images(f"npz:{path}", 8)
+    channels = 3 if array.ndim == 4 else 1
+    assert images.shape == (5, channels, 8, 8) and images.dtype == torch.uint8
+
+
+def test_npz_errors(tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, images=np.zeros((4, 8, 8), dtype=np.float32) + 3)
+    with pytest.raises(UserError, match="scale floats to"):
+        load_images(f"npz:{path}", 8)
+    with pytest.raises(UserError, match="does not exist"):
+        load_images(f"npz:{tmp_path / 'none.npz'}", 8)
+
+
+def _write_idx(path, images):
+    header = struct.pack(">IIII", 2051, *images.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + images.astype(np.uint8).tobytes())
+
+
+def test_mnist_and_emnist_read_from_disk_without_download(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    digits = np.zeros((3, 28, 28), dtype=np.uint8)
+    digits[:, 5:20, 10:12] = 255  # a vertical bar
+    _write_idx(raw / "train-images-idx3-ubyte.gz", digits)
+    images = load_images(f"mnist:{tmp_path}", 28)
+    assert images.shape == (3, 1, 28, 28) and images[0, 0, 10, 11] == 255
+    eraw = tmp_path / "EMNIST" / "raw"
+    eraw.mkdir(parents=True)
+    _write_idx(eraw / "emnist-letters-train-images-idx3-ubyte.gz", digits)
+    letters = load_images(f"emnist:{tmp_path}:letters", 28)
+    assert letters[0, 0, 11, 10] == 255  # EMNIST is stored transposed: the bar becomes horizontal
+    assert parse_spec(f"emnist:{tmp_path}").option == "balanced"
+
+
+def test_missing_torchvision_files_say_how_to_get_them(tmp_path):
+    with pytest.raises(UserError) as info:
+        load_images(f"emnist:{tmp_path}:balanced", 28)
+    assert "EMNIST files not found" in info.value.message
+    assert "torchvision.datasets.EMNIST" in info.value.message and "never downloads" in info.value.message
+
+
+def test_unknown_spec_suggests(tmp_path):
+    with pytest.raises(UserError, match="did you mean 'imagefolder'"):
+        load_images(f"imagefolda:{tmp_path}", 8)
+
+
+def test_data_smaller_than_one_batch_via_cli(tmp_path, capsys):
+    path = tmp_path / "few.npz"
+    np.savez(path, images=np.zeros((3, 8, 8), dtype=np.uint8))
+    assert main(["train", "--out", str(tmp_path / "run"), "--data", f"npz:{path}", *micro_args()]) == 2
+    assert "the data set has 3 images, fewer than one effective batch of 8" in capsys.readouterr().err
+
+
+def test_global_batches_split_disjointly_over_ranks_and_accumulation():
+    batcher = DeviceBatcher(100, 16, seed=3, device=torch.device("cpu"))
+    first = batcher.next_indices()
+    rows = [first[micro_slice(k, r, 2, 4)] for k in range(2) for r in range(2)]
+    assert torch.equal(torch.sort(torch.cat(rows)).values, torch.sort(first).values)
+    seen = torch.cat([first] + [batcher.next_indices() for _ in range(5)])
+    assert len(set(seen[:96].tolist())) == 96  # one epoch (drop-last) visits distinct items
+    assert batcher.position.epoch == 0 and batcher.position.offset == 96
+    batcher.next_indices()
+    assert batcher.position.epoch == 1
+
+
+def test_shift_augment_translates_each_image():
+    img = torch.zeros(2, 1, 5, 5)
+    img[:, :, 2, 2] = 1
+    out = shift_augment(img, torch.tensor([[1, 0], [0, -1]]), 1)
+    # out[i] = image[i + shift]: content moves by -shift, with edges replicated
+    assert out[0, 0, 1, 2] == 1 and out[1, 0, 2, 3] == 1 and out.sum() == 2

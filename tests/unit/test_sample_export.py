@@ -1,0 +1,44 @@
+"""Sampling from a run and exporting it for diffusers."""
+
+import numpy as np
+import torch
+from PIL import Image
+
+from conftest import micro_args
+from diffscale.cli import main
+
+
+def _trained(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
+    return run
+
+
+def test_sample_writes_reproducible_grids_and_a_gif(tmp_path, capsys):
+    run = _trained(tmp_path)
+    capsys.readouterr()
+    assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--gif", "--out", str(tmp_path / "a.png")]) == 0
+    printed = capsys.readouterr().out.split()
+    assert str(tmp_path / "a.png") in printed and str(tmp_path / "a.gif") in printed
+    assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--out", str(tmp_path / "b.png")]) == 0
+    a, b = Image.open(tmp_path / "a.png"), Image.open(tmp_path / "b.png")
+    assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
+    assert Image.open(tmp_path / "a.gif").n_frames > 2
+    assert main(["sample", str(run), "--n", "2", "--steps", "3", "--sampler", "ddpm", "--out", str(tmp_path / "c.png")]) == 0
+
+
+def test_sample_errors(tmp_path, capsys):
+    assert main(["sample", str(tmp_path)]) == 2
+    assert "is not a diffscale run (no config.yaml)" in capsys.readouterr().err
+
+
+def test_export_loads_in_diffusers_pipeline_and_samples(tmp_path):
+    from diffusers import DDPMPipeline
+
+    run = _trained(tmp_path)
+    out = tmp_path / "pipe"
+    assert main(["export", str(run), "--diffusers", str(out)]) == 0
+    pipe = DDPMPipeline.from_pretrained(str(out))
+    images = pipe(batch_size=2, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert images.shape == (2, 8, 8, 1)
+    assert main(["export", str(run), "--diffusers", str(out)]) == 2  # refuses to overwrite
