@@ -249,83 +249,44 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     stop_at = min(target, max_steps) if max_steps else target
     say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data()))
 
-    model: torch.nn.Module = trainer.net
-    if ctx.distributed:
-        model = _wrap_ddp(trainer.net, ctx, cfg, policy)
     if policy.compile:
-        model = torch.compile(model)
+        # Compiled kernels live in the run dir (a shared file system on clusters): a job that
+        # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
+    model = prepare_model(trainer)
 
     telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
     meter = ThroughputMeter()
-    generator = torch.Generator(device=policy.device)
-    loss_sum = torch.zeros((), device=policy.device)
-    norm_sum = torch.zeros((), device=policy.device)
-    bad_run = torch.zeros((), device=policy.device)  # consecutive non-finite steps
-    bad_total = torch.zeros((), device=policy.device)
+    runner = StepRunner(trainer, model, batcher)
     steps_since_log = 0
     started = time.perf_counter()
     steps_at_start = trainer.step
     stopped_by: str | None = None
     samples: list[Path] = []
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     if policy.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(policy.device)
 
     try:
         while trainer.step < stop_at:
-            lr = learning_rate(cfg, trainer.step, effective, trainer.lr_backoff)
-            for group in trainer.opt.param_groups:
-                group["lr"] = lr
-            generator.manual_seed(step_seed(t.seed, trainer.step))
-            batch = trainer.task.draw(batcher.next_indices(), generator)
-            for micro in range(t.grad_accum):
-                rows = micro_slice(micro, rank, world, t.batch_per_gpu)
-                sync = model.no_sync() if ctx.distributed and micro < t.grad_accum - 1 and hasattr(model, "no_sync") \
-                    else contextlib.nullcontext()
-                with sync:
-                    with policy.autocast():
-                        loss = trainer.task.loss(model, batch, rows, channels_last=policy.channels_last)
-                    trainer.scaler.scale(loss / t.grad_accum).backward()
-                loss_sum += loss.detach() / t.grad_accum
-            trainer.scaler.unscale_(trainer.opt)
-            norm = torch.nn.utils.clip_grad_norm_(trainer.params, clip)
-            bad = (~torch.isfinite(norm)).float()
-            if trainer.scaler.is_enabled():
-                trainer.scaler.step(trainer.opt)  # skips the update itself on inf/NaN gradients
-                trainer.scaler.update()
-            elif trainer.fused:
-                trainer.opt.found_inf = bad  # the fused kernel skips the update: no host sync
-                trainer.opt.step()
-            else:
-                if not bad.item():
-                    trainer.opt.step()
-            trainer.opt.zero_grad(set_to_none=True)
-            _ema_update(trainer, bad)
-            bad_run = (bad_run + 1) * bad
-            bad_total += bad
-            norm_sum += torch.nan_to_num(norm, nan=0.0, posinf=0.0)
-            trainer.step += 1
+            lr = runner.step()
             steps_since_log += 1
             meter.add(effective)
-
-            at_log = trainer.step % t.log_every == 0 or trainer.step == stop_at
-            if at_log:
-                record = _metrics(trainer, ctx, loss_sum, norm_sum, bad_total, steps_since_log, meter, lr,
-                                  batcher, started, steps_at_start, stop_at, target)
-                loss_sum.zero_(); norm_sum.zero_()
+            if trainer.step % t.log_every == 0 or trainer.step == stop_at:
+                record = _metrics(trainer, ctx, runner, steps_since_log, meter, lr, started, steps_at_start,
+                                  stop_at, target)
                 steps_since_log = 0
                 telemetry.log(record)
-                if bad_run.item() >= t.max_nonfinite_steps:
-                    batcher = _rollback(trainer, cfg, ctx, policy, batcher, say, effective)
-                    bad_run.zero_()
+                if runner.bad_run.item() >= t.max_nonfinite_steps:
+                    runner.batcher = _rollback(trainer, cfg, ctx, policy, runner.batcher, say, effective)
+                    runner.bad_run.zero_()
                     continue
                 if ctx.any_true(stop.requested):
                     stopped_by = stop.signal_name or "a signal on another rank"
                     say(f"stop requested ({stopped_by}) at step {trainer.step}: writing a checkpoint")
-                    trainer.save(batcher)
+                    trainer.save(runner.batcher)
                     break
             if trainer.step % t.checkpoint_every == 0 or trainer.step == stop_at:
-                trainer.save(batcher)
+                trainer.save(runner.batcher)
             if t.sample_every and trainer.step % t.sample_every == 0 and trainer.step != stop_at:
                 samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}")
         if stopped_by is None:
@@ -339,6 +300,75 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     return TrainOutcome(run_dir=run_dir, step=trainer.step, target=target, stopped_by=stopped_by, samples=samples)
 
 
+class StepRunner:
+    """One optimizer step: draw the global batch, accumulate this rank's rows, clip, update, EMA.
+
+    Shared by ``train`` and ``bench``. Nothing here synchronises with the host: loss,
+    gradient norm and non-finite counters stay on the device until the caller reads them.
+    """
+
+    def __init__(self, trainer: _Trainer, model: torch.nn.Module, batcher: DeviceBatcher) -> None:
+        self.trainer = trainer
+        self.model = model
+        self.batcher = batcher
+        device = trainer.device
+        self.generator = torch.Generator(device=device)
+        self.loss_sum = torch.zeros((), device=device)
+        self.norm_sum = torch.zeros((), device=device)
+        self.bad_run = torch.zeros((), device=device)  # consecutive non-finite steps
+        self.bad_total = torch.zeros((), device=device)
+        cfg = trainer.cfg
+        self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        self.effective = cfg.effective_batch(trainer.ctx.world_size)
+
+    def step(self) -> float:
+        """Run one optimizer step; returns its learning rate."""
+        tr, t = self.trainer, self.trainer.cfg.train
+        ctx, policy = tr.ctx, tr.policy
+        lr = learning_rate(tr.cfg, tr.step, self.effective, tr.lr_backoff)
+        for group in tr.opt.param_groups:
+            group["lr"] = lr
+        self.generator.manual_seed(step_seed(t.seed, tr.step))
+        batch = tr.task.draw(self.batcher.next_indices(), self.generator)
+        for micro in range(t.grad_accum):
+            rows = micro_slice(micro, ctx.rank, ctx.world_size, t.batch_per_gpu)
+            inner = ctx.distributed and micro < t.grad_accum - 1
+            sync = self.model.no_sync() if inner else contextlib.nullcontext()  # no all-reduce on inner steps
+            with sync:
+                with policy.autocast():
+                    loss = tr.task.loss(self.model, batch, rows, channels_last=policy.channels_last)
+                tr.scaler.scale(loss / t.grad_accum).backward()
+            self.loss_sum += loss.detach() / t.grad_accum
+        tr.scaler.unscale_(tr.opt)
+        norm = torch.nn.utils.clip_grad_norm_(tr.params, self.clip)
+        bad = (~torch.isfinite(norm)).float()
+        if tr.scaler.is_enabled():
+            tr.scaler.step(tr.opt)  # skips the update itself on inf/NaN gradients
+            tr.scaler.update()
+        elif tr.fused:
+            tr.opt.found_inf = bad  # the fused kernel skips the update: no host sync
+            tr.opt.step()
+        elif not bad.item():
+            tr.opt.step()
+        tr.opt.zero_grad(set_to_none=True)
+        _ema_update(tr, bad)
+        self.bad_run = (self.bad_run + 1) * bad
+        self.bad_total += bad
+        self.norm_sum += torch.nan_to_num(norm, nan=0.0, posinf=0.0)
+        tr.step += 1
+        return lr
+
+
+def prepare_model(trainer: _Trainer) -> torch.nn.Module:
+    """Apply parallelism and compilation from the outside of the single-device network."""
+    model: torch.nn.Module = trainer.net
+    if trainer.ctx.distributed:
+        model = _wrap_ddp(trainer.net, trainer.ctx, trainer.cfg, trainer.policy)
+    if trainer.policy.compile:
+        model = torch.compile(model)
+    return model
+
+
 def _wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: DevicePolicy) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -347,7 +377,8 @@ def _wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: De
     if policy.device.type == "cuda":
         kwargs["device_ids"] = [policy.device.index]
     if fast:
-        kwargs.update(bucket_cap_mb=cfg.runtime.ddp_bucket_mb, gradient_as_bucket_view=True, static_graph=True)
+        # Larger buckets mean fewer all-reduce launches; bucket views avoid a gradient copy.
+        kwargs.update(bucket_cap_mb=cfg.runtime.ddp_bucket_mb, gradient_as_bucket_view=True)
     model = DDP(net, **kwargs)
     from .config import Toggle
 
@@ -371,11 +402,13 @@ def _ema_update(trainer: _Trainer, bad: torch.Tensor) -> None:
     torch._foreach_add_(trainer.ema_params, diff)
 
 
-def _metrics(trainer: _Trainer, ctx: DistContext, loss_sum, norm_sum, bad_total, steps: int, meter, lr, batcher,
+def _metrics(trainer: _Trainer, ctx: DistContext, runner: StepRunner, steps: int, meter, lr,
              started: float, steps_at_start: int, stop_at: int, target: int) -> dict[str, Any]:
-    packed = ctx.all_mean(torch.stack([loss_sum / steps, norm_sum / steps]).float())
+    packed = ctx.all_mean(torch.stack([runner.loss_sum / steps, runner.norm_sum / steps]).float())
+    runner.loss_sum.zero_()
+    runner.norm_sum.zero_()
     loss, norm = (float(v) for v in packed.tolist())
-    nonfinite = int(bad_total.item())
+    nonfinite = int(runner.bad_total.item())
     rate = meter.rate()
     done = trainer.step - steps_at_start
     elapsed = time.perf_counter() - started
@@ -390,7 +423,7 @@ def _metrics(trainer: _Trainer, ctx: DistContext, loss_sum, norm_sum, bad_total,
         "samples_per_s_per_gpu": rate / ctx.world_size,
         "peak_mem_mb": peak_memory_bytes(trainer.device) / 2**20,
         "nonfinite_skipped": trainer.nonfinite_total + nonfinite,
-        "epoch": batcher.position.epoch,
+        "epoch": runner.batcher.position.epoch,
         "eta_s": eta,
         "time": time.time(),
     }

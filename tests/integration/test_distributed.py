@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import micro_args, run_cli
+from helpers import micro_args, run_cli
 from diffscale.runtime import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration

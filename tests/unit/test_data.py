@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import micro_args
+from helpers import micro_args
 from diffscale.cli import main
 from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
 from diffscale.data.sources import load_images, parse_spec

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from conftest import micro_args
+from helpers import micro_args
 from diffscale.cli import main
 
 

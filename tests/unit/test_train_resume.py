@@ -5,7 +5,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from conftest import micro_args
+from helpers import micro_args
 from diffscale.cli import main
 from diffscale.runtime import checkpoint as ckpt
 

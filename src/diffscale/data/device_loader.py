@@ -54,8 +54,10 @@ class DeviceBatcher:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm_epoch != epoch:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = torch.randperm(self.num_items, generator=gen).to(self.device)
+            # Drawn on the device: a host-to-device copy here would stall the CPU until the GPU
+            # drained its queue, once per epoch (every step when an epoch is one global batch).
+            gen = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = torch.randperm(self.num_items, generator=gen, device=self.device)
             self._perm_epoch = epoch
         assert self._perm is not None
         return self._perm

@@ -3,8 +3,9 @@
 One process is simply the world-size-1 case: every caller uses the same
 :class:`DistContext` API whether the run has one rank or 64. Launchers understood:
 
-* ``torchrun`` (and Grid Engine jobs, whose script starts one torchrun per host):
-  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+* ``torchrun``: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+  Grid Engine jobs use it too: their script reads PE_HOSTFILE (first host = master)
+  and starts one torchrun per host with its node rank (diffscale.cluster.sge).
 * SLURM tasks started by ``srun``: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
   SLURM_NODEID, first host of SLURM_JOB_NODELIST, port derived from SLURM_JOB_ID.
 
@@ -53,26 +54,6 @@ def expand_hostlist(spec: str) -> list[str]:
             else:
                 hosts.append(f"{prefix}{item}{suffix}")
     return hosts
-
-
-def parse_pe_hostfile(text: str) -> list[tuple[str, int]]:
-    """Grid Engine PE_HOSTFILE -> [(host, slots)] in file order, duplicate host lines merged.
-
-    Each line is ``host slots queue processor-range``; a host may appear once per
-    queue instance, so slots of repeated hosts are added up.
-    """
-    order: list[str] = []
-    slots: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 2:
-            continue
-        host, count = fields[0], int(fields[1])
-        if host not in slots:
-            order.append(host)
-            slots[host] = 0
-        slots[host] += count
-    return [(h, slots[h]) for h in order]
 
 
 @dataclass(frozen=True)

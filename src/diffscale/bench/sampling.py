@@ -1,0 +1,84 @@
+"""DDIM sampling speed: diffscale's sampler vs diffusers' DDIMPipeline, same UNet and batch.
+
+``python -m diffscale.bench.sampling --preset small --batch 256 --steps 50 --json OUT``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def _timed(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up (and compilation)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / repeats
+
+
+def main(argv: list[str] | None = None) -> int:
+    from diffusers import DDIMPipeline
+
+    from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+    from ..models import Denoiser, build_unet
+    from ..presets import get_preset
+
+    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.sampling")
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+
+    cfg = get_preset(args.preset)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    unet = build_unet(cfg.model, 1).to(device).eval()
+    diffusion = GaussianDiffusion(cfg.diffusion)
+    shape = (args.batch, 1, cfg.model.sample_size, cfg.model.sample_size)
+
+    pipe = DDIMPipeline(unet=unet, scheduler=diffusion.ddim_scheduler())
+    pipe.set_progress_bar_config(disable=True)
+
+    def reference():
+        pipe(batch_size=args.batch, num_inference_steps=args.steps, generator=torch.Generator().manual_seed(0),
+             output_type="np")
+
+    fast_net = Denoiser(unet)
+    if device.type == "cuda":
+        fast_net = torch.compile(fast_net.to(memory_format=torch.channels_last))
+    bf16 = device.type == "cuda"
+
+    def denoise(x, t):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            return fast_net(x.contiguous(memory_format=torch.channels_last) if bf16 else x, t)
+
+    def ours():
+        sample(denoise, diffusion, shape, sampler=Sampler(SamplerKind.DDIM, args.steps),
+               generator=torch.Generator().manual_seed(0), device=device)
+
+    with torch.no_grad():
+        ref_s = _timed(reference, device, args.repeats)
+        ours_s = _timed(ours, device, args.repeats)
+    record = {"preset": args.preset, "batch": args.batch, "ddim_steps": args.steps,
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+              "ddimpipeline_s": ref_s, "diffscale_s": ours_s, "speedup": ref_s / ours_s,
+              "images_per_s": args.batch / ours_s}
+    Path(args.json).write_text(json.dumps(record, indent=1))
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

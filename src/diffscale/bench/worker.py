@@ -1,0 +1,205 @@
+"""One benchmark measurement, run by every rank of a (torchrun) process group.
+
+``python -m diffscale.bench.worker --preset small --recipe fast --steps 50 --json OUT``.
+Rank 0 writes one JSON record: samples/s, step time, peak memory, FLOPs and achieved
+TFLOP/s, the data-wait share, GPU utilisation and start-up time (compilation included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from .. import config as C
+from ..presets import get_preset
+from ..runtime.device import configure_backends, pick_device, resolve_policy
+from ..runtime.distributed import detect_launch, init_distributed
+
+_T0 = float(os.environ.get("DIFFSCALE_BENCH_T0", time.time()))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_tflops(device: torch.device) -> float | None:
+    """The card's measured bf16 matmul rate (8192^3, 10 products after 3 warm-ups)."""
+    if device.type != "cuda":
+        return None
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * 10 / (time.perf_counter() - start) / 1e12
+
+
+def count_step_flops(trainer) -> float:
+    """FLOPs of one forward + backward of the per-GPU micro-batch (torch.utils.flop_counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = trainer.cfg
+    size, b = cfg.model.sample_size, cfg.train.batch_per_gpu
+    x = torch.randn(b, trainer.task.channels, size, size, device=trainer.device)
+    t = torch.randint(0, 1000, (b,), device=trainer.device)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        with trainer.policy.autocast():
+            out = trainer.net(x, t)
+        out.float().pow(2).mean().backward()
+    trainer.net.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops()) * cfg.train.grad_accum
+
+
+class UtilSampler:
+    """Mean GPU utilisation (NVML) over the timed window, sampled every 100 ms."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._handle = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            self._nvml = pynvml
+        except Exception:  # NVML missing or restricted: utilisation is reported as unknown
+            self._handle = None
+
+    def __enter__(self):
+        if self._handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.samples.append(int(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def measure(args: argparse.Namespace) -> dict | None:
+    from ..train import DeviceBatcher, StepRunner, _Trainer, prepare_model
+    from .plain import PlainRunner
+
+    cfg = get_preset(args.preset)
+    overrides = C.parse_overrides(args.set or [])
+    overrides = C._deep_merge(overrides, {"runtime": {"recipe": args.recipe}, "train": {"steps": 10**9}})
+    if args.batch:
+        overrides["train"]["batch_per_gpu"] = args.batch
+    cfg = C.merge(cfg, overrides)
+    launch = detect_launch()
+    device = pick_device(cfg.runtime.device, launch.local_rank)
+    policy = resolve_policy(cfg.runtime, device)
+    configure_backends(policy)
+    ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
+                           collective_timeout_s=cfg.runtime.collective_timeout_s)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            trainer = _Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
+            flops = count_step_flops(trainer)
+            peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
+            if args.recipe == "plain":
+                runner = PlainRunner(trainer, workers=args.plain_workers)
+            else:
+                batcher = DeviceBatcher(trainer.task.num_items(), cfg.effective_batch(ctx.world_size),
+                                        cfg.train.seed, device)
+                runner = StepRunner(trainer, prepare_model(trainer), batcher)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            runner.step()
+            _sync(device)
+            startup = time.time() - _T0
+            for _ in range(max(args.warmup - 1, 0)):
+                runner.step()
+            _sync(device)
+            ctx.barrier()
+            if hasattr(runner, "data_wait_s"):
+                runner.data_wait_s = 0.0
+            with UtilSampler(device) as util:
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    runner.step()
+                _sync(device)
+                elapsed = time.perf_counter() - start
+            data_share = _data_share(runner, device, args.steps, elapsed)
+            peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+            step_s = elapsed / args.steps
+            samples_s = cfg.effective_batch(ctx.world_size) / step_s
+            tflops = flops / step_s / 1e12
+            record = {
+                "preset": args.preset, "recipe": args.recipe, "world_size": ctx.world_size,
+                "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("DIFFSCALE_BENCH_NODES", 1))),
+                "device": policy.name, "precision": policy.precision.value, "compiled": policy.compile,
+                "batch_per_gpu": cfg.train.batch_per_gpu, "effective_batch": cfg.effective_batch(ctx.world_size),
+                "steps": args.steps, "warmup": args.warmup, "step_s": step_s, "samples_per_s": samples_s,
+                "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": peak_mem / 2**30,
+                "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
+                "mfu": (tflops / peak) if peak else None, "data_wait_share": data_share,
+                "gpu_util": util.mean, "startup_s": startup, "torch": torch.__version__,
+            }
+            return record if ctx.is_main else None
+    finally:
+        ctx.shutdown()
+
+
+def _data_share(runner, device: torch.device, steps: int, elapsed: float) -> float:
+    """Fraction of step time spent waiting for data."""
+    if hasattr(runner, "data_wait_s"):  # plain: host time blocked on the DataLoader
+        return runner.data_wait_s / max(elapsed, 1e-9)
+    # fast: time a few steps' batch draw (indices, noise, gather, augmentation) on its own.
+    tr = runner.trainer
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        batch = tr.task.draw(runner.batcher.next_indices(), runner.generator)
+        tr.task.clean_images(batch, slice(0, tr.cfg.train.batch_per_gpu))
+    _sync(device)
+    per_step = (time.perf_counter() - start) / 5
+    return per_step / (elapsed / steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.worker")
+    parser.add_argument("--preset", required=True)
+    parser.add_argument("--recipe", choices=["fast", "plain"], default="fast")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=0, help="override batch per GPU")
+    parser.add_argument("--plain-workers", type=int, default=4)
+    parser.add_argument("--peak", action="store_true", help="also measure the bf16 matmul peak")
+    parser.add_argument("--set", action="append")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args(argv)
+    record = measure(args)
+    if record is not None:
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

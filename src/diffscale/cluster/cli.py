@@ -1,0 +1,303 @@
+"""Cluster verbs of the diffscale CLI: plan, submit, status, logs, cancel, cluster.
+
+``register(subparsers)`` adds them to the top-level parser; each handler takes the
+parsed args, does one thing and returns an exit code. UserError propagates to main().
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+from ..errors import UserError
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
+    p.add_argument("target", nargs="*", metavar="CONFIG.yaml | -- COMMAND",
+                   help="a diffscale run config (or use --preset), or any command after `--`")
+    p.add_argument("--cluster", required=True, help="bundled profile name (`diffscale cluster list`) or profile YAML path")
+    p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set train.steps=1000 (repeatable)")
+    p.add_argument("--out", help="run directory (default: runs/<preset or job>-<time>)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    gpus = p.add_mutually_exclusive_group()
+    gpus.add_argument("--gpus-per-node", type=int, help="GPUs per node = ranks per node (default: all of a node's)")
+    gpus.add_argument("--procs-per-node", type=int,
+                      help="CPU ranks per node, asking for no GPUs (CPU partitions, tests)")
+    p.add_argument("--partition", help="partition (SLURM) / GPU class or queue (Grid Engine) from the profile")
+    p.add_argument("--time", help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
+    p.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (default: the node's cores shared, at most 8)")
+    p.add_argument("--mem", type=float, help="host memory per node in GB (default: estimated)")
+    p.add_argument("--account", help="SLURM --account / Grid Engine -P project")
+    p.add_argument("--qos", help="SLURM QOS")
+    p.add_argument("--global-batch", type=int, help="check that this global batch divides over the ranks")
+    p.add_argument("--max-restarts", type=int, default=20, help="requeues after a checkpoint-on-signal (default 20)")
+    p.add_argument("--signal", default="auto",
+                   help="warning signal before the time limit: USR2 (default for diffscale runs), USR1, ... or none")
+    p.add_argument("--signal-lead", type=int, help="seconds of warning before the time limit (default 120)")
+    p.add_argument("--no-chain", action="store_true",
+                   help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
+    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
+    if race:
+        p.add_argument("--race", metavar="NxG,...",
+                       help="submit several shapes (nodes x GPUs per node); the first to start wins, the others are cancelled")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="show the job script, every rank and the preflight checks (dry run)",
+                              description="Dry run: print the job script, a table of every rank and the preflight "
+                              "checks. Exits 2 when a check fails (unless --force).")
+    _job_args(p, race=True)
+    p.set_defaults(func=cmd_plan)
+
+    p = subparsers.add_parser("submit", help="plan, then submit the job(s) and record them in RUN_DIR/jobs.json")
+    _job_args(p, race=True)
+    p.set_defaults(func=cmd_submit)
+
+    p = subparsers.add_parser("status", help="state of the jobs submitted for a run")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser("logs", help="print the log of a run's job(s)")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--job", help="job id (default: the latest job that has a log)")
+    p.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
+    p.set_defaults(func=cmd_logs)
+
+    p = subparsers.add_parser("cancel", help="cancel the pending/running jobs of a run")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.set_defaults(func=cmd_cancel)
+
+    p = subparsers.add_parser("cluster", help="cluster profiles: list, show, discover")
+    sub = p.add_subparsers(dest="cluster_verb", metavar="{list,show,discover}")
+    sub.required = True
+    q = sub.add_parser("list", help="bundled and discovered profiles")
+    q.set_defaults(func=cmd_cluster_list)
+    q = sub.add_parser("show", help="a profile's partitions and facts")
+    q.add_argument("name", metavar="NAME")
+    q.set_defaults(func=cmd_cluster_show)
+    q = sub.add_parser("discover", help="write a profile from the live scheduler")
+    q.add_argument("--name", default="local", help="profile name (default: local)")
+    q.add_argument("--scheduler", choices=["slurm", "sge"], help="default: whichever answers (scontrol, then qconf)")
+    q.add_argument("--out", help="profile YAML to write (default: $DIFFSCALE_CLUSTERS_DIR or "
+                   "~/.config/diffscale/clusters/NAME.yaml)")
+    q.set_defaults(func=cmd_cluster_discover)
+
+
+# ----------------------------------------------------------------------------- building plans
+
+def _stamp() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _workload(args: argparse.Namespace):
+    """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
+    from .. import config as cfgmod
+    from ..presets import get_preset
+    from .workload import DiffscaleRun, UserCommand
+
+    target = list(args.target)
+    is_config = len(target) == 1 and target[0].endswith((".yaml", ".yml"))
+    if args.preset or is_config:
+        if args.preset and target:
+            raise UserError("both --preset and a positional argument given",
+                            "train a preset (--preset NAME) or a config file, or run a command after `--`")
+        if args.preset:
+            base = get_preset(args.preset)
+            data: dict = {}
+        else:
+            data = cfgmod.load_yaml(target[0])
+            base = get_preset(str(data.get("preset", "tiny")))
+        cfg = cfgmod.merge(cfgmod.merge(base, data), cfgmod.parse_overrides(args.overrides))
+        run_dir = Path(args.out or f"runs/{cfg.preset}-{_stamp()}").expanduser().absolute()
+        data_bytes = 0
+        if cfg.data.source.startswith("npz:"):
+            npz = Path(cfg.data.source[4:]).expanduser()
+            data_bytes = npz.stat().st_size if npz.is_file() else 0
+        return DiffscaleRun(config=cfg, run_dir=str(run_dir), python=args.python, data_bytes=data_bytes), run_dir, cfg
+    if not target:
+        raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
+    if args.overrides:
+        raise UserError("--set applies to diffscale runs, not to a user command", "drop --set, or pass the options to your command")
+    run_dir = Path(args.out or f"runs/job-{_stamp()}").expanduser().absolute()
+    return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
+
+
+def _plans(args: argparse.Namespace):
+    from .jobspec import RaceSpec, job_name
+    from .plan import PlanOptions, make_plan
+    from .profiles import SAFE_NAME, load_profile
+    from .shape import Shape, parse_race
+    from .timefmt import parse_duration
+
+    for flag in ("account", "qos"):
+        value = getattr(args, flag)
+        if value is not None and not SAFE_NAME.match(value):
+            raise UserError(f"--{flag} '{value}' has characters a scheduler option cannot carry",
+                            "use letters, digits and _ . + : = / @ , - only")
+    profile = load_profile(args.cluster)
+    workload, run_dir, cfg = _workload(args)
+    part = profile.partition(args.partition)
+    use_gpus = args.procs_per_node is None
+    per_node = args.gpus_per_node or args.procs_per_node or part.gpus_per_node or 1
+    time_s = parse_duration(args.time, what="--time") if args.time else None
+    signal = None if str(args.signal).lower() == "none" else str(args.signal).upper().removeprefix("SIG")
+    if signal == "AUTO":
+        signal = "auto"
+    shapes = [(args.nodes, per_node)]
+    race = getattr(args, "race", None)
+    if race:
+        shapes = parse_race(race)
+    plans = []
+    for nodes, g in shapes:
+        label = f"{nodes}x{g}"
+        race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}") for n, k in shapes if (n, k) != (nodes, g))) \
+            if race else None
+        shape = Shape(nodes=nodes, ranks_per_node=g, partition=args.partition, time_s=time_s,
+                      cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=use_gpus)
+        options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
+                              signal_lead_s=args.signal_lead, signal=signal, global_batch=args.global_batch,
+                              race=race_spec, chain=not args.no_chain)
+        plans.append(make_plan(profile, shape, workload, options))
+    return profile, workload, run_dir, cfg, plans
+
+
+def _refuse_failed(plans, force: bool) -> None:
+    failed = [(p.shape.label, c) for p in plans for c in p.failed]
+    if failed and not force:
+        first_shape, first = failed[0]
+        more = f" (and {len(failed) - 1} more above)" if len(failed) > 1 else ""
+        where = f"shape {first_shape}: " if len(plans) > 1 else ""
+        raise UserError(f"preflight check '{first.name}' failed: {where}{first.detail}{more}",
+                        f"{first.fix}; or pass --force to go ahead anyway")
+
+
+# ----------------------------------------------------------------------------- handlers
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import report
+
+    _, _, _, _, plans = _plans(args)
+    for plan in plans:
+        report.print_plan(plan)
+    _refuse_failed(plans, args.force)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from .. import config as cfgmod
+    from . import race as racemod
+    from . import report, submit
+    from .scheduler import for_kind
+
+    profile, workload, run_dir, cfg, plans = _plans(args)
+    for plan in plans:
+        report.print_checks(plan)
+    _refuse_failed(plans, args.force)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if len(plans) > 1 and racemod.owner(run_dir) is not None:
+        raise UserError(f"{run_dir} was already raced (shape {racemod.owner(run_dir)} owns it)",
+                        "continue it with a plain submit of that shape, or race into a new --out")
+    if cfg is not None:
+        cfgmod.write_yaml(cfg, run_dir / "config.yaml")
+    sub = submit.submit(plans, for_kind(profile.scheduler), run_dir, cluster=profile.name, what=workload.title)
+    report.print_submission(sub)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import jobs, report
+    from .scheduler import for_kind
+    from .profiles import SchedulerKind
+
+    sub = jobs.latest(args.run_dir)
+    states = for_kind(SchedulerKind(sub.scheduler)).states([j.job_id for j in sub.jobs])
+    report.print_status(sub, states, Path(args.run_dir))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from . import jobs
+
+    sub = jobs.latest(args.run_dir)
+    candidates = [j for j in sub.jobs if args.job in (None, j.job_id)]
+    if not candidates:
+        raise UserError(f"job {args.job} is not part of the latest submission of {args.run_dir}",
+                        f"use one of: {', '.join(j.job_id for j in sub.jobs)}")
+    run_dir = Path(args.run_dir)
+    with_logs = [j for j in candidates if (run_dir / j.log).is_file()]
+    if not with_logs:
+        raise UserError(f"no log yet for job(s) {', '.join(j.job_id for j in candidates)}",
+                        "a job writes its log once it starts; check `diffscale status`")
+    job = with_logs[-1] if args.job is None else with_logs[0]
+    text = (run_dir / job.log).read_text(errors="replace")
+    if args.lines:
+        text = "\n".join(text.splitlines()[-args.lines:]) + "\n"
+    sys.stdout.write(f"==> {job.log} (job {job.job_id}, shape {job.shape}) <==\n{text}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from . import jobs
+    from .profiles import SchedulerKind
+    from .scheduler import for_kind
+
+    sub = jobs.latest(args.run_dir)
+    sched = for_kind(SchedulerKind(sub.scheduler))
+    active = [s.job_id for s in sched.states([j.job_id for j in sub.jobs]) if s.active]
+    if not active:
+        print("nothing to cancel: no job of this run is pending or running")
+        return 0
+    sched.cancel(active)
+    print(f"cancelled {len(active)} job(s): {', '.join(active)}")
+    return 0
+
+
+def cmd_cluster_list(args: argparse.Namespace) -> int:
+    from . import report
+    from .profiles import available, load_profile
+
+    report.print_profile_list([load_profile(str(path)) for path in available().values()])
+    return 0
+
+
+def cmd_cluster_show(args: argparse.Namespace) -> int:
+    from . import report
+    from .profiles import load_profile
+
+    report.print_profile(load_profile(args.name))
+    return 0
+
+
+def cmd_cluster_discover(args: argparse.Namespace) -> int:
+    import shutil
+
+    from .discover import discover
+    from .profiles import SchedulerKind, dump_profile, profile_from_dict, profile_to_dict, user_dir
+    from .scheduler import run
+
+    kind = args.scheduler
+    if kind is None:
+        if shutil.which("scontrol") and run(["scontrol", "ping"], check=False).returncode == 0:
+            kind = "slurm"
+        elif shutil.which("qconf") and run(["qconf", "-sql"], check=False).returncode == 0:
+            kind = "sge"
+        else:
+            raise UserError("no scheduler answers here (scontrol ping / qconf -sql failed)",
+                            "run discover on the cluster's login node, or pass --scheduler")
+    profile = discover(args.name, SchedulerKind(kind), lambda argv: run(argv).stdout)
+    # round-trip through the loader: what we write is exactly what plan will accept
+    text = dump_profile(profile)
+    profile_from_dict(profile_to_dict(profile), source="discovered profile")
+    out = Path(args.out) if args.out else user_dir() / f"{args.name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# Discovered from the live {kind} scheduler by `diffscale cluster discover`.\n"
+                   "# Check it: unknown facts are null; add setup lines (module load ...) and NCCL env.\n" + text)
+    print(f"wrote {out} ({len(profile.partitions)} partition(s): {', '.join(p.name for p in profile.partitions)})")
+    return 0

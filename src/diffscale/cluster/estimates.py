@@ -1,0 +1,230 @@
+"""ESTIMATED resource needs of a diffscale run, for plan's preflight checks and segments.
+
+Nothing here is measured on your cluster. Numbers come from a walk over the UNet's
+levels (parameters, multiply-accumulates, activation sizes) and from vendor peak
+throughputs with an assumed utilisation. Every figure plan prints from this module is
+labelled "estimated". Measured values, once benchmarked (docs/benchmarks.md), go into
+``MEASURED_SAMPLES_PER_S`` and ``MEASURED_PEAK_GPU_GB`` and then win over the formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import ModelConfig, RunConfig
+
+# --------------------------------------------------------------------------- tables
+
+# Measured training throughput, samples/s per GPU: (preset, GPU key) -> value.
+# Empty until benchmarks are run on real cards; fill from docs/benchmarks.md.
+MEASURED_SAMPLES_PER_S: dict[tuple[str, str], float] = {
+    # `diffscale bench --gpus 1` (fast recipe), docs/benchmarks.md, 2026-11-26.
+    ("small", "H100"): 21737.0,
+    ("medium", "H100"): 2588.0,
+    ("xl", "H100"): 430.0,
+    ("small", "H200"): 24202.0,
+}
+
+# Measured peak GPU memory in GB: (preset, batch_per_gpu, GPU key) -> value.
+MEASURED_PEAK_GPU_GB: dict[tuple[str, int, str], float] = {
+    # torch.cuda.max_memory_allocated of the fast recipe, docs/benchmarks.md, 2026-11-26.
+    ("small", 2048, "H100"): 9.66 * 2**30 / 1e9,
+    ("medium", 384, "H100"): 16.08 * 2**30 / 1e9,
+    ("xl", 32, "H100"): 9.44 * 2**30 / 1e9,
+}
+
+# Dense bf16/fp16 tensor-core peak TFLOP/s from NVIDIA's datasheets (no sparsity).
+GPU_PEAK_TFLOPS: dict[str, float] = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A6000": 154.8,
+    "A40": 149.7,
+    "V100": 125.0,
+}
+
+# Assumed fraction of peak a small conv UNet reaches (estimated, not measured).
+ASSUMED_GPU_UTILISATION = 0.25
+# Assumed sustained GFLOP/s of one CPU core running conv training in fp32 (estimated).
+ASSUMED_CPU_GFLOPS_PER_CORE = 20.0
+# Data-parallel efficiency assumed when more than one rank trains (estimated).
+ASSUMED_SCALING_EFFICIENCY = 0.9
+# Start-up (imports, compile, data) and final sampling/checkpoint, per job (estimated).
+STARTUP_S = 180
+
+# Host memory of one training process (torch, CUDA runtime, model copies) and of one
+# data-loader worker (a forked copy that touches the dataset and torch), in GB (estimated).
+HOST_GB_PER_RANK = 3.0
+HOST_GB_PER_WORKER = 1.0
+# CUDA context and allocator slack on the GPU, in GB (estimated).
+GPU_CONTEXT_GB = 1.0
+# Bytes per parameter held on the GPU: fp32 weights, grads, AdamW moments, EMA copy.
+BYTES_PER_PARAM = 4 + 4 + 8 + 4
+
+
+def gpu_key(gpu_type: str | None) -> str | None:
+    """``"A100-80GB"`` -> ``"A100"``; None when the type is unknown or not in the table."""
+    if not gpu_type:
+        return None
+    upper = gpu_type.upper().replace(" ", "")
+    for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+        if key in upper:
+            return key
+    return None
+
+
+# --------------------------------------------------------------------------- model walk
+
+@dataclass(frozen=True)
+class ModelCost:
+    params: int
+    """Parameters (within ~15 % of diffusers' UNet2DModel for the presets)."""
+    macs_per_sample: int
+    """Multiply-accumulates of one forward pass of one sample."""
+    activation_bytes_per_sample: int
+    """Activations kept for backward per sample (bf16/fp16 autocast, estimated)."""
+
+
+def model_cost(model: ModelConfig, channels: int = 3) -> ModelCost:
+    """Walk the UNet levels as diffusers' UNet2DModel builds them (resnets, attention,
+    down/up sampling, mid block) and add up parameters, MACs and saved activations."""
+    widths = list(model.block_out_channels)
+    layers = model.layers_per_block
+    channels = model.channels or channels
+    params = macs = act = 0
+    temb = widths[0] * 4
+
+    def resnet(cin: int, cout: int, side: int) -> None:
+        nonlocal params, macs, act
+        p = 9 * cin * cout + 9 * cout * cout + temb * cout + (cin * cout if cin != cout else 0)
+        params += p
+        macs += side * side * (9 * cin * cout + 9 * cout * cout + (cin * cout if cin != cout else 0))
+        # inputs of norm/act/conv pairs, saved for backward, 2 bytes each
+        act += side * side * (3 * cin + 5 * cout) * 2
+
+    def attention(width: int, side: int) -> None:
+        nonlocal params, macs, act
+        params += 4 * width * width
+        tokens = side * side
+        macs += tokens * 4 * width * width + 2 * tokens * tokens * width
+        act += tokens * width * 6 * 2
+
+    side = model.sample_size
+    params += 9 * channels * widths[0] + temb * widths[0] + temb * temb
+    macs += side * side * 9 * channels * widths[0]
+    skips = [widths[0]]
+    cin = widths[0]
+    for level, width in enumerate(widths):
+        for _ in range(layers):
+            resnet(cin, width, side)
+            if model.attention[level]:
+                attention(width, side)
+            cin = width
+            skips.append(width)
+        if level < len(widths) - 1:
+            params += 9 * width * width
+            side //= 2
+            macs += side * side * 9 * width * width
+            skips.append(width)
+    resnet(cin, cin, side)
+    attention(cin, side)
+    resnet(cin, cin, side)
+    for level in reversed(range(len(widths))):
+        width = widths[level]
+        for _ in range(layers + 1):
+            skip = skips.pop()
+            resnet(cin + skip, width, side)
+            if model.attention[level]:
+                attention(width, side)
+            cin = width
+        if level > 0:
+            side *= 2
+            params += 9 * width * width
+            macs += side * side * 9 * width * width
+    params += 9 * widths[0] * channels
+    macs += side * side * 9 * widths[0] * channels
+    return ModelCost(params=int(params), macs_per_sample=int(macs), activation_bytes_per_sample=int(act))
+
+
+# --------------------------------------------------------------------------- estimates
+
+@dataclass(frozen=True)
+class Estimate:
+    value: float
+    source: str
+    """``measured`` (from the tables above) or ``estimated`` (formula)."""
+
+
+def gpu_memory_gb(cfg: RunConfig, gpu_type: str | None, batch_per_gpu: int | None = None) -> Estimate:
+    """Peak GPU memory of one rank."""
+    batch = batch_per_gpu or cfg.train.batch_per_gpu
+    key = gpu_key(gpu_type)
+    measured = MEASURED_PEAK_GPU_GB.get((cfg.preset, batch, key or ""))
+    if measured is not None:
+        return Estimate(measured, "measured")
+    cost = model_cost(cfg.model)
+    total = BYTES_PER_PARAM * cost.params + batch * cost.activation_bytes_per_sample
+    # 1.2: allocator fragmentation and temporaries (estimated)
+    return Estimate(total * 1.2 / 1e9 + GPU_CONTEXT_GB, "estimated")
+
+
+def max_batch_for_gpu(cfg: RunConfig, gpu_type: str | None, gpu_memory_gb_: float) -> int:
+    """Largest per-GPU batch whose estimated peak fits in 90 % of the GPU's memory (0 if none)."""
+    lo, hi = 0, cfg.train.batch_per_gpu
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if gpu_memory_gb(cfg, gpu_type, mid).value <= 0.9 * gpu_memory_gb_:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def data_workers(cfg: RunConfig, cpus_per_rank: int) -> int:
+    """Workers per rank: the configured count, or what ``-1`` (auto) may pick: one per
+    spare core of the rank, at most 8 (estimated; the runtime decides the real number)."""
+    if cfg.data.workers >= 0:
+        return cfg.data.workers
+    return max(0, min(cpus_per_rank - 1, 8))
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    per_rank_gb: float
+    per_worker_gb: float
+    workers: int
+    """Data-loader workers per rank."""
+    node_gb: float
+    """ranks per node x (one rank + its workers)."""
+
+
+def host_memory(cfg: RunConfig, ranks_per_node: int, cpus_per_rank: int, data_bytes: int = 0) -> HostMemory:
+    """Host memory of a node's processes (estimated). Every rank and each of its data
+    workers holds its own copy of in-memory data (an npz file is loaded whole)."""
+    workers = data_workers(cfg, cpus_per_rank)
+    data_gb = data_bytes / 1e9
+    per_rank = HOST_GB_PER_RANK + data_gb
+    per_worker = HOST_GB_PER_WORKER + data_gb
+    return HostMemory(per_rank, per_worker, workers, ranks_per_node * (per_rank + workers * per_worker))
+
+
+def samples_per_s_per_rank(cfg: RunConfig, gpu_type: str | None, cpus_per_rank: int, has_gpus: bool) -> Estimate:
+    key = gpu_key(gpu_type)
+    measured = MEASURED_SAMPLES_PER_S.get((cfg.preset, key or ""))
+    if measured is not None:
+        return Estimate(measured, "measured")
+    flops = 6 * model_cost(cfg.model).macs_per_sample  # forward + backward = 3 x 2 FLOPs per MAC
+    if has_gpus:
+        peak = GPU_PEAK_TFLOPS.get(key or "", 100.0) * 1e12 * ASSUMED_GPU_UTILISATION
+    else:
+        peak = cpus_per_rank * ASSUMED_CPU_GFLOPS_PER_CORE * 1e9
+    return Estimate(peak / max(flops, 1), "estimated")
+
+
+def train_seconds(cfg: RunConfig, world_size: int, per_rank: float) -> int:
+    """Wall seconds to train cfg.train.steps optimizer steps on ``world_size`` ranks."""
+    samples = cfg.train.steps * cfg.train.batch_per_gpu * cfg.train.grad_accum * world_size
+    efficiency = ASSUMED_SCALING_EFFICIENCY if world_size > 1 else 1.0
+    return int(math.ceil(samples / (per_rank * world_size * efficiency))) + STARTUP_S

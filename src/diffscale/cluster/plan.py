@@ -1,0 +1,233 @@
+"""plan(): from (profile, shape, workload) to everything a job needs -- pure, no I/O.
+
+It resolves the defaults (cores per rank, memory, wall time), estimates the training
+time, splits a run longer than the partition's limit into resumable segments, lays out
+every rank, runs the preflight checks and builds the JobSpec the script renderers take.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from . import estimates, preflight
+from .jobspec import Continuation, JobSpec, RaceSpec, job_name
+from .preflight import Check, Resolved
+from .profiles import ClusterProfile, Partition, SchedulerKind
+from .shape import Shape
+from .workload import DiffscaleRun, Workload
+
+SEGMENT_MARGIN_S = 600
+"""Time kept free in every segment besides start-up: checkpoint, final sampling, slack."""
+DEFAULT_SIGNAL_LEAD_S = 120
+DEFAULT_CPUS_PER_RANK_CAP = 8
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    account: str | None = None
+    qos: str | None = None
+    job_name: str | None = None
+    max_restarts: int = 20
+    signal_lead_s: int | None = None
+    signal: str | None = "auto"
+    """Warning signal before the time limit: ``auto`` is USR2 for a diffscale run (which
+    checkpoints on it) and none for a user command; None turns it off."""
+    global_batch: int | None = None
+    race: RaceSpec | None = None
+    chain: bool = True
+    """Split a run longer than the partition's limit into a chain of segment jobs (else
+    one job that requeues itself at each limit)."""
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    node: int
+    host: str
+    local_rank: int
+    device: str
+    started_by: str
+    master: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    time_s: int
+    steps: str
+    """Approximate step range this segment is expected to cover."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    profile: ClusterProfile
+    partition: Partition
+    shape: Shape
+    workload: Workload
+    spec: JobSpec
+    ranks: tuple[RankRow, ...]
+    checks: tuple[Check, ...]
+    segments: tuple[Segment, ...]
+    estimate_s: int | None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok is not False for c in self.checks)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.ok is False]
+
+    def script(self) -> str:
+        from . import sge, slurm
+
+        return (slurm if self.spec.scheduler is SchedulerKind.SLURM else sge).render(self.spec)
+
+
+def _round_up(seconds: float, step: int = 900) -> int:
+    return int(math.ceil(seconds / step) * step)
+
+
+def _default_cpus(part: Partition, ranks_per_node: int) -> int:
+    if part.cpus_per_node:
+        return max(1, min(part.cpus_per_node // ranks_per_node, DEFAULT_CPUS_PER_RANK_CAP))
+    return 4 if part.has_gpus else 1
+
+
+def _printable(text: str) -> str:
+    # The title lands in a comment line of the script: no control characters (a newline
+    # would end the comment and turn the rest into commands).
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)
+
+
+def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options: PlanOptions = PlanOptions()) -> Plan:
+    part = profile.partition(shape.partition)
+    g = shape.ranks_per_node
+    gpu_ranks = part.has_gpus and shape.use_gpus
+    cpus = shape.cpus_per_rank or _default_cpus(part, g)
+    notes: list[str] = []
+
+    # --- estimates (diffscale runs only)
+    estimate_s: int | None = None
+    mem = shape.mem_per_node_gb
+    if isinstance(workload, DiffscaleRun):
+        cfg = workload.config
+        rate = estimates.samples_per_s_per_rank(cfg, part.gpu_type, cpus, gpu_ranks)
+        estimate_s = estimates.train_seconds(cfg, shape.world_size, rate.value)
+        notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
+                     f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
+        if mem is None:
+            mem = math.ceil(estimates.host_memory(cfg, g, cpus, workload.data_bytes).node_gb * 1.25)
+            if part.mem_per_node_gb is not None:
+                mem = min(mem, int(part.mem_per_node_gb))
+    mem_gb = int(math.ceil(mem)) if mem is not None else None
+
+    # --- wall time and segments
+    limit = part.max_time_s
+    lead = options.signal_lead_s
+    time_s = shape.time_s
+    segments: list[Segment] = []
+    n_segments = 1
+    if time_s is None:
+        if estimate_s is not None:
+            want = _round_up(estimate_s * 1.2 + SEGMENT_MARGIN_S)
+            time_s = min(want, limit) if limit is not None else want
+        else:
+            time_s = limit
+    if lead is None:
+        lead = DEFAULT_SIGNAL_LEAD_S if time_s is None else max(10, min(DEFAULT_SIGNAL_LEAD_S, time_s // 4))
+    if estimate_s is not None and time_s is not None and workload.resumable:
+        usable = time_s - estimates.STARTUP_S - lead - (SEGMENT_MARGIN_S if time_s > 4 * SEGMENT_MARGIN_S else 0)
+        need = (estimate_s - estimates.STARTUP_S) * 1.1
+        if usable > 0 and need > usable:
+            n_segments = math.ceil(need / usable)
+    if n_segments > 1 and isinstance(workload, DiffscaleRun):
+        steps = workload.config.train.steps
+        for k in range(n_segments):
+            lo = steps * k // n_segments
+            hi = steps * (k + 1) // n_segments
+            segments.append(Segment(k + 1, time_s or 0, f"~{lo}..{hi}"))
+        how = "a chain of dependent jobs" if options.chain else "one job requeued at each limit"
+        notes.append(f"the run is longer than one job may be: {n_segments} segments of {time_s} s, {how}; "
+                     "each resumes from the newest checkpoint (estimated)")
+
+    resolved = Resolved(nodes=shape.nodes, ranks_per_node=g, use_gpus=gpu_ranks, cpus_per_rank=cpus,
+                        cpus_per_rank_asked=shape.cpus_per_rank is not None, mem_per_node_gb=mem_gb,
+                        mem_asked=shape.mem_per_node_gb is not None,
+                        time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch)
+    checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
+
+    # --- continuation
+    if not workload.resumable:
+        continuation = Continuation.NONE
+    elif n_segments > 1 and options.chain:
+        continuation = Continuation.CHAIN
+    else:
+        continuation = Continuation.REQUEUE
+    signal = options.signal
+    if signal == "auto":
+        signal = "USR2" if isinstance(workload, DiffscaleRun) else None
+
+    title = _printable(
+        f"{profile.name} / {part.name}: {shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
+        f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
+    spec = JobSpec(
+        scheduler=profile.scheduler,
+        job_name=options.job_name or job_name(workload.run_dir, options.race.key if options.race else ""),
+        run_dir=workload.run_dir,
+        nodes=shape.nodes,
+        ranks_per_node=g,
+        gpus_per_node=g if part.has_gpus and shape.use_gpus else 0,
+        cpus_per_rank=cpus,
+        mem_per_node_gb=mem_gb,
+        time_s=time_s,
+        partition=part.submit_name,
+        account=options.account or profile.account,
+        qos=options.qos or part.qos,
+        constraint=part.constraint,
+        gpu_request=part.gpu_request,
+        gres_type=part.gres_type,
+        resources=part.resources,
+        setup=profile.setup,
+        env=profile.env,
+        argv=workload.argv(),
+        torchrun_args=workload.torchrun_args(),
+        python=workload.python,
+        continuation=continuation,
+        max_restarts=options.max_restarts,
+        signal=signal,
+        signal_lead_s=lead,
+        race=options.race,
+        sge=profile.sge,
+        title=title,
+    )
+    return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
+                ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
+                estimate_s=estimate_s, notes=tuple(notes))
+
+
+def rank_table(spec: JobSpec, part: Partition) -> list[RankRow]:
+    """Where every rank runs and how it finds the others."""
+    rows = []
+    g = spec.ranks_per_node
+    for rank in range(spec.world_size):
+        node, local = divmod(rank, g)
+        device = f"cuda:{local}" if spec.gpus_per_node else "cpu"
+        if spec.scheduler is SchedulerKind.SLURM:
+            host = f"node {node} of SLURM_JOB_NODELIST"
+            started = f"srun task (SLURM_PROCID={rank}, SLURM_LOCALID={local}, SLURM_NODEID={node})"
+            master = "first host of SLURM_JOB_NODELIST : 20000 + SLURM_JOB_ID % 20000 (script exports)"
+        elif spec.nodes == 1:
+            host = "the job's host"
+            started = f"torchrun --standalone (RANK={rank}, LOCAL_RANK={local})"
+            master = "localhost : free port picked by torchrun --standalone"
+        else:
+            host = f"host {node} of PE_HOSTFILE"
+            via = "local torchrun" if node == 0 else "torchrun via qrsh -inherit"
+            started = f"{via} --node_rank={node} (RANK={rank}, LOCAL_RANK={local})"
+            master = "first host of PE_HOSTFILE : 20000 + JOB_ID % 20000"
+        rows.append(RankRow(rank, node, host, local, device, started, master))
+    return rows

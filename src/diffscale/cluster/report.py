@@ -1,0 +1,127 @@
+"""Terminal output of the cluster verbs (rich tables). Presentation only: no decisions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from .jobs import Submission
+from .plan import Plan
+from .profiles import ClusterProfile
+from .scheduler import JobState
+from .timefmt import hms, human
+
+
+def _console() -> Console:
+    # wide enough for the rank table when piped to a file
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def _u(value: object, unit: str = "") -> str:
+    return "unknown" if value is None else f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def print_plan(plan: Plan) -> None:
+    console = _console()
+    console.rule(f"job script ({plan.shape.label})")
+    # the script verbatim: no markup, no highlighting, so it can be copied as is
+    sys.stdout.write(plan.script())
+    sys.stdout.flush()
+    console.rule(f"ranks ({plan.spec.world_size})")
+    table = Table(show_lines=False)
+    for col in ("rank", "node", "local rank", "device", "started by", "master address : port (source)"):
+        table.add_column(col)
+    for r in plan.ranks:
+        table.add_row(str(r.rank), r.host, str(r.local_rank), r.device, r.started_by, r.master)
+    console.print(table)
+    if plan.segments:
+        seg = Table(title="segments (each resumes from the newest checkpoint; estimated)")
+        for col in ("segment", "wall time", "steps"):
+            seg.add_column(col)
+        for s in plan.segments:
+            seg.add_row(str(s.index), hms(s.time_s), s.steps)
+        console.print(seg)
+    print_checks(plan)
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def print_checks(plan: Plan) -> None:
+    console = _console()
+    table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, shape {plan.shape.label}")
+    for col in ("check", "result", "detail", "fix"):
+        table.add_column(col)
+    style = {True: "green", False: "bold red", None: "yellow"}
+    for c in plan.checks:
+        table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
+    console.print(table)
+
+
+def print_submission(sub: Submission) -> None:
+    console = _console()
+    table = Table(title=f"submitted to {sub.cluster} ({sub.scheduler})")
+    for col in ("job id", "shape", "segment", "after", "name", "log"):
+        table.add_column(col)
+    for j in sub.jobs:
+        table.add_row(j.job_id, j.shape, f"{j.segment}/{j.segments}", j.after or "", j.name, j.log)
+    console.print(table)
+    console.print(f"run directory: {sub.run_dir}", markup=False)
+    if sub.race:
+        console.print(f"race between {', '.join(sub.race)}: the first to start owns the run and cancels the others",
+                      markup=False)
+    console.print("watch it with `diffscale status RUN_DIR` / `diffscale logs RUN_DIR`", markup=False)
+
+
+def print_status(sub: Submission, states: Sequence[JobState], run_dir: Path) -> None:
+    from . import race
+
+    console = _console()
+    by_id = {s.job_id: s for s in states}
+    table = Table(title=f"{sub.what} on {sub.cluster}, submitted {sub.submitted_at}")
+    for col in ("job id", "shape", "segment", "state", "detail"):
+        table.add_column(col)
+    for j in sub.jobs:
+        s = by_id.get(j.job_id)
+        table.add_row(j.job_id, j.shape, f"{j.segment}/{j.segments}", s.state if s else "?", s.detail if s else "")
+    console.print(table)
+    if sub.race:
+        owner = race.owner(run_dir)
+        console.print(f"race: {'shape ' + owner + ' owns the run' if owner else 'no shape has started yet'}",
+                      markup=False)
+
+
+def print_profile_list(profiles: Sequence[ClusterProfile]) -> None:
+    table = Table(title="cluster profiles")
+    for col in ("name", "scheduler", "partitions", "from"):
+        table.add_column(col)
+    for p in profiles:
+        table.add_row(p.name, p.scheduler.value, ", ".join(x.name for x in p.partitions), p.source)
+    _console().print(table)
+
+
+def print_profile(profile: ClusterProfile) -> None:
+    console = _console()
+    console.print(f"{profile.title} ({profile.scheduler.value}) -- {profile.source}", markup=False)
+    for url in profile.docs:
+        console.print(f"  docs: {url}", markup=False)
+    table = Table()
+    for col in ("partition", "submit as", "GPUs/node", "GPU", "GPU mem", "cores/node", "mem/node", "max time",
+                "interconnect"):
+        table.add_column(col)
+    for p in profile.partitions:
+        table.add_row(p.name, p.submit_name or "(scheduler routes)", _u(p.gpus_per_node), p.gpu_type or "-",
+                      _u(p.gpu_memory_gb, " GB"), _u(p.cpus_per_node), _u(p.mem_per_node_gb, " GB"),
+                      human(p.max_time_s) if p.max_time_s else "unknown/unlimited", p.interconnect or "unknown")
+    console.print(table)
+    if profile.sge:
+        s = profile.sge
+        console.print(f"Grid Engine: PE one host {s.pe_single_host or '-'}, several hosts {s.pe_multi_host or '-'}; "
+                      f"GPUs as -l {s.gpu_resource}=N per {s.gpu_scope.value}", markup=False)
+    if profile.setup:
+        console.print("set-up: " + "; ".join(profile.setup), markup=False)
+    if profile.env:
+        console.print("env: " + " ".join(f"{k}={v}" for k, v in profile.env), markup=False)

@@ -1,0 +1,61 @@
+"""Submit planned jobs: write the scripts into the run directory, submit each shape's
+chain of segments (each segment after the previous one), record everything in jobs.json."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from ..errors import UserError
+from . import jobs
+from .plan import Plan
+from .profiles import SchedulerKind
+from .scheduler import Scheduler
+
+
+def script_name(plan: Plan) -> str:
+    ext = "slurm" if plan.spec.scheduler is SchedulerKind.SLURM else "sge"
+    return f"job-{plan.shape.label}.{ext}.sh"
+
+
+def write_scripts(plans: list[Plan], run_dir: Path) -> list[Path]:
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    paths = []
+    for plan in plans:
+        path = run_dir / script_name(plan)
+        path.write_text(plan.script())
+        path.chmod(0o755)
+        paths.append(path)
+    return paths
+
+
+def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: str, what: str) -> jobs.Submission:
+    scripts = write_scripts(plans, run_dir)
+    records: list[jobs.JobRecord] = []
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    race = tuple(p.shape.label for p in plans) if len(plans) > 1 else ()
+
+    def record() -> jobs.Submission:
+        sub = jobs.Submission(scheduler=scheduler.kind.value, cluster=cluster, submitted_at=now, run_dir=str(run_dir),
+                              what=what, jobs=tuple(records), race=race)
+        jobs.append(run_dir, sub)
+        return sub
+
+    try:
+        for plan, script in zip(plans, scripts):
+            segments = max(len(plan.segments), 1)
+            after = None
+            for k in range(1, segments + 1):
+                job_id = scheduler.submit(script, run_dir, after=after)
+                records.append(jobs.JobRecord(
+                    job_id=job_id, name=plan.spec.job_name, shape=plan.shape.label, partition=plan.partition.name,
+                    script=script.name, log=scheduler.log_path(plan.spec.job_name, job_id), segment=k,
+                    segments=segments, after=after))
+                after = job_id
+    except UserError as exc:
+        if records:
+            record()
+            raise UserError(exc.cause, f"{exc.fix}; jobs already submitted are in jobs.json "
+                                       f"(`diffscale cancel {run_dir}` removes them)") from exc
+        raise
+    return record()

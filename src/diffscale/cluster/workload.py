@@ -1,0 +1,85 @@
+"""What a job runs: a diffscale training run, or any user command given after ``--``.
+
+Both carry the run directory (jobs.json, logs, race claim and, for diffscale, the
+resolved config and checkpoints live there) and give the per-rank argv that the job
+script starts once per rank (srun) or once per host (torchrun under Grid Engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Union
+
+from ..config import RunConfig
+from ..errors import UserError
+
+# diffscale's "checkpointed on a signal, not finished" exit code. The trainer exits with it
+# after SIGUSR2/SIGUSR1/SIGTERM; job scripts then requeue (SLURM), exit 99 (Grid Engine
+# reschedule) or leave it to the next segment of a chain.
+EXIT_REQUEUE = 85
+
+
+@dataclass(frozen=True, eq=False)
+class DiffscaleRun:
+    """``python -m diffscale train RUN_DIR/config.yaml --out RUN_DIR --resume auto``."""
+
+    config: RunConfig
+    run_dir: str
+    """Absolute path of the run directory, exactly as the job will see it."""
+    python: str
+    """Interpreter on the cluster nodes (by default the one running diffscale now)."""
+    data_bytes: int = 0
+    """Bytes of training data each data-loading process holds in memory (npz files are loaded whole)."""
+
+    @property
+    def config_path(self) -> str:
+        return str(PurePosixPath(self.run_dir) / "config.yaml")
+
+    def argv(self) -> tuple[str, ...]:
+        return (self.python, "-m", "diffscale", "train", self.config_path, "--out", self.run_dir, "--resume", "auto")
+
+    def torchrun_args(self) -> tuple[str, ...]:
+        """What torchrun runs per rank (``-m diffscale train ...``)."""
+        return ("-m", "diffscale", "train", self.config_path, "--out", self.run_dir, "--resume", "auto")
+
+    @property
+    def resumable(self) -> bool:
+        return True
+
+    @property
+    def title(self) -> str:
+        return f"diffscale train (preset {self.config.preset})"
+
+
+@dataclass(frozen=True)
+class UserCommand:
+    """Any command, e.g. ``python train.py --epochs 10`` for a Lightning or plain PyTorch trainer."""
+
+    argv_: tuple[str, ...]
+    run_dir: str
+    python: str
+
+    def __post_init__(self) -> None:
+        if not self.argv_:
+            raise UserError("no command after `--`", "write e.g. `diffscale submit --cluster X -- python train.py`")
+
+    def argv(self) -> tuple[str, ...]:
+        return self.argv_
+
+    def torchrun_args(self) -> tuple[str, ...]:
+        """What follows torchrun's own options. ``--no-python`` runs the command exactly as
+        given once per rank (python scripts, ``python -c``, shell wrappers alike)."""
+        return ("--no-python",) + self.argv_
+
+    @property
+    def resumable(self) -> bool:
+        # We cannot know whether a user's command resumes from its own checkpoints.
+        return False
+
+    @property
+    def title(self) -> str:
+        return "user command: " + " ".join(self.argv_)
+
+
+Workload = Union[DiffscaleRun, UserCommand]

@@ -1,0 +1,67 @@
+#!/bin/bash
+# Job script written by diffscale 0.1.0: regenerate it with `diffscale plan` rather than edit it.
+# bu-scc / any-gpu: 1 node(s) x 2 GPUs per node = 2 ranks; diffscale train (preset xl)
+# Submit it from the run directory (diffscale submit does): logs/ is relative to it.
+#$ -N ds-it-s-a-weird-home-date-d-6f2ef2
+#$ -S /bin/bash
+#$ -cwd
+#$ -j y
+#$ -o logs/
+#$ -pe omp 8
+#$ -l h_rt=35:45:00
+#$ -l gpus=2
+#$ -l gpu_c=7.0
+#$ -P myproject
+#$ -notify
+#$ -r y
+
+# No `set -e`: the script inspects the training's exit code itself.
+set -uo pipefail
+RUN_DIR='/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two'
+cd "$RUN_DIR" || exit 2
+echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
+
+# -notify sends SIGUSR2 to every process group of the job (on every host) before the
+# kill. torchrun's workers run in sessions of their own, so torchrun must pass the signal
+# on (and give them the notify time to checkpoint before it kills them).
+export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
+export PET_SHUTDOWN_TIMEOUT=60
+
+got_signal=0
+pids=()
+trap 'got_signal=1; echo "diffscale: got SIGUSR2 (h_rt reached): every rank checkpoints"' USR2
+
+# One host: torchrun starts one process per GPU and picks a free rendezvous port.
+/opt/diffscale-venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=2 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two/config.yaml' --out '/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two' --resume auto &
+pids=($!)
+
+# Wait for every launcher; the job fails when any fails.
+rc=0
+for pid in "${pids[@]}"; do
+    wait "$pid"; one=$?
+    while [ "$one" -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; one=$?; done
+    if [ "$one" -gt 128 ]; then wait "$pid" 2>/dev/null; _last=$?; [ "$_last" -ne 127 ] && one=$_last; fi
+    if [ "$one" -ne 0 ] && [ "$rc" -eq 0 ]; then rc=$one; fi
+done
+
+# Exit 85: diffscale checkpointed on the warning signal and is not finished.
+# torchrun reports a worker's exit 85 as 1, so failing after the warning counts too.
+# Exit 99 makes Grid Engine reschedule this job (-r y, same job id), guarded by a
+# restart count kept in the run directory.
+if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
+    count_file="$RUN_DIR/.restarts-$JOB_ID"
+    restarts=$(cat "$count_file" 2>/dev/null || echo 0)
+    if [ "$restarts" -lt 20 ]; then
+        echo $((restarts + 1)) >"$count_file"
+        echo "diffscale: checkpointed; rescheduling job $JOB_ID (restart $((restarts + 1)) of 20)"
+        exit 99
+    fi
+    echo "diffscale: checkpointed, but the job was already restarted $restarts times (max 20); submit again to continue" >&2
+    exit 85
+fi
+exit "$rc"

@@ -1,0 +1,96 @@
+"""Golden job scripts: every bundled profile (and two test fixtures) renders byte for byte
+what tests/golden/*.sh holds. Regenerate after an intended change with
+
+    DIFFSCALE_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/unit/cluster/test_cluster_golden.py
+
+and review the diff. Each golden script is also parsed by ``bash -n``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from diffscale import presets
+from diffscale.cluster.jobspec import RaceSpec, job_name
+from diffscale.cluster.plan import PlanOptions, make_plan
+from diffscale.cluster.profiles import available, load_profile
+from diffscale.cluster.shape import Shape
+from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.config import merge
+
+from cluster_fixtures import fixture_profile
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
+# Fixed, hostile run directory: golden files must not depend on the machine.
+RUN_DIR = "/scratch/it's a \"weird\" $HOME `date` dir\nline two"
+PYTHON = "/opt/diffscale-venv/bin/python"
+
+
+def _profile(name: str):
+    return fixture_profile(name) if name in ("sge-two-host", "slurm-test") else load_profile(name)
+
+
+def _cases():
+    """(golden file stem, profile, shape, workload, options)."""
+    xl = presets.get_preset("xl")
+    tiny = presets.get_preset("tiny")
+    run = DiffscaleRun(config=xl, run_dir=RUN_DIR, python=PYTHON)
+    user = UserCommand(("python", "train.py", "--name", "it's $x"), RUN_DIR, PYTHON)
+    cases = []
+    for name in sorted(available()):
+        if name not in ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch"):
+            continue
+        profile = load_profile(name)
+        part = profile.partition(None)
+        g = part.gpus_per_node or 2
+        nodes = 1 if profile.sge else 2
+        cases.append((f"{name}-train", name, Shape(nodes, g), run, PlanOptions(account="myproject")))
+        cases.append((f"{name}-user", name, Shape(1, g), user, PlanOptions()))
+    long = DiffscaleRun(config=merge(xl, {"train": {"steps": 2_000_000}}), run_dir=RUN_DIR, python=PYTHON)
+    cases.append(("dkrz-levante-chain", "dkrz-levante", Shape(1, 4), long, PlanOptions(account="bb1234")))
+    rivals = (job_name(RUN_DIR, "4x1"),)
+    cases.append(("purdue-gilbreth-race-1x4", "purdue-gilbreth", Shape(1, 4), run,
+                  PlanOptions(race=RaceSpec("1x4", rivals))))
+    cases.append(("sge-two-host-train", "sge-two-host", Shape(2, 2), DiffscaleRun(config=tiny, run_dir=RUN_DIR, python=PYTHON),
+                  PlanOptions(race=RaceSpec("2x2", (job_name(RUN_DIR, "1x2"),)))))
+    cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("stem,profile,shape,workload,options", CASES, ids=[c[0] for c in CASES])
+def test_golden_script(stem, profile, shape, workload, options):
+    plan = make_plan(_profile(profile), shape, workload, options)
+    text = plan.script()
+    path = GOLDEN / f"{stem}.sh"
+    if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing {path}: run with DIFFSCALE_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{stem}: script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_every_bundled_profile_has_goldens():
+    stems = {c[0] for c in CASES}
+    for name in ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch"):
+        assert f"{name}-train" in stems and f"{name}-user" in stems
+
+
+def test_hostile_path_is_one_literal_word_in_every_script():
+    # The run dir appears only as a quoted RUN_DIR=... assignment and quoted argv words.
+    for stem, profile, shape, workload, options in CASES:
+        text = make_plan(_profile(profile), shape, workload, options).script()
+        directives = [ln for ln in text.splitlines() if ln.startswith(("#SBATCH", "#$"))]
+        # directive lines are parsed by sbatch/qsub, not a shell: only safe characters there
+        for line in directives:
+            assert re.fullmatch(r"(#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?|#\$ -[A-Za-z_]+( [A-Za-z0-9_.+:=/@,%-]+)*)",
+                                line), (stem, line)
+        assert "RUN_DIR='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two'" in text, stem

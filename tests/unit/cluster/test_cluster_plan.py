@@ -1,0 +1,89 @@
+"""plan(): rank tables, resolved defaults, continuation, and the port formula."""
+
+from __future__ import annotations
+
+import subprocess
+
+from diffscale import presets
+from diffscale.cluster.jobspec import Continuation, job_name
+from diffscale.cluster.plan import PlanOptions, make_plan
+from diffscale.cluster.profiles import load_profile
+from diffscale.cluster.shape import Shape, parse_race
+from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.errors import UserError
+from diffscale.runtime.distributed import port_from_job_id
+
+import pytest
+
+from cluster_fixtures import fixture_profile
+
+
+def _run():
+    return DiffscaleRun(config=presets.get_preset("medium"), run_dir="/runs/r", python="python3")
+
+
+def test_slurm_rank_table_two_nodes_of_four():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(2, 4), _run())
+    rows = [(r.rank, r.node, r.local_rank, r.device) for r in plan.ranks]
+    assert rows == [(0, 0, 0, "cuda:0"), (1, 0, 1, "cuda:1"), (2, 0, 2, "cuda:2"), (3, 0, 3, "cuda:3"),
+                    (4, 1, 0, "cuda:0"), (5, 1, 1, "cuda:1"), (6, 1, 2, "cuda:2"), (7, 1, 3, "cuda:3")]
+    assert plan.ranks[5].started_by == "srun task (SLURM_PROCID=5, SLURM_LOCALID=1, SLURM_NODEID=1)"
+    assert plan.ranks[0].master.startswith("first host of SLURM_JOB_NODELIST : 20000 + SLURM_JOB_ID % 20000")
+
+
+def test_sge_rank_tables():
+    one = make_plan(load_profile("bu-scc"), Shape(1, 2), _run())
+    assert [r.started_by for r in one.ranks] == ["torchrun --standalone (RANK=0, LOCAL_RANK=0)",
+                                                 "torchrun --standalone (RANK=1, LOCAL_RANK=1)"]
+    two = make_plan(fixture_profile("sge-two-host"), Shape(2, 2), _run())
+    assert [r.host for r in two.ranks] == ["host 0 of PE_HOSTFILE"] * 2 + ["host 1 of PE_HOSTFILE"] * 2
+    assert two.ranks[2].started_by == "torchrun via qrsh -inherit --node_rank=1 (RANK=2, LOCAL_RANK=0)"
+    assert two.ranks[0].master == "first host of PE_HOSTFILE : 20000 + JOB_ID % 20000"
+
+
+def test_cpu_ranks_ask_for_no_gpus():
+    plan = make_plan(fixture_profile("slurm-test"), Shape(2, 1, partition="gpu", use_gpus=False), _run())
+    assert plan.spec.gpus_per_node == 0 and plan.ranks[0].device == "cpu"
+    assert "--gpus-per-node" not in plan.script()
+    gpu = make_plan(fixture_profile("slurm-test"), Shape(1, 2, partition="gpu"), _run())
+    assert "#SBATCH --gpus-per-node=2" in gpu.script()
+
+
+def test_defaults_resolved_from_the_partition():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(1, 4), _run())
+    assert plan.spec.cpus_per_rank == 8  # 64 cores / 4 ranks, capped at 8
+    assert plan.spec.time_s <= 48 * 3600 and plan.spec.time_s % 900 == 0
+    assert plan.spec.continuation is Continuation.REQUEUE and plan.spec.signal == "USR2"
+
+
+def test_user_command_has_no_continuation_and_no_warning_unless_asked():
+    cmd = UserCommand(("python", "train.py"), "/runs/r", "python3")
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(4, 1), cmd)
+    assert plan.spec.continuation is Continuation.NONE and plan.spec.signal is None
+    assert "--signal" not in plan.script() and "srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1" in plan.script()
+    lightning = make_plan(load_profile("purdue-gilbreth"), Shape(4, 1), cmd, PlanOptions(signal="USR1"))
+    assert "#SBATCH --signal=B:USR1@120" in lightning.script()
+
+
+def test_script_port_formula_is_the_runtimes():
+    for job_id in ("1", "19999", "20000", "123457", "9876543"):
+        shell = subprocess.run(["bash", "-c", f"SLURM_JOB_ID={job_id}; echo $((20000 + SLURM_JOB_ID % 20000))"],
+                               capture_output=True, text=True).stdout.strip()
+        assert int(shell) == port_from_job_id(job_id)
+
+
+def test_race_parsing_and_names():
+    assert parse_race("1x4, 4x1") == [(1, 4), (4, 1)]
+    with pytest.raises(UserError) as err:
+        parse_race("1x4")
+    assert err.value.message == "--race '1x4' needs at least two shapes -- write e.g. --race 1x4,4x1"
+    with pytest.raises(UserError):
+        parse_race("1x4,four")
+    assert job_name("/a/b/My Run!") .startswith("ds-my-run-") and job_name("/a/b/x", "1x4").endswith("-1x4")
+    assert job_name("/a/b/x") != job_name("/c/b/x")
+
+
+def test_shape_validation_names_the_flag():
+    with pytest.raises(UserError) as err:
+        Shape(0, 1)
+    assert err.value.message == "--nodes 0 must be at least 1 -- ask for 1 or more nodes"

@@ -1,0 +1,152 @@
+"""Every preflight failure named in the cluster issue, with the message and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from diffscale import presets
+from diffscale.cluster.plan import PlanOptions, make_plan
+from diffscale.cluster.profiles import load_profile
+from diffscale.cluster.shape import Shape
+from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.config import merge
+
+
+def _run(preset="medium", data_bytes=0, **sections):
+    cfg = merge(presets.get_preset(preset), sections) if sections else presets.get_preset(preset)
+    return DiffscaleRun(config=cfg, run_dir="/runs/r", python="python3", data_bytes=data_bytes)
+
+
+def _check(plan, name):
+    return next(c for c in plan.checks if c.name == name)
+
+
+def test_more_gpus_per_node_than_the_partition_has():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(1, 8), _run())
+    c = _check(plan, "GPUs per node")
+    assert c.ok is False
+    assert c.detail == "8 GPUs per node asked, but 'a100-80gb' nodes have 4"
+    assert c.fix == "use --gpus-per-node 4 (or fewer) and more --nodes"
+    assert not plan.ok
+
+
+def test_32_tasks_x_4_cpus_on_64_core_gpu_nodes():
+    # the user's job: 32 tasks x 4 CPUs = 128 on Levante's 64-core GPU nodes
+    plan = make_plan(load_profile("dkrz-levante"), Shape(1, 32, cpus_per_rank=4, use_gpus=False), _run())
+    c = _check(plan, "CPUs per node")
+    assert c.ok is False
+    assert c.detail == "32 tasks x 4 CPUs = 128 > 64 cores per 'gpu' node"
+    assert c.fix == "use --cpus-per-task 2 (64 cores / 32 tasks)"
+
+
+def test_too_many_cores_per_rank_on_four_gpus():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(1, 4, cpus_per_rank=32), _run())
+    c = _check(plan, "CPUs per node")
+    assert (c.ok, c.detail, c.fix) == (False, "4 tasks x 32 CPUs = 128 > 64 cores per 'a100-80gb' node",
+                                       "use --cpus-per-task 16 (64 cores / 4 tasks)")
+
+
+def test_eight_workers_x_four_gpus_oom_on_256_gb_nodes():
+    # the user's OOM-killed job: 4 GPUs x 8 workers on NYU Torch's 256 GB L40S nodes, each
+    # process holding a 6 GB npz dataset
+    run = _run(data_bytes=6_000_000_000, data={"workers": 8})
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), run)
+    c = _check(plan, "host RAM per node")
+    assert c.ok is False
+    assert c.detail == ("4 ranks x (1 rank ~9.0 GB + 8 data workers x ~7.0 GB) = 260 GB (estimated) "
+                        "> 256 GB per node: the kernel would OOM-kill the job")
+    assert c.fix == "lower data.workers to 7 (--set data.workers=7)"
+    # and the fix really fits
+    fixed = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=6_000_000_000, data={"workers": 7}))
+    assert _check(fixed, "host RAM per node").ok is True
+
+
+def test_mem_above_the_node():
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4, mem_per_node_gb=300), _run())
+    c = _check(plan, "host RAM per node")
+    assert (c.ok, c.detail, c.fix) == (False, "--mem 300 GB > 256 GB per 'l40s' node", "ask at most --mem 256")
+
+
+def test_time_above_the_partition_maximum():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(1, 4, time_s=72 * 3600), _run())
+    c = _check(plan, "wall time")
+    assert c.ok is False
+    assert c.detail == "--time 72:00:00 > the partition's maximum 48:00:00"
+    assert c.fix == ("ask --time 48:00:00 or less; leave --time out and plan splits the run into resumable segments")
+
+
+def test_user_command_time_above_maximum_names_its_own_resume():
+    plan = make_plan(load_profile("uchicago-midway3"), Shape(1, 4, time_s=3 * 86400),
+                     UserCommand(("python", "train.py"), "/runs/r", "python3"))
+    c = _check(plan, "wall time")
+    assert c.ok is False and c.fix == "ask --time 48:00:00 or less and make the command resume from its checkpoints"
+
+
+def test_run_longer_than_the_limit_becomes_a_chain_of_segments():
+    # xl for 2,000,000 steps on one 12-hour Levante job: segments, and the check passes
+    plan = make_plan(load_profile("dkrz-levante"), Shape(1, 4), _run("xl", train={"steps": 2_000_000}))
+    c = _check(plan, "wall time")
+    assert c.ok is True and c.detail.startswith(f"{len(plan.segments)} segments of 12:00:00 (max 12:00:00)")
+    assert len(plan.segments) > 1
+    assert plan.segments[0].steps.startswith("~0..") and plan.segments[-1].steps.endswith("..2000000")
+    assert plan.spec.continuation.value == "chain"
+
+
+def test_preset_too_big_for_the_gpu():
+    plan = make_plan(load_profile("uchicago-midway3"), Shape(1, 4), _run("medium", train={"batch_per_gpu": 4096}))
+    c = _check(plan, "GPU memory")
+    assert c.ok is False
+    assert c.detail.startswith("preset medium, batch 4096 per GPU: ~") and c.detail.endswith(
+        "GB (estimated) > 90 % of 48 GB per L40S")
+    assert c.fix.startswith("lower train.batch_per_gpu to ")
+    fit = int(c.fix.split("lower train.batch_per_gpu to ")[1].split()[0])
+    accum = int(c.fix.split("raise train.grad_accum to ")[1].split()[0])
+    assert fit * accum >= 4096
+    fixed = make_plan(load_profile("uchicago-midway3"), Shape(1, 4),
+                      _run("medium", train={"batch_per_gpu": fit, "grad_accum": accum}))
+    assert _check(fixed, "GPU memory").ok is True
+
+
+def test_global_batch_not_divisible():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(2, 4), _run(), PlanOptions(global_batch=1001))
+    c = _check(plan, "global batch")
+    assert c.ok is False
+    assert c.detail == "global batch 1001 is not divisible by 8 ranks x 1 accumulation steps"
+    assert c.fix == "use a multiple of 8 (e.g. 1000 or 1008) or change the shape"
+
+
+def test_multi_host_needs_a_multi_host_pe():
+    plan = make_plan(load_profile("bu-scc"), Shape(2, 2), _run())
+    c = _check(plan, "parallel environment")
+    assert c.ok is False
+    assert c.detail == "2 hosts asked, but the profile names no multi-host PE"
+
+
+def test_unknown_facts_are_reported_unknown_not_passed():
+    plan = make_plan(load_profile("bu-scc"), Shape(1, 2), _run())
+    assert _check(plan, "GPUs per node").ok is None
+    assert _check(plan, "CPUs per node").ok is None
+    assert plan.ok  # unknown does not refuse the job
+
+
+@pytest.mark.parametrize("profile", ["bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch"])
+def test_a_sensible_job_passes_on_every_bundled_cluster(profile):
+    p = load_profile(profile)
+    g = p.partition(None).gpus_per_node or 1
+    plan = make_plan(p, Shape(1, g), _run("medium"))
+    assert plan.ok, [c for c in plan.checks if c.ok is False]
+
+
+def test_grid_engine_refuses_run_dirs_it_cannot_enter():
+    run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/a$HOME", python="python3")
+    c = _check(make_plan(load_profile("bu-scc"), Shape(1, 2), run), "run directory")
+    assert (c.ok, c.detail, c.fix) == (False, "Grid Engine cannot run a job in a directory whose path contains '$'",
+                                       "choose a --out path without '$' and newlines")
+    ok = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/it's \"odd\" dir", python="python3")
+    assert _check(make_plan(load_profile("bu-scc"), Shape(1, 2), ok), "run directory").ok is True
+
+
+def test_slurm_refuses_an_executable_path_with_a_space():
+    run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/opt/my env/bin/python")
+    c = _check(make_plan(load_profile("purdue-gilbreth"), Shape(1, 4), run), "task executable")
+    assert c.ok is False and c.fix == "use an interpreter/command path without spaces (--python, or a symlink to it)"

@@ -1,0 +1,156 @@
+"""Run the rendered job scripts under bash with stand-ins for srun/scontrol/python.
+
+The stand-ins record what the script asked of them; the assertions are about the
+script's own wiring: rendezvous variables, signal forwarding to every rank, the exit-85
+requeue with its max-restarts guard, segment chains, and the hostile run directory.
+Real schedulers run the same scripts in tests/integration.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from diffscale import presets
+from diffscale.cluster.plan import PlanOptions, make_plan
+from diffscale.cluster.shape import Shape
+from diffscale.cluster.workload import EXIT_REQUEUE, DiffscaleRun
+from diffscale.runtime.distributed import port_from_job_id
+
+from cluster_fixtures import fixture_profile
+
+# The fake trainer: records its argv and environment, then exits with $FAKE_RC, or --
+# with FAKE_WAIT_SIGNAL set -- waits for SIGUSR2 and exits 85 like diffscale does.
+FAKE_PYTHON = r"""#!/bin/bash
+printf '%s\0' "$@" >"$FAKE_LOG.argv"
+echo "ENV RANK=${SLURM_PROCID:-} MASTER_ADDR=${MASTER_ADDR:-} MASTER_PORT=${MASTER_PORT:-}" >>"$FAKE_LOG"
+if [ -n "${FAKE_WAIT_SIGNAL:-}" ]; then
+    trap 'echo "rank got USR2" >>"$FAKE_LOG"; exit 85' USR2
+    echo ready >"$FAKE_READY"
+    for _ in $(seq 1 300); do sleep 0.1; done
+    exit 3
+fi
+exit "${FAKE_RC:-0}"
+"""
+
+# srun stand-in: records its options and execs the command once (one task), so signals
+# sent to the srun pid reach the "rank".
+FAKE_SRUN = r"""#!/bin/bash
+echo "srun $*" >>"$FAKE_LOG"
+while [ "${1#--}" != "$1" ]; do shift; done
+export SLURM_PROCID=0
+exec "$@"
+"""
+
+FAKE_SCONTROL = r"""#!/bin/bash
+echo "scontrol $*" >>"$FAKE_LOG"
+if [ "$1 $2" = "show hostnames" ]; then printf 'n7\nn8\n'; fi
+exit 0
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python", FAKE_PYTHON), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(0o755)
+    log = tmp_path / "calls.log"
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_LOG": str(log),
+        "FAKE_READY": str(tmp_path / "ready"),
+        "SLURM_JOB_ID": "123457",
+        "SLURM_JOB_NODELIST": "n[7-8]",
+        "python": str(bin_dir / "python"),
+    }
+
+
+def _script(run_dir: Path, python: str, *, steps: int = 100, shape=Shape(2, 1), chain=True) -> Path:
+    cfg = presets.get_preset("tiny")
+    cfg.train.steps = steps
+    workload = DiffscaleRun(config=cfg, run_dir=str(run_dir), python=python)
+    plan = make_plan(fixture_profile("slurm-test"), shape, workload, PlanOptions(max_restarts=3, chain=chain))
+    path = run_dir / "job.sh"
+    path.write_text(plan.script())
+    return path
+
+
+def _run(script: Path, env: dict[str, str], **extra: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **{k: v for k, v in env.items() if k != "python"}, **extra}
+    return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=60)
+
+
+def test_srun_starts_every_rank_with_rendezvous_in_a_hostile_dir(hostile_dir, stubs):
+    result = _run(_script(hostile_dir, stubs["python"]), stubs)
+    assert result.returncode == 0, result.stderr
+    log = Path(stubs["FAKE_LOG"]).read_text().splitlines()
+    assert any(ln.startswith("srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 --cpus-per-task=") for ln in log)
+    # the hostile path reached the trainer as single, intact argv words
+    argv = Path(stubs["FAKE_LOG"] + ".argv").read_text().split("\0")[:-1]
+    assert argv == ["-m", "diffscale", "train", str(hostile_dir / "config.yaml"), "--out", str(hostile_dir),
+                    "--resume", "auto"]
+    # the port formula in the script is the runtime's
+    assert f"ENV RANK=0 MASTER_ADDR=n7 MASTER_PORT={port_from_job_id('123457')}" in log
+    assert not (hostile_dir.parent / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_exit_85_requeues_the_job_and_skips_the_requeue_delay(tmp_path, stubs):
+    result = _run(_script(tmp_path, stubs["python"]), stubs, FAKE_RC=str(EXIT_REQUEUE), SLURM_RESTART_COUNT="1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = Path(stubs["FAKE_LOG"]).read_text()
+    assert "scontrol requeue 123457" in log
+    assert "scontrol update JobId=123457 StartTime=now" in log
+    assert "restart 2 of 3" in result.stdout
+
+
+def test_max_restarts_stops_the_requeue_loop(tmp_path, stubs):
+    result = _run(_script(tmp_path, stubs["python"]), stubs, FAKE_RC=str(EXIT_REQUEUE), SLURM_RESTART_COUNT="3")
+    assert result.returncode == EXIT_REQUEUE
+    assert "scontrol requeue" not in Path(stubs["FAKE_LOG"]).read_text()
+    assert "already restarted 3 times (max 3)" in result.stderr
+
+
+def test_other_failures_pass_through_without_requeue(tmp_path, stubs):
+    result = _run(_script(tmp_path, stubs["python"]), stubs, FAKE_RC="7")
+    assert result.returncode == 7
+    assert "scontrol requeue" not in Path(stubs["FAKE_LOG"]).read_text()
+
+
+def test_segment_of_a_chain_ends_cleanly_on_85(tmp_path, stubs):
+    # 200,000 tiny steps in one-hour jobs cannot fit one job: a chain of segments
+    cfg = presets.get_preset("tiny")
+    cfg.train.steps = 200_000
+    workload = DiffscaleRun(config=cfg, run_dir=str(tmp_path), python=stubs["python"])
+    plan = make_plan(fixture_profile("slurm-test"), Shape(1, 1, time_s=3600), workload)
+    assert len(plan.segments) > 1
+    script = tmp_path / "job.sh"
+    script.write_text(plan.script())
+    result = _run(script, stubs, FAKE_RC=str(EXIT_REQUEUE))
+    assert result.returncode == 0
+    assert "scontrol requeue" not in Path(stubs["FAKE_LOG"]).read_text()
+    assert "next segment continues" in result.stdout
+
+
+def test_warning_signal_reaches_the_ranks_and_requeues(tmp_path, stubs):
+    script = _script(tmp_path, stubs["python"])
+    env = {**os.environ, **{k: v for k, v in stubs.items() if k != "python"}, "FAKE_WAIT_SIGNAL": "1"}
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = Path(stubs["FAKE_READY"])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), "fake rank never started"
+    proc.send_signal(signal.SIGUSR2)  # what --signal=B:USR2 does: only the batch shell gets it
+    out, err = proc.communicate(timeout=30)
+    log = Path(stubs["FAKE_LOG"]).read_text()
+    assert "rank got USR2" in log, out + err
+    assert "scontrol requeue 123457" in log
+    assert proc.returncode == 0

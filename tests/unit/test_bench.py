@@ -1,0 +1,67 @@
+"""`diffscale bench` end to end on the CPU (processes instead of GPUs), and the fast path's
+numerics against the plain path's. No timings are asserted."""
+
+import json
+
+import pytest
+import torch
+
+from diffscale.bench import add_derived
+from diffscale.cli import main
+from diffscale.config import merge
+from diffscale.presets import get_preset
+from diffscale.tasks.images import ImageTask
+
+
+def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2", "--warmup", "1",
+                 "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
+                 "--set", "model.block_out_channels=[16,32,32]"])
+    assert code == 0, (out / "workers.log").read_text()
+    records = json.loads((out / "bench.json").read_text())
+    assert {(r["recipe"], r["world_size"]) for r in records} == {("fast", 1), ("fast", 2), ("plain", 1), ("plain", 2)}
+    for r in records:
+        assert r["samples_per_s"] > 0 and r["flops_per_step_per_gpu"] > 0 and r["startup_s"] > 0
+        assert 0 <= r["data_wait_share"] <= 1
+    fast2 = next(r for r in records if r["recipe"] == "fast" and r["world_size"] == 2)
+    assert fast2["scaling_efficiency"] is not None and fast2["fast_over_plain"] is not None
+    assert (out / "bench.png").stat().st_size > 1000
+    assert "fast/plain" in capsys.readouterr().out
+
+
+def test_derived_columns():
+    rows = [
+        {"preset": "s", "recipe": "fast", "world_size": 1, "samples_per_s": 100.0},
+        {"preset": "s", "recipe": "fast", "world_size": 4, "samples_per_s": 380.0},
+        {"preset": "s", "recipe": "plain", "world_size": 1, "samples_per_s": 40.0},
+    ]
+    add_derived(rows)
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.95)
+    assert rows[0]["fast_over_plain"] == pytest.approx(2.5)
+    assert rows[1]["fast_over_plain"] is None  # no plain run on 4 GPUs to compare with
+
+
+def test_bench_rejects_bad_arguments(capsys):
+    assert main(["bench", "--preset", "huge"]) == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+    assert main(["bench", "--gpus", "one"]) == 2
+    assert "--gpus 'one' is not a list of numbers" in capsys.readouterr().err
+
+
+def test_fast_path_loss_matches_plain_path_within_bf16_tolerance():
+    """The fast recipe's numerics (bf16 autocast, channels_last) against fp32 / contiguous,
+    on the same batch, noise and timesteps."""
+    cfg = merge(get_preset("tiny"), {"model": {"sample_size": 16}})
+    task = ImageTask(cfg, torch.device("cpu"))
+    torch.manual_seed(0)
+    net = task.build_network()
+    batch = task.draw(torch.arange(32), torch.Generator().manual_seed(1))
+    rows = slice(0, 32)
+    with torch.no_grad():
+        plain = task.loss(net, batch, rows, channels_last=False)
+        fast_net = net.to(memory_format=torch.channels_last)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fast = task.loss(fast_net, batch, rows, channels_last=True)
+    assert torch.isfinite(plain) and torch.isfinite(fast)
+    assert fast.item() == pytest.approx(plain.item(), rel=2e-2)
