@@ -6,14 +6,7 @@ set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-gpu}"; shift || true
 PRESETS="${*:-small medium xl}"
 mkdir -p "$OUT_DIR"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:$PWD/src"
-else
-  export PYTHONPATH="$PWD/src"
-fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache  # compiled kernels reused across runs
+source scripts/gpu/env.sh
 {
   date -u; nvidia-smi -L
   python3 -c "import torch, diffusers; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'gpus', torch.cuda.device_count())"

@@ -4,14 +4,7 @@
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-gpu2}"
 mkdir -p "$OUT_DIR/bench"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:$PWD/src"
-else
-  export PYTHONPATH="$PWD/src"
-fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+source scripts/gpu/env.sh
 W="--steps 30 --warmup 15 --peak"
 one() {  # one(gpus preset recipe nproc)
   local gpus=$1 preset=$2 recipe=$3 n=$4 out="$OUT_DIR/bench/$2-$3-$4gpu.json"

@@ -5,13 +5,7 @@ set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-gpu1}"; shift || true
 PRESETS="${*:-small medium xl}"
 mkdir -p "$OUT_DIR"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:$PWD/src"
-else
-  export PYTHONPATH="$PWD/src"
-fi
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+source scripts/gpu/env.sh
 nvidia-smi -L > "$OUT_DIR/host.txt"; date -u >> "$OUT_DIR/host.txt"
 python3 -m diffscale bench --preset $PRESETS --gpus 1 --recipe fast,plain --steps 30 --warmup 15 --peak \
   --timeout 400 --out "$OUT_DIR/bench" > "$OUT_DIR/bench.log" 2>&1

@@ -124,7 +124,10 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="diffscale", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="diffscale",
+        description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster with one config.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a diffusion model (no arguments: the CPU demo)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
@@ -56,9 +57,7 @@ def save_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 12) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)
     written = [path]
-    try:
-        import imageio_ffmpeg  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("imageio_ffmpeg") is None:  # no ffmpeg writer: GIF only
         return written
     mp4 = path.with_suffix(".mp4")
     rgb = [np.repeat(s[..., None], 3, axis=2) if s.ndim == 2 else s for s in stills]

@@ -26,6 +26,7 @@ from .models import count_parameters
 from .runtime import checkpoint as ckpt
 from .runtime.device import DevicePolicy, configure_backends, peak_memory_bytes, pick_device, resolve_policy
 from .runtime.distributed import DistContext, detect_launch, init_distributed
+from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
 from .tasks import build_task
 from .telemetry import Telemetry, ThroughputMeter
@@ -207,6 +208,10 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)
     configure_backends(policy)
+    if device.type == "cpu" and launch.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Several CPU ranks on one host each spinning up all cores' threads slow every one
+        # of them down many times over: give each rank its share.
+        torch.set_num_threads(cpus_for_rank(launch.local_world_size))
     ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
     stop = StopFlag().install()
@@ -242,7 +247,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         write_yaml(cfg, run_dir / "config.yaml")
 
     t = cfg.train
-    world, rank = ctx.world_size, ctx.rank
+    world = ctx.world_size
     effective = cfg.effective_batch(world)
     batcher = DeviceBatcher(trainer.task.num_items(), effective, t.seed, policy.device, trainer.position)
     target = t.steps

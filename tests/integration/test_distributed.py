@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from helpers import micro_args, run_cli

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping

@@ -27,7 +27,7 @@ import hashlib
 from .jobspec import Continuation, JobSpec
 from .profiles import GpuScope
 from .race import claim_snippet
-from .shellparts import REQUEUE_NOTE, header, q, site_setup, wait_for, words
+from .shellparts import REQUEUE_NOTE, header, preamble, q, wait_for, words
 from .timefmt import hms
 from .workload import EXIT_REQUEUE
 
@@ -90,19 +90,7 @@ def directives(spec: JobSpec) -> list[str]:
 def render(spec: JobSpec) -> str:
     lines = header(spec.title, "Submit it from the run directory (diffscale submit does): logs/ is relative to it.")
     lines += directives(spec)
-    lines += [
-        "",
-        "# No `set -e`: the script inspects the training's exit code itself.",
-        "set -uo pipefail",
-        f"RUN_DIR={q(spec.run_dir)}",
-        "cd \"$RUN_DIR\" || exit 2",
-        "echo \"diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})\"",
-    ]
-    if spec.race:
-        lines += ["", claim_snippet(spec.race.key, spec.race.rivals, "qdel")]
-    setup = site_setup(spec.setup, spec.env)
-    if setup:
-        lines += [""] + setup
+    lines += preamble(spec.run_dir, "echo \"diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})\"", spec.race, "qdel", spec.setup, spec.env, claim_snippet)
     lines += [""]
     signal_env: list[tuple[str, str]] = []
     if spec.signal:

@@ -64,3 +64,23 @@ def site_setup(setup: Iterable[str], env: Iterable[tuple[str, str]]) -> list[str
 
 
 REQUEUE_NOTE = (f"# Exit {EXIT_REQUEUE}: diffscale checkpointed on the warning signal and is not finished.")
+
+
+def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iterable[str],
+             env: Iterable[tuple[str, str]], claim) -> list[str]:
+    """The lines every job script starts with after its directives: strict mode, the run
+    directory, a greeting, the race claim (when racing) and the site set-up."""
+    lines = [
+        "",
+        "# No `set -e`: the script inspects the training's exit code itself.",
+        "set -uo pipefail",
+        f"RUN_DIR={q(run_dir)}",
+        "cd \"$RUN_DIR\" || exit 2",
+        greeting,
+    ]
+    if race:
+        lines += ["", claim(race.key, race.rivals, cancel_command)]
+    site = site_setup(setup, env)
+    if site:
+        lines += [""] + site
+    return lines

@@ -18,7 +18,7 @@ from __future__ import annotations
 from .jobspec import Continuation, JobSpec
 from .profiles import GpuRequest
 from .race import claim_snippet
-from .shellparts import REQUEUE_NOTE, header, q, site_setup, wait_for, words
+from .shellparts import REQUEUE_NOTE, header, preamble, wait_for, words
 from .timefmt import hms
 from .workload import EXIT_REQUEUE
 
@@ -57,19 +57,7 @@ def directives(spec: JobSpec) -> list[str]:
 def render(spec: JobSpec) -> str:
     lines = header(spec.title, "Submit it from the run directory (diffscale submit does): logs/ is relative to it.")
     lines += directives(spec)
-    lines += [
-        "",
-        "# No `set -e`: the script inspects the training's exit code itself.",
-        "set -uo pipefail",
-        f"RUN_DIR={q(spec.run_dir)}",
-        "cd \"$RUN_DIR\" || exit 2",
-        "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\"",
-    ]
-    if spec.race:
-        lines += ["", claim_snippet(spec.race.key, spec.race.rivals, "scancel --name=")]
-    setup = site_setup(spec.setup, spec.env)
-    if setup:
-        lines += [""] + setup
+    lines += preamble(spec.run_dir, "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\"", spec.race, "scancel --name=", spec.setup, spec.env, claim_snippet)
     lines += [
         "",
         "# Rendezvous of every rank: the first host of the allocation, a port derived from the",
