@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import DataConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
+from .config import DataConfig, LrSchedule, ModelConfig, OptimConfig, RunConfig, TrainConfig
 from .errors import UserError, closest
 
 
@@ -21,13 +21,14 @@ class PresetInfo:
 
 
 def tiny() -> RunConfig:
-    """CPU demo: 16 px glyphs, a 3-level UNet of ~1.6 M parameters, trains in minutes on 2 cores."""
+    """CPU demo: 16 px font-rendered digits, a 3-level UNet of ~1.6 M parameters; recognisable
+    samples after ~5 minutes on 2 cores."""
     return RunConfig(
         preset="tiny",
         model=ModelConfig(sample_size=16, block_out_channels=(32, 64, 64), attention=(False, False, True),
                           layers_per_block=2, norm_num_groups=16),
-        data=DataConfig(source="builtin:glyphs", shift_px=1),
-        optim=OptimConfig(lr=1e-3, warmup_steps=100),
+        data=DataConfig(source="builtin:numerals", shift_px=1),
+        optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=1200, batch_per_gpu=64, ema_decay=0.995, log_every=10, checkpoint_every=200,
                           sample_every=0, sample_count=64, sample_steps=50),
     )
