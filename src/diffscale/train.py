@@ -413,7 +413,10 @@ def _metrics(trainer: _Trainer, ctx: DistContext, runner: StepRunner, steps: int
     runner.loss_sum.zero_()
     runner.norm_sum.zero_()
     loss, norm = (float(v) for v in packed.tolist())
-    nonfinite = int(runner.bad_total.item())
+    # Fold the device-side count into the trainer's total here, at a log step, so checkpoints
+    # (written at log steps) carry every skipped step and a rollback cannot count one twice.
+    trainer.nonfinite_total += int(runner.bad_total.item())
+    runner.bad_total.zero_()
     rate = meter.rate()
     done = trainer.step - steps_at_start
     elapsed = time.perf_counter() - started
@@ -427,7 +430,7 @@ def _metrics(trainer: _Trainer, ctx: DistContext, runner: StepRunner, steps: int
         "samples_per_s": rate,
         "samples_per_s_per_gpu": rate / ctx.world_size,
         "peak_mem_mb": peak_memory_bytes(trainer.device) / 2**20,
-        "nonfinite_skipped": trainer.nonfinite_total + nonfinite,
+        "nonfinite_skipped": trainer.nonfinite_total,
         "epoch": runner.batcher.position.epoch,
         "eta_s": eta,
         "time": time.time(),
@@ -452,9 +455,9 @@ def _rollback(trainer: _Trainer, cfg: RunConfig, ctx: DistContext, policy: Devic
         )
     rollbacks = trainer.rollbacks + 1
     backoff = trainer.lr_backoff * 0.5
+    skipped = trainer.nonfinite_total  # steps skipped so far stay counted: the rollback does not undo them
     trainer.restore(state)
-    trainer.rollbacks, trainer.lr_backoff = rollbacks, backoff
-    trainer.nonfinite_total += cfg.train.max_nonfinite_steps
+    trainer.rollbacks, trainer.lr_backoff, trainer.nonfinite_total = rollbacks, backoff, skipped
     say(f"warning: non-finite loss for {cfg.train.max_nonfinite_steps} steps in a row at step {step}: rolled back "
         f"to step {state.step} with the learning rate halved (rollback {rollbacks} of {MAX_ROLLBACKS})")
     return DeviceBatcher(batcher.num_items, batcher.global_batch, batcher.seed, policy.device, trainer.position)

@@ -9,6 +9,7 @@
 #$ -o logs/
 #$ -pe omp 8
 #$ -l h_rt=35:45:00
+#$ -l s_rt=35:43:00
 #$ -l gpus=2
 #$ -l gpu_c=7.0
 #$ -P myproject
@@ -22,17 +23,17 @@ line two'
 cd "$RUN_DIR" || exit 2
 echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 
-# -notify sends SIGUSR2 to every process group of the job (on every host) before the
-# kill. torchrun's workers run in sessions of their own, so torchrun must pass the signal
-# on (and give them the notify time to checkpoint before it kills them).
-export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
-export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
+# s_rt sends SIGUSR1 (and -notify SIGUSR2 at h_rt) to every process group of the job, on
+# every host. torchrun's workers run in sessions of their own, so torchrun must pass the
+# signals on (and give them time to checkpoint before it kills them).
+export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export PET_SHUTDOWN_TIMEOUT=60
 
 got_signal=0
 pids=()
-trap 'got_signal=1; echo "diffscale: got SIGUSR2 (h_rt reached): every rank checkpoints"' USR2
+trap 'got_signal=1; echo "diffscale: got the time-limit warning: every rank checkpoints"' USR1 USR2
 
 # One host: torchrun starts one process per GPU and picks a free rendezvous port.
 /opt/diffscale-venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=2 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir

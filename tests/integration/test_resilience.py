@@ -1,0 +1,189 @@
+"""Runs survive kill -9, non-finite losses and Ctrl-C / SIGTERM outside a scheduler.
+
+Everything here is a real training process on the CPU with the micro config (tests/conftest.py);
+the loop is untouched: NaNs come from a monkeypatched task loss, kills from os.kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffscale.cli import main
+from diffscale.runtime import checkpoint as ckpt
+from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.tasks.images import ImageTask
+
+pytestmark = pytest.mark.integration
+
+CHECKPOINT_EVERY = 4  # the micro config's train.checkpoint_every
+
+
+def final_tensors(run_dir: Path) -> tuple[str, dict[str, torch.Tensor]]:
+    """Weights, EMA and optimizer state of the newest checkpoint (as test_train_resume compares)."""
+    last = ckpt.list_checkpoints(run_dir)[-1]
+    out = {}
+    for name in ("model", "ema", "optimizer"):
+        out.update({f"{name}/{k}": v for k, v in load_file(str(last / f"{name}.safetensors")).items()})
+    return last.name, out
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    name_a, ta = final_tensors(a)
+    name_b, tb = final_tensors(b)
+    assert name_a == name_b
+    assert ta.keys() == tb.keys()
+    for key in ta:
+        assert torch.equal(ta[key], tb[key]), key
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_process(run_dir: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return subprocess.Popen([sys.executable, "-m", "diffscale", "train", "--out", str(run_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+# ----------------------------------------------------------------------------- kill -9
+
+def test_kill_9_at_random_moments_always_resumes_and_loses_at_most_one_interval(tmp_path, micro):
+    micro_args = micro
+    steps = 40
+    args = [*micro_args(steps=steps), "--resume", "auto"]
+    straight = tmp_path / "straight"
+    assert main(["train", "--out", str(straight), *micro_args(steps=steps)]) == 0
+
+    rng = random.Random(5)
+    kills = killed_mid_save = finished = 0
+    chain = 0
+    run_dir = tmp_path / f"killed{chain}"
+    while kills < 10:
+        before = ckpt.list_checkpoints(run_dir)
+        resumed_from = ckpt.step_of(before[-1]) if before else None
+        proc = train_process(run_dir, *args)
+        lines = []
+        for line in proc.stdout:  # wait until it trains, then kill it at a random moment
+            lines.append(line)
+            if line.startswith("step "):
+                break
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        lines += proc.stdout.readlines()
+        proc.wait()
+        proc.stdout.close()
+        text = "".join(lines)
+        if resumed_from is not None:  # the previous kill left a checkpoint this run resumed from
+            assert f"resumed from step {resumed_from}" in text, text
+        if proc.returncode == 0:  # it finished before the kill landed: compare, start a new chain
+            finished += 1
+            assert_same_run(straight, run_dir)
+            chain += 1
+            run_dir = tmp_path / f"killed{chain}"
+            continue
+        assert proc.returncode == -signal.SIGKILL, text
+        kills += 1
+        killed_mid_save += any((run_dir / "checkpoints").glob(".tmp-*"))
+        printed = [int(line.split()[1].split("/")[0]) for line in text.splitlines() if line.startswith("step ")]
+        state = ckpt.load_latest(run_dir, log=lambda m: pytest.fail(f"a checkpoint is damaged: {m}"))
+        newest = state.step if state else 0
+        assert newest >= max(printed) - CHECKPOINT_EVERY, (newest, printed)
+    # the last chain, resumed once more, still ends exactly where an uninterrupted run does
+    assert main(["train", "--out", str(run_dir), *args]) == 0
+    assert_same_run(straight, run_dir)
+    assert killed_mid_save >= 1, "no kill landed inside a save; the atomic rename was not exercised"
+
+
+# ----------------------------------------------------------------------------- non-finite losses
+
+def nan_on_calls(monkeypatch, calls: set[int]) -> list[int]:
+    """Make the task's loss NaN on the given (1-based) calls; one call per step here (grad_accum 1)."""
+    seen = [0]
+    original = ImageTask.loss
+
+    def loss(self, *args, **kwargs):
+        seen[0] += 1
+        value = original(self, *args, **kwargs)
+        return value * float("nan") if seen[0] in calls else value
+
+    monkeypatch.setattr(ImageTask, "loss", loss)
+    return seen
+
+
+def test_nan_steps_are_skipped_counted_then_rolled_back_with_half_the_lr(tmp_path, monkeypatch, capsys, micro):
+    micro_args = micro
+    run_dir = tmp_path / "run"
+    # steps 9, 10 are NaN (2 in a row = max_nonfinite_steps): roll back to step 8; the replayed
+    # steps 9, 10 are NaN again: second rollback; then the loss is finite and the run finishes.
+    nan_on_calls(monkeypatch, {9, 10, 11, 12})
+    args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant", steps=16)
+    assert main(["train", "--out", str(run_dir), *args]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: non-finite loss for 2 steps in a row at step 10: rolled back to step 8 with the learning "
+            "rate halved (rollback 1 of 3)") in out
+    assert "(rollback 2 of 3)" in out
+    records = metrics(run_dir)
+    at10 = [r for r in records if r["step"] == 10]
+    assert [r["nonfinite_skipped"] for r in at10] == [2, 4, 4]  # each NaN step counted once
+    lrs = {r["step"]: r["lr"] for r in records}
+    assert lrs[16] == pytest.approx(records[0]["lr"] / 4)  # halved twice
+    state = ckpt.load_latest(run_dir)
+    assert state.step == 16 and state.meta["rollbacks"] == 2 and state.meta["lr_backoff"] == 0.25
+    assert state.meta["nonfinite_total"] == 4
+    assert all(torch.isfinite(v).all() for v in state.model.values())
+
+
+def test_nan_without_a_checkpoint_stops_with_a_clear_message(tmp_path, monkeypatch, capsys, micro):
+    micro_args = micro
+    nan_on_calls(monkeypatch, {1, 2, 3, 4})
+    run_dir = tmp_path / "run"
+    assert main(["train", "--out", str(run_dir), *micro_args("train.max_nonfinite_steps=2", steps=16)]) == 2
+    err = capsys.readouterr().err
+    assert ("error: the loss was non-finite for 2 steps in a row at step 2 and no checkpoint exists to roll back "
+            "to -- lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower") in err
+    assert main(["doctor", str(run_dir)]) == 0  # metrics.jsonl has the skipped steps
+    assert "non-finite steps skipped" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- Ctrl-C / SIGTERM
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_path, sig, micro):
+    micro_args = micro
+    steps = 400  # far more than it trains before the signal lands
+    args = [*micro_args(steps=steps), "--resume", "auto"]
+    run_dir = tmp_path / "run"
+    proc = train_process(run_dir, *args)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step "):
+            break
+    proc.send_signal(sig)
+    lines += proc.stdout.readlines()
+    assert proc.wait() == EXIT_REQUEUE, "".join(lines)
+    proc.stdout.close()
+    text = "".join(lines)
+    stopped = [l for l in text.splitlines() if l.startswith("stop requested")]
+    assert stopped and f"({sig.name})" in stopped[0], text
+    at = int(stopped[0].split("at step ")[1].split(":")[0])
+    assert ckpt.step_of(ckpt.list_checkpoints(run_dir)[-1]) == at  # nothing since the last log step is lost
+    assert at < steps
+    rerun = train_process(run_dir, *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto")
+    text2 = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, text2
+    assert f"resumed from step {at}" in text2 and f"done: {at + 6} steps" in text2
