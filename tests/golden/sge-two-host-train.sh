@@ -99,17 +99,24 @@ done
 
 # Exit 85: diffscale checkpointed on the warning signal and is not finished.
 # torchrun reports a worker's exit 85 as 1, so failing after the warning counts too.
-# Exit 99 makes Grid Engine reschedule this job (-r y, same job id), guarded by a
-# restart count kept in the run directory.
+# A rescheduled rerun (-r y, exit 99) keeps this run's h_rt clock and is stopped at the
+# same limit (measured on SoGE 8.1.9): the run continues in a new job instead, held until
+# this one has ended, and listed in continuations.tsv for status/logs/cancel. The restart
+# count lives in the run directory.
 if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
-    count_file="$RUN_DIR/.restarts-$JOB_ID"
+    count_file="$RUN_DIR/.restarts"
     restarts=$(cat "$count_file" 2>/dev/null || echo 0)
     if [ "$restarts" -lt 20 ]; then
         echo $((restarts + 1)) >"$count_file"
-        echo "diffscale: checkpointed; rescheduling job $JOB_ID (restart $((restarts + 1)) of 20)"
+        if next=$(qsub -terse -hold_jid "$JOB_ID" job-2x2.sge.sh) && [ -n "$next" ]; then
+            printf '%s\t%s\t%s\n' "$next" "$JOB_ID" "logs/ds-it-s-a-weird-home-date-d-6f2ef2-2x2.o$next" >>"$RUN_DIR/continuations.tsv"
+            echo "diffscale: checkpointed; continuation job $next submitted (restart $((restarts + 1)) of 20)"
+            exit 0
+        fi
+        echo "diffscale: qsub of the continuation failed; rescheduling this job inside its h_rt instead" >&2
         exit 99
     fi
-    echo "diffscale: checkpointed, but the job was already restarted $restarts times (max 20); submit again to continue" >&2
+    echo "diffscale: checkpointed, but the run was already continued $restarts times (max 20); submit again to continue" >&2
     exit 85
 fi
 exit "$rc"

@@ -17,6 +17,8 @@ from typing import Any
 from ..errors import UserError
 
 FILE = "jobs.json"
+CONTINUATIONS = "continuations.tsv"
+"""Jobs a Grid Engine job script submitted to continue its run: ``id<TAB>after<TAB>log`` lines."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,24 @@ def load(run_dir: str | Path) -> list[Submission]:
 
 
 def latest(run_dir: str | Path) -> Submission:
-    return load(run_dir)[-1]
+    """The newest submission, with the continuation jobs its scripts submitted since."""
+    sub = load(run_dir)[-1]
+    file = Path(run_dir) / CONTINUATIONS
+    if not file.is_file():
+        return sub
+    records = list(sub.jobs)
+    by_id = {r.job_id: r for r in records}
+    for line in file.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3 or fields[0] in by_id or fields[1] not in by_id:
+            continue  # malformed, known, or continuing another submission's job
+        parent = by_id[fields[1]]
+        record = JobRecord(job_id=fields[0], name=parent.name, shape=parent.shape, partition=parent.partition,
+                           script=parent.script, log=fields[2], segment=parent.segment, segments=parent.segments,
+                           after=parent.job_id)
+        records.append(record)
+        by_id[record.job_id] = record
+    return Submission(**{**asdict(sub), "jobs": tuple(records), "race": sub.race})
 
 
 def append(run_dir: str | Path, submission: Submission) -> None:

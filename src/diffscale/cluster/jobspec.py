@@ -73,6 +73,8 @@ class JobSpec:
     sge: SgeSettings | None = None
     title: str = ""
     """One line describing the job for the script header (cluster, shape, what runs)."""
+    script_file: str = ""
+    """File name of this script in the run directory (Grid Engine continuations submit it again)."""
 
     @property
     def world_size(self) -> int:

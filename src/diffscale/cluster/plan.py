@@ -197,6 +197,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         torchrun_args=workload.torchrun_args(),
         python=workload.python,
         continuation=continuation,
+        script_file=f"job-{shape.label}.{'slurm' if profile.scheduler is SchedulerKind.SLURM else 'sge'}.sh",
         max_restarts=options.max_restarts,
         signal=signal,
         signal_lead_s=lead,

@@ -17,15 +17,16 @@ never rescheduled, whatever it exits with. torchrun is told to pass both signals
 workers (TORCHELASTIC_SIGNALS_TO_HANDLE; they run in sessions of their own), so every rank
 checkpoints.
 torchrun reports a worker's exit 85 as its own exit 1, so the script also treats "failed
-after the warning signal" as checkpointed. Then it exits 99 -- with ``-r y`` Grid
-Engine reschedules the same job id -- until max_restarts, or, in a ``-hold_jid`` segment
-chain, ends so that the next segment resumes.
+after the warning signal" as checkpointed. Then it submits a continuation job held on
+itself (a rescheduled rerun would inherit the h_rt clock), until max_restarts, or, in a
+``-hold_jid`` segment chain, ends so that the next segment resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+from .jobs import CONTINUATIONS
 from .jobspec import Continuation, JobSpec
 from .profiles import GpuScope
 from .race import claim_snippet
@@ -204,18 +205,26 @@ def _exit_handling(spec: JobSpec) -> list[str]:
             "fi",
             "exit \"$rc\"",
         ]
+    cont_log = log_path(spec.job_name, "$next")
     return note + [
-        "# Exit 99 makes Grid Engine reschedule this job (-r y, same job id), guarded by a",
-        "# restart count kept in the run directory.",
+        "# A rescheduled rerun (-r y, exit 99) keeps this run's h_rt clock and is stopped at the",
+        "# same limit (measured on SoGE 8.1.9): the run continues in a new job instead, held until",
+        "# this one has ended, and listed in continuations.tsv for status/logs/cancel. The restart",
+        "# count lives in the run directory.",
         f"if {_checkpointed_test()}; then",
-        "    count_file=\"$RUN_DIR/.restarts-$JOB_ID\"",
+        "    count_file=\"$RUN_DIR/.restarts\"",
         "    restarts=$(cat \"$count_file\" 2>/dev/null || echo 0)",
         f"    if [ \"$restarts\" -lt {spec.max_restarts} ]; then",
         "        echo $((restarts + 1)) >\"$count_file\"",
-        f"        echo \"diffscale: checkpointed; rescheduling job $JOB_ID (restart $((restarts + 1)) of {spec.max_restarts})\"",
+        f"        if next=$(qsub -terse -hold_jid \"$JOB_ID\" {q(spec.script_file)}) && [ -n \"$next\" ]; then",
+        f"            printf '%s\\t%s\\t%s\\n' \"$next\" \"$JOB_ID\" \"{cont_log}\" >>\"$RUN_DIR/{CONTINUATIONS}\"",
+        f"            echo \"diffscale: checkpointed; continuation job $next submitted (restart $((restarts + 1)) of {spec.max_restarts})\"",
+        "            exit 0",
+        "        fi",
+        "        echo \"diffscale: qsub of the continuation failed; rescheduling this job inside its h_rt instead\" >&2",
         f"        exit {EXIT_RESCHEDULE}",
         "    fi",
-        f"    echo \"diffscale: checkpointed, but the job was already restarted $restarts times (max {spec.max_restarts}); submit again to continue\" >&2",
+        f"    echo \"diffscale: checkpointed, but the run was already continued $restarts times (max {spec.max_restarts}); submit again to continue\" >&2",
         f"    exit {EXIT_REQUEUE}",
         "fi",
         "exit \"$rc\"",

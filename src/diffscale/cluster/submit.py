@@ -9,13 +9,11 @@ from pathlib import Path
 from ..errors import UserError
 from . import jobs
 from .plan import Plan
-from .profiles import SchedulerKind
 from .scheduler import Scheduler
 
 
 def script_name(plan: Plan) -> str:
-    ext = "slurm" if plan.spec.scheduler is SchedulerKind.SLURM else "sge"
-    return f"job-{plan.shape.label}.{ext}.sh"
+    return plan.spec.script_file
 
 
 def write_scripts(plans: list[Plan], run_dir: Path) -> list[Path]:
