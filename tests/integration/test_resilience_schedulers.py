@@ -3,8 +3,8 @@
 * SLURM ``short`` partition (1-minute limit): the run needs more than a minute of compute, so the
   first job must be stopped. ``--signal=B:USR2@30`` -> every rank checkpoints -> exit 85 ->
   ``scontrol requeue`` -> the job resumes from the newest checkpoint and finishes.
-* Grid Engine ``h_rt=60`` with ``-notify``: SIGUSR2 -> checkpoint -> exit 85 -> the script exits 99
-  -> ``-r y`` reschedules the same job -> it resumes and finishes.
+* Grid Engine ``h_rt=60`` with a soft limit ``s_rt=30``: SIGUSR1 -> checkpoint -> exit 85 -> the
+  script submits a continuation job held on itself -> it resumes, and so on until it finishes.
 * Either way the final weights, EMA and optimizer state equal those of an uninterrupted run of the
   same config in this process, bit for bit (CPU, one thread on both sides: the thread count
   changes float summation order).

@@ -27,7 +27,7 @@ CASES = {
     "tasks-gpus-mismatch.log": ("tasks-gpus-mismatch", "local rank 4, 4 GPUs", "--gpus-per-node G"),
     "more-processors.log": ("more-processors", "more tasks x CPUs", "--cpus-per-task"),
     "slurm-time-limit.log": ("slurm-time-limit", "time limit", "--signal=B:USR2@120"),
-    "sge-h-rt.qacct": ("sge-h-rt", "failed 37, exit_status 137", "-notify"),
+    "sge-h-rt.qacct": ("sge-h-rt", "failed 37, exit_status 137", "-l s_rt"),
     "sge-h-rt-checkpointed.qacct": ("sge-h-rt-checkpointed", "does not reschedule it", "-l s_rt < h_rt"),
     "nonfinite-stop.log": ("nonfinite-stop", "at step 3600", "optim.lr"),
     "nonfinite-rollback.log": ("nonfinite-rollback", "rolled back to step 3000", "optim.lr"),

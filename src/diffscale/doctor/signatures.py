@@ -167,9 +167,9 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "sge-h-rt", "Grid Engine h_rt limit reached",
         (r"^failed\s+37\b", r"qmaster enforced h_rt"),
         "the job reached its h_rt limit and Grid Engine killed it (qacct: failed 37, exit_status 137)",
-        "submit with diffscale submit (it adds -notify and -r y, and the run checkpoints and is "
-        "rescheduled); with your own script, add #$ -notify and exit 99 after the checkpoint, or ask for "
-        "a longer -l h_rt",
+        "submit with diffscale submit (it asks for a soft limit -l s_rt before h_rt; on its SIGUSR1 the run "
+        "checkpoints and continues in a new job held on this one); with your own script, add "
+        "#$ -l s_rt=<h_rt minus a few minutes>, checkpoint on SIGUSR1 and resubmit, or ask for a longer -l h_rt",
         requires=(r"^exit_status\s+137\b",),
     ),
     TextRule(
@@ -177,9 +177,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
         (r"^failed\s+37\b",),
         "the run checkpointed on the -notify warning and exited 99, but the job had already reached h_rt; "
         "Grid Engine records that as failed 37 and does not reschedule it",
-        "submit again to continue from the checkpoint (diffscale submit ... resumes); ask the queue for a "
-        "soft limit before the hard one (-l s_rt < h_rt: SIGUSR1 before h_rt) so the job ends in time to "
-        "be rescheduled",
+        "submit again to continue from the checkpoint (diffscale submit ... resumes); scripts written by "
+        "this diffscale ask for a soft limit (-l s_rt < h_rt: SIGUSR1 before h_rt) and continue in a new job",
         requires=(r"^exit_status\s+99\b",),
     ),
     TextRule(
