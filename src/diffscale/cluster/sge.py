@@ -32,7 +32,7 @@ from .profiles import GpuScope
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, q, wait_for, words
 from .timefmt import hms
-from .workload import EXIT_REQUEUE
+from ..runtime.signals import EXIT_REQUEUE
 
 EXIT_RESCHEDULE = 99  # Grid Engine: a job exiting 99 is rescheduled (with -r y)
 

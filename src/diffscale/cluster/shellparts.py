@@ -13,7 +13,7 @@ import shlex
 from typing import Iterable
 
 from .. import __version__
-from .workload import EXIT_REQUEUE
+from ..runtime.signals import EXIT_REQUEUE
 
 q = shlex.quote
 

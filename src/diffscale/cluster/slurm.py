@@ -20,7 +20,7 @@ from .profiles import GpuRequest
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, wait_for, words
 from .timefmt import hms
-from .workload import EXIT_REQUEUE
+from ..runtime.signals import EXIT_REQUEUE
 
 LOG_PATTERN = "logs/%x-%j.out"
 

@@ -14,11 +14,6 @@ from typing import Union
 from ..config import RunConfig
 from ..errors import UserError
 
-# diffscale's "checkpointed on a signal, not finished" exit code (one definition, the
-# trainer's). Job scripts then requeue (SLURM), exit 99 (Grid Engine reschedule) or leave
-# it to the next segment of a chain.
-from ..runtime.signals import EXIT_REQUEUE  # noqa: E402,F401  (re-exported for the renderers)
-
 
 @dataclass(frozen=True, eq=False)
 class DiffscaleRun:

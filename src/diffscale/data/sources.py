@@ -9,7 +9,6 @@ get it.
 from __future__ import annotations
 
 import gzip
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +219,3 @@ def describe(images: torch.Tensor) -> str:
     n, c, h, w = images.shape
     return f"{n} images, {c} channel{'s' if c > 1 else ''}, {h}x{w}"
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

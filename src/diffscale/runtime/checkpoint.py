@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,6 +253,3 @@ def load_resume(run_dir: Path, resume: str, *, log=print) -> TrainingState | Non
     except CorruptCheckpoint as exc:
         raise UserError(f"checkpoint {exc}", "resume from an older checkpoint, or use --resume auto to pick the newest good one") from exc
 
-
-def warn(msg: str) -> None:  # pragma: no cover - used where no console exists
-    warnings.warn(msg, stacklevel=2)

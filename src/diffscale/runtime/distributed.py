@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -179,13 +178,6 @@ class DistContext:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 
-    def broadcast_object(self, obj: object) -> object:
-        if not self._initialised:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def shutdown(self) -> None:
         if self._initialised:
             dist.destroy_process_group()
@@ -244,7 +236,4 @@ def init_distributed(info: LaunchInfo, device: torch.device, *, join_timeout_s: 
     ctx._initialised = True
     return ctx
 
-
-def hostname() -> str:
-    return socket.gethostname()
 

@@ -19,7 +19,8 @@ import pytest
 from diffscale import presets
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import EXIT_REQUEUE, DiffscaleRun
+from diffscale.cluster.workload import DiffscaleRun
+from diffscale.runtime.signals import EXIT_REQUEUE
 from diffscale.runtime.distributed import port_from_job_id
 
 from cluster_fixtures import fixture_profile
