@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import ModelConfig, RunConfig
+from ..runtime.resources import auto_workers
 
 # --------------------------------------------------------------------------- tables
 
@@ -187,7 +188,7 @@ def data_workers(cfg: RunConfig, cpus_per_rank: int) -> int:
     spare core of the rank, at most 8 (estimated; the runtime decides the real number)."""
     if cfg.data.workers >= 0:
         return cfg.data.workers
-    return max(0, min(cpus_per_rank - 1, 8))
+    return auto_workers(cpus_per_rank)
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,11 @@ def host_memory_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def auto_workers(cpus: int) -> int:
+    """Workers a rank with ``cpus`` CPUs starts when left to choose: one per spare CPU, at most 8."""
+    return max(0, min(cpus - 1, MAX_AUTO_WORKERS))  # one CPU stays with the training process
+
+
 def worker_budget(requested: int, *, cpus: int, host_memory: int, ranks_on_host: int, data_bytes: int = 0) -> WorkerBudget:
     """Workers per rank. ``requested`` -1 means automatic: one per spare CPU, at most 8.
 
@@ -70,8 +75,7 @@ def worker_budget(requested: int, *, cpus: int, host_memory: int, ranks_on_host:
     share = host_memory // max(ranks_on_host, 1)
     per_worker = WORKER_BASE_BYTES + data_bytes
     by_memory = max(0, (share - RANK_BASE_BYTES - data_bytes) // per_worker)
-    by_cpu = max(0, cpus - 1)  # one CPU stays with the training process
-    want = min(by_cpu, MAX_AUTO_WORKERS) if requested < 0 else requested
+    want = auto_workers(cpus) if requested < 0 else requested
     workers = int(min(want, by_memory))
     if workers < want:
         reason = (f"{want} requested, {workers} fit: {ranks_on_host} ranks share {host_memory / GIB:.0f} GiB "
