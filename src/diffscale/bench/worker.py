@@ -103,7 +103,7 @@ class UtilSampler:
 
 
 def measure(args: argparse.Namespace) -> dict | None:
-    from ..train import DeviceBatcher, StepRunner, _Trainer, prepare_model
+    from ..engine import StepRunner, Trainer, prepare_model
     from .plain import PlainRunner
 
     cfg = get_preset(args.preset)
@@ -120,15 +120,13 @@ def measure(args: argparse.Namespace) -> dict | None:
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = _Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
+            trainer = Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
             flops = count_step_flops(trainer)
             peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
             if args.recipe == "plain":
                 runner = PlainRunner(trainer, workers=args.plain_workers)
             else:
-                batcher = DeviceBatcher(trainer.task.num_items(), cfg.effective_batch(ctx.world_size),
-                                        cfg.train.seed, device)
-                runner = StepRunner(trainer, prepare_model(trainer), batcher)
+                runner = StepRunner(trainer, prepare_model(trainer), trainer.make_batcher())
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             runner.step()

@@ -178,6 +178,20 @@ class DistContext:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item() > 0)
 
+    def gather_rows(self, rows: torch.Tensor, per_rank: int) -> torch.Tensor:
+        """Concatenate every rank's rows (at most ``per_rank`` each; the last ranks may hold
+        fewer) in rank order, on the CPU. Identity for one process."""
+        if not self._initialised:
+            return rows.cpu()
+        padded = torch.zeros((per_rank,) + tuple(rows.shape[1:]), dtype=rows.dtype, device=self.device)
+        padded[:rows.shape[0]] = rows.to(self.device)
+        counts = torch.tensor([rows.shape[0]], device=self.device)
+        all_counts = [torch.zeros_like(counts) for _ in range(self.world_size)]
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(all_counts, counts)
+        dist.all_gather(parts, padded)
+        return torch.cat([p[:int(n.item())].cpu() for p, n in zip(parts, all_counts)])
+
     def shutdown(self) -> None:
         if self._initialised:
             dist.destroy_process_group()

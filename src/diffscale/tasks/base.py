@@ -38,6 +38,12 @@ class Task(Protocol):
              *, channels_last: bool) -> torch.Tensor:
         """Scalar loss of ``rows`` of the global batch."""
 
+    def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                 trajectory: bool = False, autocast=None,
+                 rows: slice | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Samples (and optionally the denoising trajectory); ``rows`` selects a share of the
+        seeded draw for one rank."""
+
     def preview(self, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
                 sampler: str = "ddim", gif: bool = False) -> list[Path]:
         """Write sample images produced by ``network`` (EMA weights) to ``path``."""

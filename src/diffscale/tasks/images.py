@@ -88,10 +88,18 @@ class ImageTask:
 
     @torch.no_grad()
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                 trajectory: bool = False, autocast=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                 trajectory: bool = False, autocast=None,
+                 rows: slice | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``count`` images from ``seed``; with ``rows``, only those rows of that same draw (so
+        ranks sharing the work together produce exactly the single-process images)."""
         size = self.cfg.model.sample_size
         kind = SamplerKind(sampler)
         generator = torch.Generator().manual_seed(seed)
+        start = torch.randn((count, self.channels, size, size), generator=generator)
+        if rows is not None:
+            start = start[rows]
+        if start.shape[0] == 0:
+            return start, []
         was_training = network.training
         network.eval()
 
@@ -103,9 +111,9 @@ class ImageTask:
 
         total = steps if kind == SamplerKind.DDIM else self.diffusion.num_timesteps
         images, frames = sample(
-            denoise, self.diffusion, (count, self.channels, size, size),
+            denoise, self.diffusion, tuple(start.shape),
             sampler=Sampler(kind, steps), generator=generator, device=self.device,
-            trajectory_every=max(1, total // 25) if trajectory else 0,
+            trajectory_every=max(1, total // 25) if trajectory else 0, x_init=start,
         )
         network.train(was_training)
         return images, frames
