@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from diffscale.cli import main as diffscale_main
-
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,14 +224,6 @@ sys.exit(3)
 
 # ----------------------------------------------------------------------------- diffscale training
 
-def _train_ready() -> str | None:
-    try:
-        import diffscale.train  # noqa: F401
-    except ImportError:
-        return "diffscale.train is not implemented yet"
-    return None
-
-
 TINY = ["--preset", "tiny", "--set", "train.steps=4", "--set", "train.batch_per_gpu=8",
         "--set", "model.block_out_channels=[16,32]", "--set", "model.attention=[false,false]",
         "--set", "model.norm_num_groups=8", "--set", "model.sample_size=16",
@@ -241,7 +231,6 @@ TINY = ["--preset", "tiny", "--set", "train.steps=4", "--set", "train.batch_per_
         "--set", "train.log_every=1", "--set", "data.workers=0"]
 
 
-@pytest.mark.skipif(_train_ready() is not None, reason=str(_train_ready()))
 def test_slurm_two_node_diffscale_training(slurm_profile, tmp_path):
     run_dir = hostile(tmp_path)
     rc, out = ds("submit", "--cluster", str(slurm_profile), "--nodes", "2", "--procs-per-node", "1",
@@ -254,7 +243,6 @@ def test_slurm_two_node_diffscale_training(slurm_profile, tmp_path):
     assert any(run_dir.rglob("*.png")), log
 
 
-@pytest.mark.skipif(_train_ready() is not None, reason=str(_train_ready()))
 def test_sge_one_host_two_slot_diffscale_training(sge_profile, tmp_path):
     run_dir = hostile(tmp_path, sge=True)
     rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "2", "--time", "00:10:00",
