@@ -61,6 +61,14 @@ class Toggle(str, enum.Enum):
     OFF = "off"
 
 
+class CompileMode(str, enum.Enum):
+    """``torch.compile`` mode. ``max-autotune-no-cudagraphs`` also benchmarks Triton
+    matmul/conv templates (longer first compile, cached in the run folder)."""
+
+    DEFAULT = "default"
+    MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
+
+
 class BetaSchedule(str, enum.Enum):
     """Noise schedule, as named by diffusers' schedulers."""
 
@@ -284,6 +292,8 @@ class RuntimeConfig:
     """``fast`` (default) or ``plain`` (the common recipe, for benchmarks)."""
     compile: Toggle = Toggle.AUTO
     """torch.compile the network (``auto``: on CUDA only)."""
+    compile_mode: CompileMode = CompileMode.DEFAULT
+    """torch.compile mode when compiling (``default`` or ``max-autotune-no-cudagraphs``)."""
     channels_last: Toggle = Toggle.AUTO
     """channels_last memory format (``auto``: on CUDA only)."""
     join_timeout_s: float = 300.0
@@ -357,6 +367,8 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
         choices = [m.value for m in annotation]
         if isinstance(value, annotation):
             return value
+        if isinstance(value, bool) and annotation is Toggle:
+            return Toggle.ON if value else Toggle.OFF  # YAML reads on/off/yes/no as booleans
         if str(value) not in choices:
             _fail(name, f"'{value}' is not one of {', '.join(choices)}{closest(str(value), choices)}", f"set {name} to one of: {', '.join(choices)}")
         return annotation(str(value))

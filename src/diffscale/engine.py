@@ -199,8 +199,28 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
     if trainer.ctx.distributed:
         model = wrap_ddp(trainer.net, trainer.ctx, trainer.cfg, trainer.policy)
     if trainer.policy.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, mode=trainer.cfg.runtime.compile_mode.value)
     return model
+
+
+class InferenceNetwork(torch.nn.Module):
+    """The network as sampling runs it: channels_last input, autocast, compiled on CUDA."""
+
+    def __init__(self, net: torch.nn.Module, policy: DevicePolicy) -> None:
+        super().__init__()
+        self.policy = policy
+        net = net.eval().requires_grad_(False)
+        if policy.channels_last:
+            net = net.to(memory_format=torch.channels_last)
+        self.net = net
+        # dynamic=False: one sampling run uses one batch shape; a new shape recompiles once.
+        self.run = torch.compile(net, dynamic=False) if policy.compile else net
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.policy.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.policy.autocast():
+            return self.run(x, t)
 
 
 def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: DevicePolicy) -> torch.nn.Module:

@@ -17,7 +17,7 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2", "--warmup", "1",
                  "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
-                 "--set", "model.block_out_channels=[16,32,32]"])
+                 "--set", "model.block_out_channels=[16,32,32]", "--profile", "1"])
     assert code == 0, (out / "workers.log").read_text()
     records = json.loads((out / "bench.json").read_text())
     assert {(r["recipe"], r["world_size"]) for r in records} == {("fast", 1), ("fast", 2), ("plain", 1), ("plain", 2)}
@@ -27,7 +27,26 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     fast2 = next(r for r in records if r["recipe"] == "fast" and r["world_size"] == 2)
     assert fast2["scaling_efficiency"] is not None and fast2["fast_over_plain"] is not None
     assert (out / "bench.png").stat().st_size > 1000
-    assert "fast/plain" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fast/plain" in printed
+    # --profile: where the step's time goes, per kind and per operator (CPU operators here).
+    prof = records[0]["profile"]
+    assert prof["top"] and prof["kinds"]["convolution"]["ms"] > 0
+    assert abs(sum(k["share"] for k in prof["kinds"].values()) - 1) < 1e-6
+    assert "convolution" in printed and "top entries" in printed
+
+
+def test_profile_kinds_classify_kernel_names():
+    from diffscale.bench.profile import kind_of
+
+    assert kind_of("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
+    assert kind_of("triton_per_fused_native_group_norm_silu_3") == "fused (Triton)"
+    assert kind_of("triton_poi_fused__to_copy_convolution_1") == "fused (Triton)"
+    assert kind_of("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>") == "attention"
+    assert kind_of("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>") \
+        == "optimizer/EMA"
+    assert kind_of("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
 
 
 def test_derived_columns():
@@ -65,3 +84,14 @@ def test_fast_path_loss_matches_plain_path_within_bf16_tolerance():
             fast = task.loss(fast_net, batch, rows, channels_last=True)
     assert torch.isfinite(plain) and torch.isfinite(fast)
     assert fast.item() == pytest.approx(plain.item(), rel=2e-2)
+
+
+def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
+    from diffscale.bench import sampling
+
+    out = tmp_path / "sampling.json"
+    assert sampling.main(["--preset", "tiny", "--batch", "2", "--steps", "3", "--repeats", "1", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["ddim_steps"] == 3 and record["batch"] == 2
+    assert record["ddimpipeline_s"] > 0 and record["diffscale_s"] > 0 and record["speedup"] > 0
+    assert record["precision"] == "fp32" and record["compiled"] is False  # CPU: eager fp32, like the CLI

@@ -34,12 +34,21 @@ def test_overrides_parse_types():
     assert cfg.optim.lr == 1e-3 and cfg.runtime.device == C.Device.CPU
 
 
+def test_on_off_switches_survive_yaml_booleans():
+    # YAML reads on/off/yes/no as booleans; a switch must still accept them.
+    cfg = C.merge(get_preset("tiny"), C.parse_overrides(
+        ["runtime.channels_last=off", "runtime.compile=on", "runtime.compile_mode=max-autotune-no-cudagraphs"]))
+    assert cfg.runtime.channels_last == C.Toggle.OFF and cfg.runtime.compile == C.Toggle.ON
+    assert cfg.runtime.compile_mode == C.CompileMode.MAX_AUTOTUNE
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.stpes=3", "unknown config key 'train.stpes' (did you mean 'steps'?)"),
     ("trian.steps=3", "unknown config key 'trian' (did you mean 'train'?)"),
     ("train.steps=abc", "config train.steps: expected a whole number, got 'abc'"),
     ("train.batch_per_gpu=0", "config train.batch_per_gpu: must be at least 1 (got 0)"),
     ("optim.lr=5", "config optim.lr: 5.0 is outside (0, 1)"),
+    ("runtime.compile_mode=fastest", "config runtime.compile_mode: 'fastest' is not one of default"),
     ("runtime.precision=fp8", "config runtime.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
     ("model.sample_size=30", "config model.sample_size: 30 px cannot be halved 2 times by a 3-level UNet"),
     ("model.attention=[true]", "config model.attention: has 1 entries but model.block_out_channels has 3"),

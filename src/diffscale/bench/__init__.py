@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..presets import PRESETS
+from .profile import render_profile
 
 
 def _free_port() -> int:
@@ -33,6 +34,8 @@ def _worker_cmd(args, preset: str, recipe: str, out: Path) -> list[str]:
         cmd += ["--set", item]
     if args.peak:
         cmd.append("--peak")
+    if args.profile:
+        cmd += ["--profile", str(args.profile)]
     return cmd
 
 
@@ -189,6 +192,9 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UserError("every benchmark run failed", f"read {out_dir / 'workers.log'}")
     add_derived(records)
     Console(width=None if sys.stdout.isatty() else 250).print(render_table(records))
+    for record in records:
+        if record.get("profile"):
+            console.print(render_profile(record), highlight=False, markup=False)
     (out_dir / "bench.json").write_text(json.dumps(records, indent=1))
     chart = write_chart(records, out_dir / "bench.png")
     console.print(f"wrote {out_dir / 'bench.json'} and {chart}", highlight=False)
@@ -206,6 +212,8 @@ def register(sub) -> None:
                    help="also emulate 2 nodes x G GPUs on this host (torchrun --nnodes=2)")
     p.add_argument("--plain-workers", type=int, default=4, help="DataLoader workers of the plain recipe")
     p.add_argument("--peak", action="store_true", help="measure the card's bf16 matmul peak for the MFU column")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N steps: top kernels and time per kind (convolution, attention, ...)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
     p.add_argument("--out", default="bench", help="folder for bench.json, bench.png and worker logs")

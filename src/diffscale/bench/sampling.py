@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     from diffusers import DDIMPipeline
 
     from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+    from ..engine import InferenceNetwork
+    from ..runtime.device import configure_backends, resolve_policy
     from ..models import Denoiser, build_unet
     from ..presets import get_preset
 
@@ -42,8 +45,6 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = get_preset(args.preset)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
     unet = build_unet(cfg.model, 1).to(device).eval()
     diffusion = GaussianDiffusion(cfg.diffusion)
     shape = (args.batch, 1, cfg.model.sample_size, cfg.model.sample_size)
@@ -55,14 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         pipe(batch_size=args.batch, num_inference_steps=args.steps, generator=torch.Generator().manual_seed(0),
              output_type="np")
 
-    fast_net = Denoiser(unet)
-    if device.type == "cuda":
-        fast_net = torch.compile(fast_net.to(memory_format=torch.channels_last))
-    bf16 = device.type == "cuda"
-
-    def denoise(x, t):
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            return fast_net(x.contiguous(memory_format=torch.channels_last) if bf16 else x, t)
+    # The network exactly as `diffscale sample` runs it (bf16, channels_last, compiled on CUDA).
+    policy = resolve_policy(cfg.runtime, device)
+    configure_backends(policy)
+    denoise = InferenceNetwork(Denoiser(copy.deepcopy(unet)), policy)  # the reference keeps its own
 
     def ours():
         sample(denoise, diffusion, shape, sampler=Sampler(SamplerKind.DDIM, args.steps),
@@ -74,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"preset": args.preset, "batch": args.batch, "ddim_steps": args.steps,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
               "ddimpipeline_s": ref_s, "diffscale_s": ours_s, "speedup": ref_s / ours_s,
-              "images_per_s": args.batch / ours_s}
+              "images_per_s": args.batch / ours_s, "precision": policy.precision.value, "compiled": policy.compile}
     Path(args.json).write_text(json.dumps(record, indent=1))
     print(json.dumps(record))
     return 0

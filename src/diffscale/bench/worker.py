@@ -8,6 +8,8 @@ TFLOP/s, the data-wait share, GPU utilisation and start-up time (compilation inc
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -22,6 +24,7 @@ from .. import config as C
 from ..presets import get_preset
 from ..runtime.device import configure_backends, pick_device, resolve_policy
 from ..runtime.distributed import detect_launch, init_distributed
+from .profile import profile_steps
 
 _T0 = float(os.environ.get("DIFFSCALE_BENCH_T0", time.time()))
 
@@ -102,6 +105,32 @@ class UtilSampler:
         return sum(self.samples) / len(self.samples) if self.samples else None
 
 
+@contextlib.contextmanager
+def gpu_turn(spec: str | None, ctx):
+    """``DIR:N``: wait until N workers sharing DIR have compiled and warmed up, then hold
+    DIR/lock for the timed window, so workers compile side by side but time one at a time."""
+    if not spec:
+        yield
+        return
+    folder, count = spec.rsplit(":", 1)
+    lock = None
+    if ctx.is_main:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / f"ready-{os.getpid()}").touch()
+        deadline = time.monotonic() + 600  # a worker that died must not stall the others
+        while len(list(Path(folder).glob("ready-*"))) < int(count) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lock = open(Path(folder) / "lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    ctx.barrier()
+    try:
+        yield
+    finally:
+        ctx.barrier()
+        if lock is not None:
+            lock.close()
+
+
 def measure(args: argparse.Namespace) -> dict | None:
     from ..engine import StepRunner, Trainer, prepare_model
     from .plain import PlainRunner
@@ -136,15 +165,20 @@ def measure(args: argparse.Namespace) -> dict | None:
                 runner.step()
             _sync(device)
             ctx.barrier()
-            if hasattr(runner, "data_wait_s"):
-                runner.data_wait_s = 0.0
-            with UtilSampler(device) as util:
-                start = time.perf_counter()
-                for _ in range(args.steps):
+            with gpu_turn(args.turns, ctx):
+                for _ in range(2):  # steps right after the wait, untimed (clocks, caches)
                     runner.step()
                 _sync(device)
-                elapsed = time.perf_counter() - start
-            data_share = _data_share(runner, device, args.steps, elapsed)
+                if hasattr(runner, "data_wait_s"):
+                    runner.data_wait_s = 0.0
+                with UtilSampler(device) as util:
+                    start = time.perf_counter()
+                    for _ in range(args.steps):
+                        runner.step()
+                    _sync(device)
+                    elapsed = time.perf_counter() - start
+                data_share = _data_share(runner, device, args.steps, elapsed)
+                profiled = profile_steps(runner.step, args.profile, device) if args.profile else None
             peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
             step_s = elapsed / args.steps
             samples_s = cfg.effective_batch(ctx.world_size) / step_s
@@ -159,10 +193,19 @@ def measure(args: argparse.Namespace) -> dict | None:
                 "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
                 "mfu": (tflops / peak) if peak else None, "data_wait_share": data_share,
                 "gpu_util": util.mean, "startup_s": startup, "torch": torch.__version__,
+                "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
+                "label": args.label or None, "profile": profiled, "graph_breaks": _graph_breaks(),
             }
             return record if ctx.is_main else None
     finally:
         ctx.shutdown()
+
+
+def _graph_breaks() -> int:
+    """Graph breaks torch.compile met (each one splits the compiled step)."""
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["graph_break"].values()))
 
 
 def _data_share(runner, device: torch.device, steps: int, elapsed: float) -> float:
@@ -190,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=0, help="override batch per GPU")
     parser.add_argument("--plain-workers", type=int, default=4)
     parser.add_argument("--peak", action="store_true", help="also measure the bf16 matmul peak")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps after timing")
+    parser.add_argument("--turns", help="DIR:N -- compile beside N-1 other workers, time alone")
+    parser.add_argument("--label", default="", help="name of this variant in the record")
     parser.add_argument("--set", action="append")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)

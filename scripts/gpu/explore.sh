@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Profiling pass on one GPU: variants of the fast recipe compile side by side (--turns) and are
+# timed one at a time, each followed by a profile of 5 steps (top kernels, time per kind).
+# Usage: bash scripts/gpu/explore.sh OUT_DIR   (SMALL/MEDIUM/EXTRA shrink it for a CPU dry run)
+set -uo pipefail
+OUT_DIR="${1:-/tmp/diffscale-explore}"
+SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; EXTRA=${EXTRA:-}
+mkdir -p "$OUT_DIR"
+source scripts/gpu/env.sh
+{ nvidia-smi -L; date -u; } > "$OUT_DIR/host.txt" 2>&1
+W="--steps 30 --warmup 12 --profile 5"
+v() {  # v(turn_dir preset recipe label [--set ...]); a failed worker still counts as ready
+  local turn=$1 preset=$2 recipe=$3 label=$4; shift 4
+  DIFFSCALE_BENCH_T0=$(date +%s.%N) timeout ${LIMIT:-330} python3 -m diffscale.bench.worker --preset $preset \
+    --recipe $recipe $W $EXTRA --label "$label" --turns "$turn" --json "$OUT_DIR/$preset-$label.json" "$@" \
+    >> "$OUT_DIR/$preset-$label.log" 2>&1 || { mkdir -p "${turn%:*}"; touch "${turn%:*}/ready-failed-$preset-$label"; }
+}
+T1=/tmp/turns1-$$; T2=/tmp/turns2-$$
+v $T1:4 $SMALL fast default & v $T1:4 $SMALL fast nocl --set runtime.channels_last=off &
+v $T1:4 $MEDIUM fast default & v $T1:4 $MEDIUM fast nocl --set runtime.channels_last=off & wait
+echo "$(date -u +%T) phase 2" >> "$OUT_DIR/host.txt"
+v $T2:2 $SMALL plain plain & v $T2:2 $MEDIUM plain plain & wait
+date -u >> "$OUT_DIR/host.txt"
+python3 -c "
+import json,glob,sys; sys.path.insert(0,'src')
+from diffscale.bench.profile import render_profile
+for f in sorted(glob.glob('$OUT_DIR/*.json')):
+    r=json.load(open(f)); print(r['preset'], r['label'], round(r['samples_per_s']), 'samples/s', round(r['step_s']*1000,1), 'ms', round(r['peak_mem_gib'],2), 'GiB', 'breaks', r['graph_breaks'], 'startup', round(r['startup_s']))
+    print(render_profile(r))
+" > "$OUT_DIR/summary.txt" 2>&1
+# DDIM 50-step sampling, the network as `diffscale sample` runs it vs diffusers' DDIMPipeline.
+for pb in "xl 16" "medium 64" "small 256"; do
+  set -- $pb
+  timeout 150 python3 -m diffscale.bench.sampling --preset $1 --batch $2 --steps 50 --repeats 2 \
+    --json "$OUT_DIR/sampling-$1.json" >> "$OUT_DIR/sampling.log" 2>&1
+done
+date -u >> "$OUT_DIR/host.txt"

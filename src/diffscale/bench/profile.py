@@ -1,0 +1,89 @@
+"""Where a training step's time goes: the top kernels (GPU) or operators (CPU) of a few
+profiled steps, and their share per kind (convolution, matmul, attention, fused Triton
+kernels, optimizer, communication, copies). ``diffscale bench --profile N`` records it."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+# First matching rule wins; names are lower-cased kernel/operator names.
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("communication", ("nccl", "allreduce", "all_reduce", "gloo")),
+    # Inductor names its kernels after the ops they fuse ("triton_poi_fused_convolution_1"): first.
+    ("fused (Triton)", ("triton",)),
+    ("attention", ("flash", "fmha", "attention", "attn")),
+    ("convolution", ("conv", "fprop", "dgrad", "wgrad", "implicit_gemm", "cudnn", "xmma_fprop")),
+    ("optimizer/EMA", ("adam", "multi_tensor", "foreach", "_amp_")),
+    ("matmul", ("gemm", "cutlass", "matmul", "::mm", "addmm", "bmm", "nvjet")),
+    ("normalisation", ("norm",)),
+    ("copy/fill", ("memcpy", "memset", "copy", "fill", "cat", "index")),
+)
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    for kind, needles in KINDS:
+        if any(n in lowered for n in needles):
+            return kind
+    return "other elementwise/reduction"
+
+
+def _self_time_us(event, cuda: bool) -> float:
+    if cuda:
+        for attr in ("self_device_time_total", "self_cuda_time_total"):
+            if hasattr(event, attr):
+                return float(getattr(event, attr))
+        return 0.0
+    return float(event.self_cpu_time_total)
+
+
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device, top: int = 15) -> dict:
+    """Profile ``steps`` calls of ``step``; per-step milliseconds of the top entries and of each kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    rows = []
+    for event in prof.key_averages():
+        if cuda and getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        # On the CPU, operators nest: count leaf time only (self time), and skip profiler markers.
+        if not cuda and (event.key.startswith("ProfilerStep") or event.key.startswith("[")):
+            continue
+        us = _self_time_us(event, cuda)
+        if us > 0:
+            rows.append((event.key, us / 1000 / steps, event.count // steps))
+    total = sum(ms for _, ms, _ in rows) or 1.0
+    kinds: dict[str, float] = {}
+    for name, ms, _ in rows:
+        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
+    rows.sort(key=lambda r: r[1], reverse=True)
+    return {
+        "unit": "GPU kernel time per step" if cuda else "CPU operator self time per step",
+        "total_ms_per_step": total,
+        "kinds": {k: {"ms": v, "share": v / total} for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+        "top": [{"name": name[:160], "kind": kind_of(name), "ms": ms, "share": ms / total, "calls": calls}
+                for name, ms, calls in rows[:top]],
+    }
+
+
+def render_profile(record: dict) -> str:
+    """Plain-text report of one record's profile (for the console and the log)."""
+    prof = record.get("profile")
+    if not prof:
+        return ""
+    lines = [f"{record['preset']} {record['recipe']} x{record['world_size']}: {prof['unit']} "
+             f"{prof['total_ms_per_step']:.1f} ms (step {record['step_s'] * 1000:.1f} ms)"]
+    for kind, v in prof["kinds"].items():
+        lines.append(f"  {kind:<28} {v['ms']:8.2f} ms {v['share']:6.1%}")
+    lines.append("  top entries:")
+    for row in prof["top"]:
+        lines.append(f"  {row['ms']:8.2f} ms {row['share']:6.1%} x{row['calls']:<4} [{row['kind']}] {row['name'][:90]}")
+    return "\n".join(lines)
