@@ -17,9 +17,11 @@ v() {  # v(turn_dir preset recipe label [--set ...]); a failed worker still coun
 }
 T1=/tmp/turns1-$$; T2=/tmp/turns2-$$
 v $T1:4 $SMALL fast default & v $T1:4 $SMALL fast nocl --set runtime.channels_last=off &
-v $T1:4 $MEDIUM fast default & v $T1:4 $MEDIUM fast nocl --set runtime.channels_last=off & wait
+v $T1:4 $SMALL fast flash --set runtime.attention=flash &
+v $T1:4 $SMALL fast efficient --set runtime.attention=efficient & wait
 echo "$(date -u +%T) phase 2" >> "$OUT_DIR/host.txt"
-v $T2:2 $SMALL plain plain & v $T2:2 $MEDIUM plain plain & wait
+v $T2:3 $MEDIUM fast default & v $T2:3 $MEDIUM fast nocl --set runtime.channels_last=off &
+v $T2:3 $MEDIUM fast flash --set runtime.attention=flash & wait
 date -u >> "$OUT_DIR/host.txt"
 python3 -c "
 import json,glob,sys; sys.path.insert(0,'src')
@@ -28,10 +30,3 @@ for f in sorted(glob.glob('$OUT_DIR/*.json')):
     r=json.load(open(f)); print(r['preset'], r['label'], round(r['samples_per_s']), 'samples/s', round(r['step_s']*1000,1), 'ms', round(r['peak_mem_gib'],2), 'GiB', 'breaks', r['graph_breaks'], 'startup', round(r['startup_s']))
     print(render_profile(r))
 " > "$OUT_DIR/summary.txt" 2>&1
-# DDIM 50-step sampling, the network as `diffscale sample` runs it vs diffusers' DDIMPipeline.
-for pb in "xl 16" "medium 64" "small 256"; do
-  set -- $pb
-  timeout 150 python3 -m diffscale.bench.sampling --preset $1 --batch $2 --steps 50 --repeats 2 \
-    --json "$OUT_DIR/sampling-$1.json" >> "$OUT_DIR/sampling.log" 2>&1
-done
-date -u >> "$OUT_DIR/host.txt"

@@ -69,6 +69,16 @@ class CompileMode(str, enum.Enum):
     MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
 
 
+class Attention(str, enum.Enum):
+    """Scaled-dot-product attention kernel on CUDA; ``auto`` lets PyTorch choose per call."""
+
+    AUTO = "auto"
+    FLASH = "flash"
+    EFFICIENT = "efficient"
+    CUDNN = "cudnn"
+    MATH = "math"
+
+
 class BetaSchedule(str, enum.Enum):
     """Noise schedule, as named by diffusers' schedulers."""
 
@@ -295,7 +305,9 @@ class RuntimeConfig:
     compile_mode: CompileMode = CompileMode.DEFAULT
     """torch.compile mode when compiling (``default`` or ``max-autotune-no-cudagraphs``)."""
     channels_last: Toggle = Toggle.AUTO
-    """channels_last memory format (``auto``: on CUDA only)."""
+    """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md)."""
+    attention: Attention = Attention.AUTO
+    """Attention kernel on CUDA (``auto``, ``flash``, ``efficient``, ``cudnn``, ``math``)."""
     join_timeout_s: float = 300.0
     """Seconds to wait for all ranks to join before failing with a diagnosis."""
     collective_timeout_s: float = 1800.0

@@ -35,6 +35,16 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     assert abs(sum(k["share"] for k in prof["kinds"].values()) - 1) < 1e-6
     assert "convolution" in printed and "top entries" in printed
 
+    # --collect rebuilds the report from the worker records alone.
+    (out / "bench.json").unlink()
+    (out / "bench.png").unlink()
+    assert main(["bench", "--collect", "--out", str(out)]) == 0
+    again = json.loads((out / "bench.json").read_text())
+    assert sorted((r["recipe"], r["world_size"]) for r in again) == sorted((r["recipe"], r["world_size"]) for r in records)
+    assert (out / "bench.png").is_file()
+    assert main(["bench", "--collect", "--out", str(out / "empty")]) == 2
+    assert "no worker records" in capsys.readouterr().err
+
 
 def test_profile_kinds_classify_kernel_names():
     from diffscale.bench.profile import kind_of

@@ -88,14 +88,14 @@ def _collect(procs, out: Path, timeout: float) -> dict | None:
 
 def add_derived(records: list[dict]) -> list[dict]:
     """Scaling efficiency (vs the same preset and recipe on 1 GPU) and fast / plain ratio."""
-    def key(r):
-        return (r["preset"], r["recipe"], r["world_size"], r.get("nodes", 1))
+    def key(r):  # a labelled variant (e.g. channels_last on) scales against its own 1-GPU run
+        return (r["preset"], r["recipe"], r["world_size"], r.get("nodes", 1), r.get("label") or "")
 
     index = {key(r): r for r in records}
     for r in records:
-        one = index.get((r["preset"], r["recipe"], 1, 1))
+        one = index.get((r["preset"], r["recipe"], 1, 1, r.get("label") or ""))
         r["scaling_efficiency"] = (r["samples_per_s"] / (r["world_size"] * one["samples_per_s"])) if one else None
-        other = index.get((r["preset"], "plain", r["world_size"], r.get("nodes", 1)))
+        other = index.get((r["preset"], "plain", r["world_size"], r.get("nodes", 1), ""))
         r["fast_over_plain"] = (r["samples_per_s"] / other["samples_per_s"]) if other and r["recipe"] == "fast" else None
     return records
 
@@ -113,7 +113,8 @@ def render_table(records: list[dict]):
     for col in cols:
         table.add_column(col, no_wrap=True, justify="right" if col not in ("preset", "recipe") else "left")
     for r in records:
-        table.add_row(r["preset"], r["recipe"], str(r["world_size"]), str(r.get("nodes", 1)),
+        recipe = r["recipe"] + (f" ({r['label']})" if r.get("label") else "")
+        table.add_row(r["preset"], recipe, str(r["world_size"]), str(r.get("nodes", 1)),
                       _fmt(r["samples_per_s"], ",.0f"), _fmt(r["samples_per_s_per_gpu"], ",.0f"),
                       _fmt(r["step_s"] * 1000, ".1f"), _fmt(r.get("scaling_efficiency"), ".1%"),
                       _fmt(r.get("fast_over_plain"), ".2f"), _fmt(r["peak_mem_gib"], ".2f"),
@@ -133,7 +134,8 @@ def write_chart(records: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(presets), figsize=(5 * len(presets), 4), squeeze=False)
     for ax, preset in zip(axes[0], presets):
         rows = [r for r in records if r["preset"] == preset]
-        labels = [f"{r['recipe']}\n{r['world_size']}{'x2n' if r.get('nodes', 1) > 1 else ''}" for r in rows]
+        labels = [f"{r['recipe']}{'-' + r['label'] if r.get('label') else ''}\n"
+                  f"{r['world_size']}{'x2n' if r.get('nodes', 1) > 1 else ''}" for r in rows]
         colors = ["tab:blue" if r["recipe"] == "fast" else "tab:gray" for r in rows]
         ax.bar(range(len(rows)), [r["samples_per_s_per_gpu"] for r in rows], color=colors)
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
@@ -170,6 +172,8 @@ def run_bench(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
+    if args.collect:
+        return report(sorted(out_dir.glob("*.json")), out_dir, console)
     with open(out_dir / "workers.log", "a") as log:
         for preset in presets:
             for recipe in recipes:
@@ -190,6 +194,29 @@ def run_bench(args: argparse.Namespace) -> int:
                     records.append(record)
     if not records:
         raise UserError("every benchmark run failed", f"read {out_dir / 'workers.log'}")
+    return _report(records, out_dir, console)
+
+
+def report(paths: list[Path], out_dir: Path, console) -> int:
+    """Table, bench.json and bench.png from worker records already in ``out_dir``."""
+    records = []
+    for path in paths:
+        if path.name == "bench.json":
+            continue
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "samples_per_s" in data:
+            records.append(data)
+    if not records:
+        raise UserError(f"no worker records (*.json) in {out_dir}", "run diffscale bench first, or point --out at its folder")
+    order = {"fast": 0, "plain": 1}
+    records.sort(key=lambda r: (r["preset"], order.get(r["recipe"], 2), r.get("label") or "", r.get("nodes", 1),
+                                r["world_size"]))
+    return _report(records, out_dir, console)
+
+
+def _report(records: list[dict], out_dir: Path, console) -> int:
+    from rich.console import Console
+
     add_derived(records)
     Console(width=None if sys.stdout.isatty() else 250).print(render_table(records))
     for record in records:
@@ -215,6 +242,8 @@ def register(sub) -> None:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps: top kernels and time per kind (convolution, attention, ...)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run")
+    p.add_argument("--collect", action="store_true",
+                   help="only report: rebuild the table, bench.json and bench.png from the worker records in --out")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
     p.add_argument("--out", default="bench", help="folder for bench.json, bench.png and worker logs")
     p.set_defaults(func=run_bench)

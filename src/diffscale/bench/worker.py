@@ -52,20 +52,26 @@ def matmul_peak_tflops(device: torch.device) -> float | None:
 
 
 def count_step_flops(trainer) -> float:
-    """FLOPs of one forward + backward of the per-GPU micro-batch (torch.utils.flop_counter)."""
+    """FLOPs of one forward + backward of the per-GPU micro-batch (torch.utils.flop_counter).
+
+    Counted eagerly on a slice of the batch and scaled (every counted op is linear in the
+    batch), so the count needs a fraction of a full eager step's memory."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = trainer.cfg
     size, b = cfg.model.sample_size, cfg.train.batch_per_gpu
-    x = torch.randn(b, trainer.task.channels, size, size, device=trainer.device)
-    t = torch.randint(0, 1000, (b,), device=trainer.device)
+    sub = max(1, b // 16)
+    x = torch.randn(sub, trainer.task.channels, size, size, device=trainer.device)
+    t = torch.randint(0, 1000, (sub,), device=trainer.device)
     counter = FlopCounterMode(display=False)
     with counter:
         with trainer.policy.autocast():
             out = trainer.net(x, t)
         out.float().pow(2).mean().backward()
     trainer.net.zero_grad(set_to_none=True)
-    return float(counter.get_total_flops()) * cfg.train.grad_accum
+    if trainer.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return float(counter.get_total_flops()) * b / sub * cfg.train.grad_accum
 
 
 class UtilSampler:

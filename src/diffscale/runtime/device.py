@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Device, Precision, Recipe, RuntimeConfig, Toggle
+from ..config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
 from ..errors import UserError
 
 
@@ -25,6 +25,7 @@ class DevicePolicy:
     compile: bool
     channels_last: bool
     fused_adamw: bool
+    attention: Attention = Attention.AUTO
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -100,7 +101,10 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
     fast_cuda = device.type == "cuda" and not plain
     compile_on = _toggle(cfg.compile, fast_cuda)
-    channels_last = _toggle(cfg.channels_last, fast_cuda)
+    # channels_last helps cuDNN in eager mode; compiled, NCHW measured faster on one H100
+    # (medium +14.6 %, small -2.7 %: docs/benchmarks.md): inductor's GroupNorm kernels read
+    # NHWC groups with strided loads and strided copies appear around the backward convs.
+    channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     return DevicePolicy(
         device=device,
         name=name,
@@ -110,6 +114,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         compile=compile_on,
         channels_last=channels_last,
         fused_adamw=fast_cuda,
+        attention=cfg.attention,
     )
 
 
@@ -123,6 +128,13 @@ def configure_backends(policy: DevicePolicy) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
+        if policy.attention != Attention.AUTO:
+            # Process-wide: only the chosen scaled-dot-product-attention kernel stays enabled.
+            chosen = policy.attention
+            torch.backends.cuda.enable_flash_sdp(chosen == Attention.FLASH)
+            torch.backends.cuda.enable_mem_efficient_sdp(chosen == Attention.EFFICIENT)
+            torch.backends.cuda.enable_cudnn_sdp(chosen == Attention.CUDNN)
+            torch.backends.cuda.enable_math_sdp(chosen == Attention.MATH)
 
 
 def _toggle(value: Toggle, auto: bool) -> bool:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One 4-GPU host: fast vs plain on 1 GPU, channels_last on/off, and fast-recipe scaling at
+# 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
+# Workers of a phase compile side by side (--turns) and are timed one at a time, so no
+# timed window shares the host with a compile or another measurement.
+# Usage: bash scripts/gpu/measure_x4.sh OUT_DIR; then diffscale bench --collect --out OUT_DIR
+set -uo pipefail
+OUT_DIR="${1:-/tmp/diffscale-x4}"
+mkdir -p "$OUT_DIR"
+source scripts/gpu/env.sh
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+{ nvidia-smi -L; date -u; } > "$OUT_DIR/host.txt" 2>&1
+W="--steps 30 --warmup 10 --peak ${EXTRA:-}"  # EXTRA shrinks it for a CPU dry run
+S=${S:-small}; M=${M:-medium}; X=${X:-xl}
+N=0
+w() {  # w(turn gpus nodes preset recipe label [args...]); a failed worker still counts as ready
+  local turn=$1 gpus=$2 nodes=$3 preset=$4 recipe=$5 label=$6; shift 6
+  local n; n=$(tr , '\n' <<< "$gpus" | wc -l)
+  local shape="${n}gpu"; [ "$nodes" = 2 ] && shape="$((n / 2))x2nodes"
+  local name="$preset-$recipe${label:+-$label}-$shape" out log
+  out="$OUT_DIR/$name.json"; log="$OUT_DIR/logs/$name.log"
+  mkdir -p "$OUT_DIR/logs"
+  local base=(-m diffscale.bench.worker --preset "$preset" --recipe "$recipe" $W --turns "$turn" --json "$out"
+              ${label:+--label "$label"} "$@")
+  export DIFFSCALE_BENCH_T0=$(date +%s.%N)
+  if [ "$nodes" = 2 ]; then
+    local per=$((n / 2)) port=$((29600 + RANDOM % 300)) a b
+    a=$(cut -d, -f1-$per <<< "$gpus"); b=$(cut -d, -f$((per + 1))- <<< "$gpus")
+    CUDA_VISIBLE_DEVICES=$a DIFFSCALE_BENCH_NODES=2 python3 -m torch.distributed.run --nnodes=2 --node_rank=0 \
+      --nproc_per_node=$per --master_addr=127.0.0.1 --master_port=$port "${base[@]}" >> "$log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=$b DIFFSCALE_BENCH_NODES=2 python3 -m torch.distributed.run --nnodes=2 --node_rank=1 \
+      --nproc_per_node=$per --master_addr=127.0.0.1 --master_port=$port "${base[@]}" >> "$log" 2>&1
+    wait
+  elif [ "$n" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=$gpus python3 "${base[@]}" >> "$log" 2>&1
+  else
+    CUDA_VISIBLE_DEVICES=$gpus python3 -m torch.distributed.run --standalone --nproc_per_node=$n "${base[@]}" >> "$log" 2>&1
+  fi
+  [ -f "$out" ] || { mkdir -p "${turn%:*}"; touch "${turn%:*}/ready-failed-$name"; }
+}
+phase() { echo "$(date -u +%T) $*" >> "$OUT_DIR/host.txt"; }
+CL="--set runtime.channels_last=on"
+P=/tmp/turns-$$
+phase "1: one GPU: fast, fast with channels_last, plain"
+w $P-1:9 0 1 $S fast "" & w $P-1:9 0 1 $S fast cl $CL & w $P-1:9 0 1 $X plain "" &
+w $P-1:9 1 1 $M fast "" & w $P-1:9 1 1 $S plain "" &
+w $P-1:9 2 1 $X fast "" & w $P-1:9 2 1 $X fast cl $CL &
+w $P-1:9 3 1 $M plain "" & w $P-1:9 3 1 $M fast cl $CL & wait
+phase "2: 2 GPUs, $X on 4"
+w $P-2:4 0,1 1 $S fast "" & w $P-2:4 2,3 1 $M fast "" & w $P-2:4 2,3 1 $X fast "" &
+w $P-2:4 0,1,2,3 1 $X fast "" --profile 3 & wait
+phase "3: 4 GPUs, 2 nodes x 2"
+w $P-3:5 0,1,2,3 1 $S fast "" --profile 3 & w $P-3:5 0,1,2,3 1 $M fast "" --profile 3 &
+w $P-3:5 0,1,2,3 2 $S fast "" & w $P-3:5 0,1,2,3 2 $M fast "" & w $P-3:5 0,1,2,3 2 $X fast "" & wait
+phase end
