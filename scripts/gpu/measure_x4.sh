@@ -41,6 +41,13 @@ w() {  # w(turn gpus nodes preset recipe label [args...]); a failed worker still
 phase() { echo "$(date -u +%T) $*" >> "$OUT_DIR/host.txt"; }
 CL="--set runtime.channels_last=on"
 P=/tmp/turns-$$
+if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, small and xl
+  phase "scaling: 1 and 4 GPUs, 2 nodes x 2"
+  w $P-s:5 0 1 $S fast "" & w $P-s:5 1 1 $X fast "" &
+  w $P-s:5 0,1,2,3 1 $S fast "" & w $P-s:5 0,1,2,3 1 $X fast "" --profile 3 &
+  w $P-s:5 0,1,2,3 2 $S fast "" & wait
+  phase end; exit 0
+fi
 phase "1: one GPU: fast, fast with channels_last, plain"
 w $P-1:9 0 1 $S fast "" & w $P-1:9 0 1 $S fast cl $CL & w $P-1:9 0 1 $X plain "" &
 w $P-1:9 1 1 $M fast "" & w $P-1:9 1 1 $S plain "" &

@@ -114,26 +114,36 @@ class UtilSampler:
 @contextlib.contextmanager
 def gpu_turn(spec: str | None, ctx):
     """``DIR:N``: wait until N workers sharing DIR have compiled and warmed up, then hold
-    DIR/lock for the timed window, so workers compile side by side but time one at a time."""
+    DIR/lock for the timed window, so workers compile side by side but time one at a time.
+
+    Every rank waits on the host (files), never in a collective: a rank parked in an NCCL
+    barrier runs a spinning kernel that time-slices the GPU with the job being timed."""
     if not spec:
         yield
         return
     folder, count = spec.rsplit(":", 1)
+    folder_path = Path(folder)
+    go = folder_path / f"go-{os.environ.get('MASTER_ADDR', '')}-{os.environ.get('MASTER_PORT', os.getpid())}"
     lock = None
+    deadline = time.monotonic() + 600  # a worker that died must not stall the others
     if ctx.is_main:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / f"ready-{os.getpid()}").touch()
-        deadline = time.monotonic() + 600  # a worker that died must not stall the others
-        while len(list(Path(folder).glob("ready-*"))) < int(count) and time.monotonic() < deadline:
+        folder_path.mkdir(parents=True, exist_ok=True)
+        (folder_path / f"ready-{os.getpid()}").touch()
+        while len(list(folder_path.glob("ready-*"))) < int(count) and time.monotonic() < deadline:
             time.sleep(0.5)
-        lock = open(Path(folder) / "lock", "w")
+        lock = open(folder_path / "lock", "w")
         fcntl.flock(lock, fcntl.LOCK_EX)
+        go.touch()
+    else:
+        while not go.exists() and time.monotonic() < deadline + 600:
+            time.sleep(0.2)
     ctx.barrier()
     try:
         yield
     finally:
         ctx.barrier()
         if lock is not None:
+            go.unlink(missing_ok=True)
             lock.close()
 
 
