@@ -84,9 +84,9 @@ def _load_for_inference(run_dir: Path, device_name: str | None):
 def _sampling_network(cfg, net):
     """bf16 + channels_last + torch.compile on CUDA (the fast recipe), fp32 eager elsewhere."""
     from .engine import InferenceNetwork
-    from .runtime.device import configure_backends, resolve_policy
+    from .runtime.device import configure_backends, inference_policy
 
-    policy = resolve_policy(cfg.runtime, next(net.parameters()).device)
+    policy = inference_policy(cfg.runtime, next(net.parameters()).device)
     configure_backends(policy)
     return InferenceNetwork(net, policy)
 

@@ -105,3 +105,18 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
     assert record["ddim_steps"] == 3 and record["batch"] == 2
     assert record["ddimpipeline_s"] > 0 and record["diffscale_s"] > 0 and record["speedup"] > 0
     assert record["precision"] == "fp32" and record["compiled"] is False  # CPU: eager fp32, like the CLI
+
+
+def test_profile_counts_operators_not_annotation_ranges():
+    from torch.profiler import record_function
+
+    from diffscale.bench.profile import profile_steps
+
+    def step():
+        with record_function("nccl:all_reduce"):  # a range around work that is counted itself
+            torch.ones(64, 64) @ torch.ones(64, 64)
+
+    prof = profile_steps(step, 2, torch.device("cpu"))
+    names = [row["name"] for row in prof["top"]]
+    assert "aten::mm" in names and "nccl:all_reduce" not in names
+    assert prof["kinds"]["matmul"]["ms"] > 0

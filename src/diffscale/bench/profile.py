@@ -54,6 +54,10 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     for event in prof.key_averages():
         if cuda and getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
+        # Ranges such as "nccl:all_reduce" or "DistributedDataParallel.forward" are mirrored on
+        # the GPU timeline around kernels that are counted themselves: counting both doubles.
+        if getattr(event, "is_user_annotation", False):
+            continue
         # On the CPU, operators nest: count leaf time only (self time), and skip profiler markers.
         if not cuda and (event.key.startswith("ProfilerStep") or event.key.startswith("[")):
             continue

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
     from ..engine import InferenceNetwork
-    from ..runtime.device import configure_backends, resolve_policy
+    from ..runtime.device import configure_backends, inference_policy
     from ..models import Denoiser, build_unet
     from ..presets import get_preset
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
              output_type="np")
 
     # The network exactly as `diffscale sample` runs it (bf16, channels_last, compiled on CUDA).
-    policy = resolve_policy(cfg.runtime, device)
+    policy = inference_policy(cfg.runtime, device)
     configure_backends(policy)
     denoise = InferenceNetwork(Denoiser(copy.deepcopy(unet)), policy)  # the reference keeps its own
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +117,16 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         fused_adamw=fast_cuda,
         attention=cfg.attention,
     )
+
+
+def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
+    """``resolve_policy`` for sampling. Forward-only compiled sampling keeps channels_last
+    under ``auto``: the DDIM speed-ups in docs/benchmarks.md were measured that way, while the
+    NCHW training default was measured on training steps only."""
+    policy = resolve_policy(cfg, device)
+    if cfg.channels_last == Toggle.AUTO and policy.compile and device.type == "cuda":
+        policy = dataclasses.replace(policy, channels_last=True)
+    return policy
 
 
 def configure_backends(policy: DevicePolicy) -> None:

@@ -1,0 +1,41 @@
+"""How ``auto`` settings resolve per device. CUDA cannot run on CI, so its branch is fed a
+recorded device description (H100 properties); the CPU branch runs for real."""
+
+import types
+
+import pytest
+import torch
+
+from diffscale import config as C
+from diffscale.runtime.device import inference_policy, resolve_policy
+
+
+@pytest.fixture
+def fake_h100(monkeypatch):
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85_520_809_984)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    return torch.device("cuda", 0)
+
+
+def test_cpu_runs_fp32_eager_contiguous():
+    policy = resolve_policy(C.RuntimeConfig(), torch.device("cpu"))
+    assert policy.precision == C.Precision.FP32 and not policy.compile and not policy.channels_last
+    assert inference_policy(C.RuntimeConfig(), torch.device("cpu")) == policy
+
+
+def test_cuda_fast_recipe_trains_compiled_nchw_and_samples_channels_last(fake_h100):
+    train = resolve_policy(C.RuntimeConfig(), fake_h100)
+    assert train.precision == C.Precision.BF16 and train.compile and train.fused_adamw
+    assert not train.channels_last  # measured faster compiled (docs/benchmarks.md)
+    assert inference_policy(C.RuntimeConfig(), fake_h100).channels_last
+    eager = resolve_policy(C.RuntimeConfig(compile=C.Toggle.OFF), fake_h100)
+    assert eager.channels_last and not eager.compile  # cuDNN prefers NHWC when not compiled
+    forced = C.RuntimeConfig(channels_last=C.Toggle.OFF)
+    assert not inference_policy(forced, fake_h100).channels_last  # an explicit choice is kept
+
+
+def test_cuda_plain_recipe_is_fp16_with_scaler(fake_h100):
+    plain = resolve_policy(C.RuntimeConfig(recipe=C.Recipe.PLAIN), fake_h100)
+    assert plain.precision == C.Precision.FP16 and plain.use_grad_scaler
+    assert not plain.compile and not plain.channels_last and not plain.fused_adamw
