@@ -167,7 +167,6 @@ def measure(args: argparse.Namespace) -> dict | None:
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
             flops = count_step_flops(trainer)
-            peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
             if args.recipe == "plain":
                 runner = PlainRunner(trainer, workers=args.plain_workers)
             else:
@@ -182,6 +181,10 @@ def measure(args: argparse.Namespace) -> dict | None:
             _sync(device)
             ctx.barrier()
             with gpu_turn(args.turns, ctx):
+                # Inside the turn: the matmul peak, too, is measured with the GPU to itself.
+                peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)  # the steps below set the peak again
                 for _ in range(2):  # steps right after the wait, untimed (clocks, caches)
                     runner.step()
                 _sync(device)

@@ -102,9 +102,9 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
     fast_cuda = device.type == "cuda" and not plain
     compile_on = _toggle(cfg.compile, fast_cuda)
-    # channels_last helps cuDNN in eager mode; compiled, NCHW measured faster on one H100
-    # (medium +14.6 %, small -2.7 %: docs/benchmarks.md): inductor's GroupNorm kernels read
-    # NHWC groups with strided loads and strided copies appear around the backward convs.
+    # channels_last helps cuDNN in eager mode. Compiled, NCHW trained faster (medium +14 %,
+    # xl +4 %, small -3 to -4 %; docs/benchmarks.md): with NHWC, inductor's GroupNorm kernels
+    # take longer and strided copies appear outside the Triton kernels.
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     return DevicePolicy(
         device=device,
