@@ -3,7 +3,8 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: bash scripts/gpu/measure_x4.sh OUT_DIR; then diffscale bench --collect --out OUT_DIR
+# Usage: [ONLY=scaling|remaining] bash scripts/gpu/measure_x4.sh OUT_DIR
+#        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
 mkdir -p "$OUT_DIR"
@@ -46,6 +47,17 @@ if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, sma
   w $P-s:5 0 1 $S fast "" & w $P-s:5 1 1 $X fast "" &
   w $P-s:5 0,1,2,3 1 $S fast "" & w $P-s:5 0,1,2,3 1 $X fast "" --profile 3 &
   w $P-s:5 0,1,2,3 2 $S fast "" & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = remaining ]; then  # what the 2026-11-26 passes left unmeasured (docs/benchmarks.md 8)
+  B25="--set runtime.ddp_bucket_mb=25"
+  phase "remaining A: medium 1/2/4 GPUs, small and xl on 2, xl with 25 MiB buckets"
+  w $P-a:6 0 1 $M fast "" & w $P-a:6 1 1 $X fast "" & w $P-a:6 2,3 1 $M fast "" &
+  w $P-a:6 0,1,2,3 1 $M fast "" --profile 3 & w $P-a:6 0,1 1 $X fast "" &
+  w $P-a:6 0,1,2,3 1 $X fast b25 $B25 --profile 3 & wait
+  phase "remaining B: 2 x 2 medium and xl, plain on 1 and 4 GPUs (small)"
+  w $P-b:5 0,1,2,3 2 $M fast "" & w $P-b:5 0,1,2,3 2 $X fast "" & w $P-b:5 0 1 $S plain "" &
+  w $P-b:5 0,1,2,3 1 $S plain "" & w $P-b:5 1 1 $X fast b25 $B25 & wait
   phase end; exit 0
 fi
 phase "1: one GPU: fast, fast with channels_last, plain"

@@ -100,11 +100,13 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
     from diffscale.bench import sampling
 
     out = tmp_path / "sampling.json"
-    assert sampling.main(["--preset", "tiny", "--batch", "2", "--steps", "3", "--repeats", "1", "--json", str(out)]) == 0
+    assert sampling.main(["--preset", "tiny", "--batch", "2", "--steps", "3", "--repeats", "1", "--json", str(out),
+                          "--set", "model.block_out_channels=[16,32,32]"]) == 0
     record = json.loads(out.read_text())
     assert record["ddim_steps"] == 3 and record["batch"] == 2
     assert record["ddimpipeline_s"] > 0 and record["diffscale_s"] > 0 and record["speedup"] > 0
     assert record["precision"] == "fp32" and record["compiled"] is False  # CPU: eager fp32, like the CLI
+    assert record["overrides"] == ["model.block_out_channels=[16,32,32]"]
 
 
 def test_profile_counts_operators_not_annotation_ranges():

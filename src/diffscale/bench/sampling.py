@@ -29,6 +29,7 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     from diffusers import DDIMPipeline
 
+    from .. import config as C
     from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
     from ..engine import InferenceNetwork
     from ..runtime.device import configure_backends, inference_policy
@@ -40,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="config override, e.g. runtime.channels_last=off")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
 
-    cfg = get_preset(args.preset)
+    cfg = C.merge(get_preset(args.preset), C.parse_overrides(args.set or []))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     unet = build_unet(cfg.model, 1).to(device).eval()
     diffusion = GaussianDiffusion(cfg.diffusion)
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     record = {"preset": args.preset, "batch": args.batch, "ddim_steps": args.steps,
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
               "ddimpipeline_s": ref_s, "diffscale_s": ours_s, "speedup": ref_s / ours_s,
-              "images_per_s": args.batch / ours_s, "precision": policy.precision.value, "compiled": policy.compile}
+              "images_per_s": args.batch / ours_s, "precision": policy.precision.value, "compiled": policy.compile,
+              "channels_last": policy.channels_last, "overrides": args.set or []}
     Path(args.json).write_text(json.dumps(record, indent=1))
     print(json.dumps(record))
     return 0

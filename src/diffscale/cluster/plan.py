@@ -109,50 +109,9 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     gpu_ranks = part.has_gpus and shape.use_gpus
     cpus = shape.cpus_per_rank or _default_cpus(part, g)
     notes: list[str] = []
-
-    # --- estimates (diffscale runs only)
-    estimate_s: int | None = None
-    mem = shape.mem_per_node_gb
-    if isinstance(workload, DiffscaleRun):
-        cfg = workload.config
-        rate = estimates.samples_per_s_per_rank(cfg, part.gpu_type, cpus, gpu_ranks)
-        estimate_s = estimates.train_seconds(cfg, shape.world_size, rate.value)
-        notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
-                     f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
-        if mem is None:
-            mem = math.ceil(estimates.host_memory(cfg, g, cpus, workload.data_bytes).node_gb * 1.25)
-            if part.mem_per_node_gb is not None:
-                mem = min(mem, int(part.mem_per_node_gb))
-    mem_gb = int(math.ceil(mem)) if mem is not None else None
-
-    # --- wall time and segments
-    limit = part.max_time_s
-    lead = options.signal_lead_s
-    time_s = shape.time_s
-    segments: list[Segment] = []
-    n_segments = 1
-    if time_s is None:
-        if estimate_s is not None:
-            want = _round_up(estimate_s * 1.2 + SEGMENT_MARGIN_S)
-            time_s = min(want, limit) if limit is not None else want
-        else:
-            time_s = limit
-    if lead is None:
-        lead = DEFAULT_SIGNAL_LEAD_S if time_s is None else max(10, min(DEFAULT_SIGNAL_LEAD_S, time_s // 4))
-    if estimate_s is not None and time_s is not None and workload.resumable:
-        usable = time_s - estimates.STARTUP_S - lead - (SEGMENT_MARGIN_S if time_s > 4 * SEGMENT_MARGIN_S else 0)
-        need = (estimate_s - estimates.STARTUP_S) * 1.1
-        if usable > 0 and need > usable:
-            n_segments = math.ceil(need / usable)
-    if n_segments > 1 and isinstance(workload, DiffscaleRun):
-        steps = workload.config.train.steps
-        for k in range(n_segments):
-            lo = steps * k // n_segments
-            hi = steps * (k + 1) // n_segments
-            segments.append(Segment(k + 1, time_s or 0, f"~{lo}..{hi}"))
-        how = "a chain of dependent jobs" if options.chain else "one job requeued at each limit"
-        notes.append(f"the run is longer than one job may be: {n_segments} segments of {time_s} s, {how}; "
-                     "each resumes from the newest checkpoint (estimated)")
+    estimate_s, mem_gb = _estimate(part, shape, workload, cpus, gpu_ranks, notes)
+    time_s, lead, segments = _wall_time(part, shape, workload, options, estimate_s, notes)
+    n_segments = max(1, len(segments))
 
     resolved = Resolved(nodes=shape.nodes, ranks_per_node=g, use_gpus=gpu_ranks, cpus_per_rank=cpus,
                         cpus_per_rank_asked=shape.cpus_per_rank is not None, mem_per_node_gb=mem_gb,
@@ -160,7 +119,6 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
                         time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch)
     checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
 
-    # --- continuation
     if not workload.resumable:
         continuation = Continuation.NONE
     elif n_segments > 1 and options.chain:
@@ -208,6 +166,56 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes))
+
+
+def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_ranks: bool,
+              notes: list[str]) -> tuple[int | None, int | None]:
+    """Training-time estimate (diffscale runs only) and host memory per node to ask for."""
+    estimate_s: int | None = None
+    mem = shape.mem_per_node_gb
+    if isinstance(workload, DiffscaleRun):
+        cfg = workload.config
+        rate = estimates.samples_per_s_per_rank(cfg, part.gpu_type, cpus, gpu_ranks)
+        estimate_s = estimates.train_seconds(cfg, shape.world_size, rate.value)
+        notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
+                     f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
+        if mem is None:
+            node = estimates.host_memory(cfg, shape.ranks_per_node, cpus, workload.data_bytes).node_gb
+            mem = math.ceil(node * 1.25)
+            if part.mem_per_node_gb is not None:
+                mem = min(mem, int(part.mem_per_node_gb))
+    return estimate_s, (int(math.ceil(mem)) if mem is not None else None)
+
+
+def _wall_time(part: Partition, shape: Shape, workload: Workload, options: PlanOptions, estimate_s: int | None,
+               notes: list[str]) -> tuple[int | None, int, list[Segment]]:
+    """Wall time per job, the checkpoint signal's lead, and the segments of a run longer than one job."""
+    limit = part.max_time_s
+    time_s = shape.time_s
+    if time_s is None:
+        if estimate_s is not None:
+            want = _round_up(estimate_s * 1.2 + SEGMENT_MARGIN_S)
+            time_s = min(want, limit) if limit is not None else want
+        else:
+            time_s = limit
+    lead = options.signal_lead_s
+    if lead is None:
+        lead = DEFAULT_SIGNAL_LEAD_S if time_s is None else max(10, min(DEFAULT_SIGNAL_LEAD_S, time_s // 4))
+    n_segments = 1
+    if estimate_s is not None and time_s is not None and workload.resumable:
+        usable = time_s - estimates.STARTUP_S - lead - (SEGMENT_MARGIN_S if time_s > 4 * SEGMENT_MARGIN_S else 0)
+        need = (estimate_s - estimates.STARTUP_S) * 1.1
+        if usable > 0 and need > usable:
+            n_segments = math.ceil(need / usable)
+    segments: list[Segment] = []
+    if n_segments > 1 and isinstance(workload, DiffscaleRun):
+        steps = workload.config.train.steps
+        for k in range(n_segments):
+            segments.append(Segment(k + 1, time_s or 0, f"~{steps * k // n_segments}..{steps * (k + 1) // n_segments}"))
+        how = "a chain of dependent jobs" if options.chain else "one job requeued at each limit"
+        notes.append(f"the run is longer than one job may be: {n_segments} segments of {time_s} s, {how}; "
+                     "each resumes from the newest checkpoint (estimated)")
+    return time_s, lead, segments
 
 
 def rank_table(spec: JobSpec, part: Partition) -> list[RankRow]:

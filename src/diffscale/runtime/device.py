@@ -11,6 +11,7 @@ import torch
 
 from ..config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
 from ..errors import UserError
+from .resources import host_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     elif device.type == "mps":
         name, memory, bf16_ok = "Apple MPS", 0, False
     else:
-        name, memory, bf16_ok = "CPU", _host_memory(), False
+        name, memory, bf16_ok = "CPU", host_memory_bytes(), False
 
     precision = cfg.precision
     plain = cfg.recipe == Recipe.PLAIN
@@ -150,15 +151,6 @@ def configure_backends(policy: DevicePolicy) -> None:
 
 def _toggle(value: Toggle, auto: bool) -> bool:
     return auto if value == Toggle.AUTO else value == Toggle.ON
-
-
-def _host_memory() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # psutil missing or restricted: memory is only shown in the banner
-        return 0
 
 
 def peak_memory_bytes(device: torch.device) -> int:
