@@ -51,10 +51,14 @@ if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, sma
 fi
 if [ "${ONLY:-}" = remaining ]; then  # what the 2026-11-26 passes left unmeasured (docs/benchmarks.md 8)
   B25="--set runtime.ddp_bucket_mb=25"
-  phase "remaining A: medium 1/2/4 GPUs, xl on 2, xl with 25 MiB buckets"
-  w $P-a:6 0 1 $M fast "" & w $P-a:6 1 1 $X fast "" & w $P-a:6 2,3 1 $M fast "" &
-  w $P-a:6 0,1,2,3 1 $M fast "" --profile 3 & w $P-a:6 0,1 1 $X fast "" &
-  w $P-a:6 0,1,2,3 1 $X fast b25 $B25 --profile 3 & wait
+  phase "remaining A: medium 1/2/4 GPUs, xl on 2, xl with 25 MiB buckets, inductor layout opt forced"
+  w $P-a:8 0 1 $M fast "" & w $P-a:8 1 1 $X fast "" & w $P-a:8 2,3 1 $M fast "" &
+  w $P-a:8 0,1,2,3 1 $M fast "" --profile 3 & w $P-a:8 0,1 1 $X fast "" &
+  w $P-a:8 0,1,2,3 1 $X fast b25 $B25 --profile 3 &
+  # inductor skips its own channels_last conversion for UNets (convs with in > 2 x out
+  # channels); forcing it keeps layouts inside the graph (no aten copies, no cuDNN transposes?)
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 w $P-a:8 3 1 $M fast lopt --profile 3 &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 w $P-a:8 3 1 $S fast lopt --profile 3 & wait
   phase "remaining B: 2 x 2 medium and xl, small on 1 and 2, plain small on 1 and 4"
   w $P-b:7 0,1,2,3 2 $M fast "" & w $P-b:7 0,1,2,3 2 $X fast "" & w $P-b:7 0 1 $S plain "" &
   w $P-b:7 0,1,2,3 1 $S plain "" & w $P-b:7 1 1 $X fast b25 $B25 & w $P-b:7 2 1 $S fast "" &
