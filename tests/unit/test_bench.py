@@ -122,3 +122,36 @@ def test_profile_counts_operators_not_annotation_ranges():
     names = [row["name"] for row in prof["top"]]
     assert "aten::mm" in names and "nccl:all_reduce" not in names
     assert prof["kinds"]["matmul"]["ms"] > 0
+
+
+def test_turns_let_workers_start_together_but_measure_one_at_a_time(tmp_path):
+    """--turns DIR:N: both workers (one of them a 2-rank torchrun group) reach the turn, then
+    their measured windows never overlap."""
+    import os
+    import subprocess
+    import sys
+
+    worker = ["-m", "diffscale.bench.worker", "--preset", "tiny", "--recipe", "fast", "--steps", "3",
+              "--warmup", "1", "--set", "train.batch_per_gpu=4", "--set", "model.block_out_channels=[16,32,32]",
+              "--turns", f"{tmp_path / 'turns'}:2"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    procs = [
+        subprocess.Popen([sys.executable, *worker, "--json", str(tmp_path / "one.json")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *worker, "--json", str(tmp_path / "two.json")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+    ]
+    for proc in procs:
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, out
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two["world_size"] == 2
+    (a0, a1), (b0, b1) = sorted([one["measured_window"], two["measured_window"]])
+    assert a0 < a1 <= b0 < b1, (one["measured_window"], two["measured_window"])
+    ready = list((tmp_path / "turns").glob("ready-*"))
+    assert len(ready) == 2
+    assert max(p.stat().st_mtime for p in ready) <= a0 + 0.05  # nobody measured before both were ready

@@ -147,16 +147,47 @@ def gpu_turn(spec: str | None, ctx):
             lock.close()
 
 
-def measure(args: argparse.Namespace) -> dict | None:
-    from ..engine import StepRunner, Trainer, prepare_model
-    from .plain import PlainRunner
-
-    cfg = get_preset(args.preset)
+def _config(args: argparse.Namespace) -> C.RunConfig:
     overrides = C.parse_overrides(args.set or [])
     overrides = C._deep_merge(overrides, {"runtime": {"recipe": args.recipe}, "train": {"steps": 10**9}})
     if args.batch:
         overrides["train"]["batch_per_gpu"] = args.batch
-    cfg = C.merge(cfg, overrides)
+    return C.merge(get_preset(args.preset), overrides)
+
+
+def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -> dict:
+    """The measured part, alone on the GPU when ``--turns`` is given: matmul peak, the timed
+    steps with GPU utilisation, the data-wait share, peak memory and the optional profile."""
+    with gpu_turn(args.turns, ctx):
+        window_start = time.time()
+        peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the steps below set the peak again
+        for _ in range(2):  # steps right after the wait, untimed (clocks, caches)
+            runner.step()
+        _sync(device)
+        if hasattr(runner, "data_wait_s"):
+            runner.data_wait_s = 0.0
+        with UtilSampler(device) as util:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                runner.step()
+            _sync(device)
+            elapsed = time.perf_counter() - start
+        profile = profile_steps(runner.step, args.profile, device) if args.profile else None
+        return {
+            "elapsed": elapsed, "matmul_peak_tflops": peak, "gpu_util": util.mean,
+            "data_wait_share": _data_share(runner, device, args.steps, elapsed),
+            "profile": profile, "window": [window_start, time.time()],
+            "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+        }
+
+
+def measure(args: argparse.Namespace) -> dict | None:
+    from ..engine import StepRunner, Trainer, prepare_model
+    from .plain import PlainRunner
+
+    cfg = _config(args)
     launch = detect_launch()
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)
@@ -171,53 +202,36 @@ def measure(args: argparse.Namespace) -> dict | None:
                 runner = PlainRunner(trainer, workers=args.plain_workers)
             else:
                 runner = StepRunner(trainer, prepare_model(trainer), trainer.make_batcher())
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
             runner.step()
             _sync(device)
-            startup = time.time() - _T0
+            startup = time.time() - _T0  # first step done: imports, data, compilation
             for _ in range(max(args.warmup - 1, 0)):
                 runner.step()
             _sync(device)
             ctx.barrier()
-            with gpu_turn(args.turns, ctx):
-                # Inside the turn: the matmul peak, too, is measured with the GPU to itself.
-                peak = matmul_peak_tflops(device) if ctx.is_main and args.peak else None
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)  # the steps below set the peak again
-                for _ in range(2):  # steps right after the wait, untimed (clocks, caches)
-                    runner.step()
-                _sync(device)
-                if hasattr(runner, "data_wait_s"):
-                    runner.data_wait_s = 0.0
-                with UtilSampler(device) as util:
-                    start = time.perf_counter()
-                    for _ in range(args.steps):
-                        runner.step()
-                    _sync(device)
-                    elapsed = time.perf_counter() - start
-                data_share = _data_share(runner, device, args.steps, elapsed)
-                profiled = profile_steps(runner.step, args.profile, device) if args.profile else None
-            peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-            step_s = elapsed / args.steps
-            samples_s = cfg.effective_batch(ctx.world_size) / step_s
-            tflops = flops / step_s / 1e12
-            record = {
-                "preset": args.preset, "recipe": args.recipe, "world_size": ctx.world_size,
-                "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("DIFFSCALE_BENCH_NODES", 1))),
-                "device": policy.name, "precision": policy.precision.value, "compiled": policy.compile,
-                "batch_per_gpu": cfg.train.batch_per_gpu, "effective_batch": cfg.effective_batch(ctx.world_size),
-                "steps": args.steps, "warmup": args.warmup, "step_s": step_s, "samples_per_s": samples_s,
-                "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": peak_mem / 2**30,
-                "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
-                "mfu": (tflops / peak) if peak else None, "data_wait_share": data_share,
-                "gpu_util": util.mean, "startup_s": startup, "torch": torch.__version__,
-                "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
-                "label": args.label or None, "profile": profiled, "graph_breaks": _graph_breaks(),
-            }
-            return record if ctx.is_main else None
+            window = _timed_window(runner, device, ctx, args)
     finally:
         ctx.shutdown()
+    if not ctx.is_main:
+        return None
+    step_s = window["elapsed"] / args.steps
+    samples_s = cfg.effective_batch(ctx.world_size) / step_s
+    tflops = flops / step_s / 1e12
+    peak = window["matmul_peak_tflops"]
+    return {
+        "preset": args.preset, "recipe": args.recipe, "world_size": ctx.world_size,
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("DIFFSCALE_BENCH_NODES", 1))),
+        "device": policy.name, "precision": policy.precision.value, "compiled": policy.compile,
+        "batch_per_gpu": cfg.train.batch_per_gpu, "effective_batch": cfg.effective_batch(ctx.world_size),
+        "steps": args.steps, "warmup": args.warmup, "step_s": step_s, "samples_per_s": samples_s,
+        "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": window["peak_mem"] / 2**30,
+        "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
+        "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
+        "gpu_util": window["gpu_util"], "startup_s": startup, "torch": torch.__version__,
+        "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
+        "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
+        "measured_window": window["window"],  # wall-clock start and end of the measured part
+    }
 
 
 def _graph_breaks() -> int:
