@@ -114,54 +114,11 @@ def render(spec: JobSpec) -> str:
             "# signals on (and give them time to checkpoint before it kills them).",
             *(f"export {k}={q(v)}" for k, v in signal_env),
         ]
-    py = q(spec.python)
-    g = spec.ranks_per_node
     if spec.nodes == 1:
-        start = [
-            "# One host: torchrun starts one process per GPU and picks a free rendezvous port.",
-            f"{py} -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node={g} {words(spec.torchrun_args)} &",
-            "pids=($!)",
-        ]
+        start = _start_one_host(spec)
     else:
-        launcher = "\n".join([
-            f"cd {q(spec.run_dir)} || exit 2",
-            *spec.setup,
-            *(f"export {k}={q(v)}" for k, v in list(spec.env) + signal_env),
-            f"exec {py} -m torch.distributed.run --nnodes={spec.nodes} --node_rank=\"$1\" --nproc_per_node={g} "
-            f"--master_addr=\"$2\" --master_port=\"$3\" {words(spec.torchrun_args)}",
-        ])
-        eof = "DIFFSCALE_LAUNCHER_" + hashlib.sha1(launcher.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-        lines += [
-            "# Hosts of the job from PE_HOSTFILE (`host slots queue cpus` lines; a host may appear",
-            "# once per queue instance: merge them). Master = the first host.",
-            "mapfile -t HOSTS < <(awk '!seen[$1]++ {print $1}' \"$PE_HOSTFILE\")",
-            f"if [ \"${{#HOSTS[@]}}\" -ne {spec.nodes} ]; then",
-            f"    echo \"diffscale: the PE gave ${{#HOSTS[@]}} hosts, this job needs {spec.nodes}:\" >&2; cat \"$PE_HOSTFILE\" >&2",
-            "    exit 2",
-            "fi",
-            "MASTER_ADDR=\"${HOSTS[0]}\"",
-            "MASTER_PORT=$((20000 + JOB_ID % 20000))",
-            "# The per-host launcher, a file in the run directory: qrsh -inherit starts remote tasks",
-            "# in the job's working directory but with neither this shell's variables nor, on some",
-            "# sites, its argument quoting -- so the remote command line is only plain words.",
-            "launcher=\".diffscale-launch-$JOB_ID.sh\"",
-            f"cat >\"$launcher\" <<'{eof}'",
-            launcher,
-            eof,
-        ]
-        start = [
-            "# One torchrun per host: locally on the first, through qrsh -inherit (tight integration,",
-            "# the PE's control_slaves) on the others.",
-            "pids=()",
-            "for k in \"${!HOSTS[@]}\"; do",
-            "    if [ \"$k\" -eq 0 ]; then",
-            "        /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
-            "    else",
-            "        qrsh -inherit -nostdin \"${HOSTS[$k]}\" /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
-            "    fi",
-            "    pids+=($!)",
-            "done",
-        ]
+        setup, start = _start_per_host(spec, signal_env)
+        lines += setup
     lines += [
         "",
         "got_signal=0",
@@ -176,6 +133,59 @@ def render(spec: JobSpec) -> str:
               "    if [ \"$one\" -ne 0 ] && [ \"$rc\" -eq 0 ]; then rc=$one; fi", "done"]
     lines += ["", *_exit_handling(spec)]
     return "\n".join(lines) + "\n"
+
+
+def _start_one_host(spec: JobSpec) -> list[str]:
+    return [
+        "# One host: torchrun starts one process per GPU and picks a free rendezvous port.",
+        f"{q(spec.python)} -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node={spec.ranks_per_node} "
+        f"{words(spec.torchrun_args)} &",
+        "pids=($!)",
+    ]
+
+
+def _start_per_host(spec: JobSpec, signal_env: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """The hosts from PE_HOSTFILE and a launcher file (set-up lines), then one torchrun per host."""
+    launcher = "\n".join([
+        f"cd {q(spec.run_dir)} || exit 2",
+        *spec.setup,
+        *(f"export {k}={q(v)}" for k, v in list(spec.env) + signal_env),
+        f"exec {q(spec.python)} -m torch.distributed.run --nnodes={spec.nodes} --node_rank=\"$1\" "
+        f"--nproc_per_node={spec.ranks_per_node} --master_addr=\"$2\" --master_port=\"$3\" {words(spec.torchrun_args)}",
+    ])
+    eof = "DIFFSCALE_LAUNCHER_" + hashlib.sha1(launcher.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    setup = [
+        "# Hosts of the job from PE_HOSTFILE (`host slots queue cpus` lines; a host may appear",
+        "# once per queue instance: merge them). Master = the first host.",
+        "mapfile -t HOSTS < <(awk '!seen[$1]++ {print $1}' \"$PE_HOSTFILE\")",
+        f"if [ \"${{#HOSTS[@]}}\" -ne {spec.nodes} ]; then",
+        f"    echo \"diffscale: the PE gave ${{#HOSTS[@]}} hosts, this job needs {spec.nodes}:\" >&2; cat \"$PE_HOSTFILE\" >&2",
+        "    exit 2",
+        "fi",
+        "MASTER_ADDR=\"${HOSTS[0]}\"",
+        "MASTER_PORT=$((20000 + JOB_ID % 20000))",
+        "# The per-host launcher, a file in the run directory: qrsh -inherit starts remote tasks",
+        "# in the job's working directory but with neither this shell's variables nor, on some",
+        "# sites, its argument quoting -- so the remote command line is only plain words.",
+        "launcher=\".diffscale-launch-$JOB_ID.sh\"",
+        f"cat >\"$launcher\" <<'{eof}'",
+        launcher,
+        eof,
+    ]
+    start = [
+        "# One torchrun per host: locally on the first, through qrsh -inherit (tight integration,",
+        "# the PE's control_slaves) on the others.",
+        "pids=()",
+        "for k in \"${!HOSTS[@]}\"; do",
+        "    if [ \"$k\" -eq 0 ]; then",
+        "        /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
+        "    else",
+        "        qrsh -inherit -nostdin \"${HOSTS[$k]}\" /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
+        "    fi",
+        "    pids+=($!)",
+        "done",
+    ]
+    return setup, start
 
 
 def _trapped(spec: JobSpec) -> list[str]:
