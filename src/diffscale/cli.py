@@ -81,22 +81,14 @@ def _load_for_inference(run_dir: Path, device_name: str | None):
     return cfg, task, net.to(device).eval(), state
 
 
-def _sampling_network(cfg, net):
-    """bf16 + channels_last + torch.compile on CUDA (the fast recipe), fp32 eager elsewhere."""
-    from .engine import InferenceNetwork
-    from .runtime.device import configure_backends, inference_policy
-
-    policy = inference_policy(cfg.runtime, next(net.parameters()).device)
-    configure_backends(policy)
-    return InferenceNetwork(net, policy)
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
+    from .engine import sampling_network
+
     if args.n < 1 or args.steps < 1:
         raise UserError("--n and --steps must be positive", "e.g. --n 64 --steps 50")
     cfg, task, net, state = _load_for_inference(Path(args.run_dir), args.device)
     out = Path(args.out) if args.out else Path(args.run_dir) / "samples" / f"sample_step{state.step:08d}_seed{args.seed}_{args.sampler}{args.steps}.png"
-    written = task.preview(_sampling_network(cfg, net), out, count=args.n, steps=args.steps, seed=args.seed, sampler=args.sampler, gif=args.gif)
+    written = task.preview(sampling_network(net, cfg.runtime), out, count=args.n, steps=args.steps, seed=args.seed, sampler=args.sampler, gif=args.gif)
     for path in written:
         print(path)
     return 0

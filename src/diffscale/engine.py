@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from .config import LrSchedule, LrScaling, Recipe, RunConfig, Toggle
+from .config import LrSchedule, LrScaling, Recipe, RunConfig, RuntimeConfig, Toggle
 from .data.device_loader import DataPosition, DeviceBatcher, micro_slice
 from .runtime import checkpoint as ckpt
-from .runtime.device import DevicePolicy
+from .runtime.device import DevicePolicy, configure_backends, inference_policy
 from .runtime.distributed import DistContext
 from .tasks import build_task
 
@@ -212,7 +212,6 @@ class InferenceNetwork(torch.nn.Module):
         net = net.eval().requires_grad_(False)
         if policy.channels_last:
             net = net.to(memory_format=torch.channels_last)
-        self.net = net
         # CUDA graphs ("reduce-overhead") replay a whole denoising call as one launch: a
         # sampling step of a small UNet is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
@@ -228,6 +227,14 @@ class InferenceNetwork(torch.nn.Module):
         with self.policy.autocast():
             out = self.run(x, t)
         return out.clone() if self.graphs else out  # a graph's output buffer is reused by the next replay
+
+
+def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig) -> InferenceNetwork:
+    """``net`` as `diffscale sample` runs it on its device: bf16 + channels_last + compiled
+    with CUDA graphs on CUDA, fp32 eager elsewhere (``inference_policy``)."""
+    policy = inference_policy(runtime, next(net.parameters()).device)
+    configure_backends(policy)
+    return InferenceNetwork(net, policy)
 
 
 def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: DevicePolicy) -> torch.nn.Module:

@@ -151,6 +151,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(soft_wrap=True)
+    if args.collect:  # report only: nothing is run, so nothing else needs checking
+        return report(sorted(Path(args.out).glob("*.json")), Path(args.out), console)
     presets = args.preset or ["small"]
     for name in presets:
         if name not in PRESETS:
@@ -172,8 +174,6 @@ def run_bench(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
-    if args.collect:
-        return report(sorted(out_dir.glob("*.json")), out_dir, console)
     with open(out_dir / "workers.log", "a") as log:
         for preset in presets:
             for recipe in recipes:

@@ -31,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .. import config as C
     from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
-    from ..engine import InferenceNetwork
-    from ..runtime.device import configure_backends, inference_policy
+    from ..engine import sampling_network
     from ..models import Denoiser, build_unet
     from ..presets import get_preset
 
@@ -60,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
              output_type="np")
 
     # The network exactly as `diffscale sample` runs it (bf16, channels_last, compiled on CUDA).
-    policy = inference_policy(cfg.runtime, device)
-    configure_backends(policy)
-    denoise = InferenceNetwork(Denoiser(copy.deepcopy(unet)), policy)  # the reference keeps its own
+    denoise = sampling_network(Denoiser(copy.deepcopy(unet)), cfg.runtime)  # the reference keeps its own
+    policy = denoise.policy
 
     def ours():
         sample(denoise, diffusion, shape, sampler=Sampler(SamplerKind.DDIM, args.steps),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
