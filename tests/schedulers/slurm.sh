@@ -33,21 +33,7 @@ log() { echo "[slurm.sh] $*" >&2; }
 script_sha() { sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1; }
 die() { echo "[slurm.sh] ERROR: $*" >&2; exit 1; }
 
-need_root() { [ "$(id -u)" = 0 ] || die "must run as root"; }
-
-apt_install() {
-    # One apt at a time, across the slurm and sge scripts.
-    export DEBIAN_FRONTEND=noninteractive
-    local opts=(-y -q --no-install-recommends -o DPkg::Lock::Timeout=300)
-    (
-        flock -w 600 9 || die "apt lock timeout"
-        if ! apt-get install "${opts[@]}" "$@" >&2; then
-            log "apt-get install failed; running apt-get update and retrying"
-            apt-get update -q >&2 || log "apt-get update reported errors (continuing)"
-            apt-get install "${opts[@]}" "$@" >&2
-        fi
-    ) 9>/tmp/diffscale-apt.lock
-}
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 install_if_missing() {
     local missing=()
@@ -415,18 +401,4 @@ do_status() {
     return 1
 }
 
-# start/stop/restart are serialised (concurrent test sessions on one machine); the lock
-# file lives next to the state dir, and the daemons never inherit its descriptor (8>&-).
-locked() {
-    exec 8>"$STATE.lock"
-    flock -w 600 8 || die "could not lock $STATE.lock within 600 s"
-    "$@"
-}
-
-case "${1:-}" in
-    start) locked do_start ;;
-    stop) locked do_stop ;;
-    status) do_status ;;
-    restart) locked do_stop; do_start ;;
-    *) echo "usage: $0 {start|stop|status|restart}" >&2; exit 2 ;;
-esac
+dispatch "$@"
