@@ -119,12 +119,9 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
         ctx.shutdown()
 
 
-def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
-         max_steps: int | None, console: Console, stop: StopFlag) -> TrainOutcome:
-    def say(text: str) -> None:
-        if ctx.is_main:
-            console.print(text, highlight=False)
-
+def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
+                     console: Console, say) -> Trainer:
+    """A fresh trainer, or one restored from the checkpoint ``resume`` names; writes config.yaml."""
     existing = ckpt.list_checkpoints(run_dir)
     if existing and resume is None:
         raise UserError(
@@ -142,10 +139,19 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_yaml(cfg, run_dir / "config.yaml")
+    return trainer
 
+
+def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
+         max_steps: int | None, console: Console, stop: StopFlag) -> TrainOutcome:
+    def say(text: str) -> None:
+        if ctx.is_main:
+            console.print(text, highlight=False)
+
+    trainer = _start_or_resume(cfg, run_dir, ctx, policy, resume=resume, console=console, say=say)
+    cfg = trainer.cfg  # a resume on another world size may change train.grad_accum
     t = cfg.train
-    world = ctx.world_size
-    effective = cfg.effective_batch(world)
+    effective = cfg.effective_batch(ctx.world_size)
     batcher = trainer.make_batcher()
     target = t.steps
     stop_at = min(target, max_steps) if max_steps else target
