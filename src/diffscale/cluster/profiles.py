@@ -301,51 +301,14 @@ def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
     if not isinstance(raw_parts, Mapping) or not raw_parts:
         r.fail("partitions", "must map at least one partition name to its facts",
                "add partitions: then NAME: with gpus_per_node, cpus_per_node, ... (null when unknown)")
-    partitions = []
-    for pname, praw in raw_parts.items():
-        where = f"partitions.{pname}"
-        if not isinstance(pname, str) or not SAFE_NAME.match(pname):
-            r.fail(where, "is not a usable partition name", "use letters, digits and _ . - only")
-        p = r.keys(where, praw, _PART_KEYS)
-        submit = p["submit_name"] if "submit_name" in p else pname
-        part = Partition(
-            name=pname,
-            submit_name=r.opt_str(f"{where}.submit_name", submit, safe=True),
-            gpus_per_node=r.opt_int(f"{where}.gpus_per_node", p.get("gpus_per_node")),
-            gpu_type=r.opt_str(f"{where}.gpu_type", p.get("gpu_type")),
-            gpu_memory_gb=r.opt_float(f"{where}.gpu_memory_gb", p.get("gpu_memory_gb")),
-            cpus_per_node=r.opt_int(f"{where}.cpus_per_node", p.get("cpus_per_node"), minimum=1),
-            mem_per_node_gb=r.opt_float(f"{where}.mem_per_node_gb", p.get("mem_per_node_gb")),
-            max_time_s=r.duration(f"{where}.max_time", p.get("max_time")),
-            max_nodes=r.opt_int(f"{where}.max_nodes", p.get("max_nodes"), minimum=1),
-            interconnect=r.opt_str(f"{where}.interconnect", p.get("interconnect")),
-            gpu_request=r.enum(f"{where}.gpu_request", p.get("gpu_request"), GpuRequest, GpuRequest.GPUS_PER_NODE),
-            gres_type=r.opt_str(f"{where}.gres_type", p.get("gres_type"), safe=True),
-            qos=r.opt_str(f"{where}.qos", p.get("qos"), safe=True),
-            constraint=r.opt_str(f"{where}.constraint", p.get("constraint"), safe=True),
-            resources=r.str_map(f"{where}.resources", p.get("resources"), safe_values=True),
-            note=r.opt_str(f"{where}.note", p.get("note")),
-        )
-        partitions.append(part)
+    partitions = [_partition_from_dict(r, pname, praw) for pname, praw in raw_parts.items()]
     names = [p.name for p in partitions]
     default = r.opt_str("default_partition", top.get("default_partition"))
     if default is not None and default not in names:
         r.fail("default_partition", f"'{default}' is not one of the partitions{closest(default, names)}",
                f"use one of: {', '.join(names)}")
-    sge = None
-    if scheduler is SchedulerKind.SGE:
-        s = r.keys("sge", top.get("sge"), _SGE_KEYS)
-        sge = SgeSettings(
-            pe_single_host=r.opt_str("sge.pe_single_host", s.get("pe_single_host"), safe=True),
-            pe_multi_host=r.opt_str("sge.pe_multi_host", s.get("pe_multi_host"), safe=True),
-            gpu_resource=r.opt_str("sge.gpu_resource", s.get("gpu_resource"), safe=True) or "gpus",
-            gpu_scope=r.enum("sge.gpu_scope", s.get("gpu_scope"), GpuScope, GpuScope.JOB),
-            notify_s=r.duration("sge.notify", s.get("notify")),
-            export_env=bool(s.get("export_env", False)),
-        )
-        if sge.pe_single_host is None and sge.pe_multi_host is None:
-            r.fail("sge", "names no parallel environment", "set sge.pe_single_host (e.g. smp or omp) and/or sge.pe_multi_host")
-    elif top.get("sge") is not None:
+    sge = _sge_from_dict(r, top.get("sge")) if scheduler is SchedulerKind.SGE else None
+    if scheduler is not SchedulerKind.SGE and top.get("sge") is not None:
         r.fail("sge", "is only for scheduler: sge", "remove the sge: section or set scheduler: sge")
     cvd = top.get("sets_cuda_visible_devices")
     if cvd is not None and not isinstance(cvd, bool):
@@ -365,6 +328,47 @@ def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
         sge=sge,
         source=source,
     )
+
+
+def _partition_from_dict(r: _Reader, pname: Any, praw: Any) -> Partition:
+    where = f"partitions.{pname}"
+    if not isinstance(pname, str) or not SAFE_NAME.match(pname):
+        r.fail(where, "is not a usable partition name", "use letters, digits and _ . - only")
+    p = r.keys(where, praw, _PART_KEYS)
+    submit = p["submit_name"] if "submit_name" in p else pname
+    return Partition(
+        name=pname,
+        submit_name=r.opt_str(f"{where}.submit_name", submit, safe=True),
+        gpus_per_node=r.opt_int(f"{where}.gpus_per_node", p.get("gpus_per_node")),
+        gpu_type=r.opt_str(f"{where}.gpu_type", p.get("gpu_type")),
+        gpu_memory_gb=r.opt_float(f"{where}.gpu_memory_gb", p.get("gpu_memory_gb")),
+        cpus_per_node=r.opt_int(f"{where}.cpus_per_node", p.get("cpus_per_node"), minimum=1),
+        mem_per_node_gb=r.opt_float(f"{where}.mem_per_node_gb", p.get("mem_per_node_gb")),
+        max_time_s=r.duration(f"{where}.max_time", p.get("max_time")),
+        max_nodes=r.opt_int(f"{where}.max_nodes", p.get("max_nodes"), minimum=1),
+        interconnect=r.opt_str(f"{where}.interconnect", p.get("interconnect")),
+        gpu_request=r.enum(f"{where}.gpu_request", p.get("gpu_request"), GpuRequest, GpuRequest.GPUS_PER_NODE),
+        gres_type=r.opt_str(f"{where}.gres_type", p.get("gres_type"), safe=True),
+        qos=r.opt_str(f"{where}.qos", p.get("qos"), safe=True),
+        constraint=r.opt_str(f"{where}.constraint", p.get("constraint"), safe=True),
+        resources=r.str_map(f"{where}.resources", p.get("resources"), safe_values=True),
+        note=r.opt_str(f"{where}.note", p.get("note")),
+    )
+
+
+def _sge_from_dict(r: _Reader, raw: Any) -> SgeSettings:
+    s = r.keys("sge", raw, _SGE_KEYS)
+    sge = SgeSettings(
+        pe_single_host=r.opt_str("sge.pe_single_host", s.get("pe_single_host"), safe=True),
+        pe_multi_host=r.opt_str("sge.pe_multi_host", s.get("pe_multi_host"), safe=True),
+        gpu_resource=r.opt_str("sge.gpu_resource", s.get("gpu_resource"), safe=True) or "gpus",
+        gpu_scope=r.enum("sge.gpu_scope", s.get("gpu_scope"), GpuScope, GpuScope.JOB),
+        notify_s=r.duration("sge.notify", s.get("notify")),
+        export_env=bool(s.get("export_env", False)),
+    )
+    if sge.pe_single_host is None and sge.pe_multi_host is None:
+        r.fail("sge", "names no parallel environment", "set sge.pe_single_host (e.g. smp or omp) and/or sge.pe_multi_host")
+    return sge
 
 
 # ----------------------------------------------------------------------------- writing
