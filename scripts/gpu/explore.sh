@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Profiling pass on one GPU: variants of the fast recipe compile side by side (--turns) and are
 # timed one at a time, each followed by a profile of 5 steps (top kernels, time per kind).
-# Usage: bash scripts/gpu/explore.sh OUT_DIR   (SMALL/MEDIUM/EXTRA shrink it for a CPU dry run)
+# Usage: [SET=profiles|levers-small|levers-medium] bash scripts/gpu/explore.sh OUT_DIR
+#        (SMALL/MEDIUM/EXTRA shrink it for a CPU dry run)
+# SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 1.
+# SET=levers-*: the plain recipe beside fast-recipe levers for small and medium: channels_last,
+#   inductor's layout optimisation forced (its heuristic skips UNets), coordinate-descent
+#   tuning of the Triton kernels, attention through the compiled math path.
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-explore}"
 SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; EXTRA=${EXTRA:-}
@@ -11,22 +16,38 @@ source scripts/gpu/env.sh
 W="--steps 30 --warmup 12 --profile 5"
 v() {  # v(turn_dir preset recipe label [--set ...]); a failed worker still counts as ready
   local turn=$1 preset=$2 recipe=$3 label=$4; shift 4
+  local name=$label; [ "$recipe" = plain ] && label=""  # fast / plain pairs with the unlabelled plain run
   DIFFSCALE_BENCH_T0=$(date +%s.%N) timeout ${LIMIT:-330} python3 -m diffscale.bench.worker --preset $preset \
-    --recipe $recipe $W $EXTRA --label "$label" --turns "$turn" --json "$OUT_DIR/$preset-$label.json" "$@" \
-    >> "$OUT_DIR/$preset-$label.log" 2>&1 || { mkdir -p "${turn%:*}"; touch "${turn%:*}/ready-failed-$preset-$label"; }
+    --recipe $recipe $W $EXTRA --label "$label" --turns "$turn" --json "$OUT_DIR/$preset-$name.json" "$@" \
+    >> "$OUT_DIR/$preset-$name.log" 2>&1 || { mkdir -p "${turn%:*}"; touch "${turn%:*}/ready-failed-$preset-$name"; }
 }
 T1=/tmp/turns1-$$; T2=/tmp/turns2-$$
+CL="--set runtime.channels_last=on"
+if [ "${SET:-profiles}" = levers-small ]; then
+  # (an assignment before a function call reaches the worker's environment)
+  v $T1:7 $SMALL plain plain & v $T1:7 $SMALL fast default & v $T1:7 $SMALL fast cl $CL &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:7 $SMALL fast lopt &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:7 $SMALL fast cl-lopt $CL &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 v $T1:7 $SMALL fast cl-lopt-cdt $CL &
+  v $T1:7 $SMALL fast cl-math $CL --set runtime.attention=math & wait
+elif [ "${SET:-profiles}" = levers-medium ]; then
+  v $T2:5 $MEDIUM plain plain & v $T2:5 $MEDIUM fast default &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T2:5 $MEDIUM fast lopt &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T2:5 $MEDIUM fast cl-lopt $CL &
+  TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 v $T2:5 $MEDIUM fast lopt-cdt & wait
+else
 v $T1:4 $SMALL fast default & v $T1:4 $SMALL fast nocl --set runtime.channels_last=off &
 v $T1:4 $SMALL fast flash --set runtime.attention=flash &
 v $T1:4 $SMALL fast efficient --set runtime.attention=efficient & wait
 echo "$(date -u +%T) phase 2" >> "$OUT_DIR/host.txt"
 v $T2:3 $MEDIUM fast default & v $T2:3 $MEDIUM fast nocl --set runtime.channels_last=off &
 v $T2:3 $MEDIUM fast flash --set runtime.attention=flash & wait
+fi
 date -u >> "$OUT_DIR/host.txt"
 python3 -c "
 import json,glob,sys; sys.path.insert(0,'src')
 from diffscale.bench.profile import render_profile
 for f in sorted(glob.glob('$OUT_DIR/*.json')):
-    r=json.load(open(f)); print(r['preset'], r['label'], round(r['samples_per_s']), 'samples/s', round(r['step_s']*1000,1), 'ms', round(r['peak_mem_gib'],2), 'GiB', 'breaks', r['graph_breaks'], 'startup', round(r['startup_s']))
+    r=json.load(open(f)); print(r['preset'], r['label'], round(r['samples_per_s']), 'samples/s', round(r['step_s']*1000,1), 'ms', round(r['peak_mem_gib'],2), 'GiB', 'breaks', r['graph_breaks'], 'startup', round(r['startup_s']), 'MHz', r.get('sm_clock_mhz'), 'W', r.get('power_w'))
     print(render_profile(r))
 " > "$OUT_DIR/summary.txt" 2>&1

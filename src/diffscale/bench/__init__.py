@@ -109,7 +109,7 @@ def render_table(records: list[dict]):
 
     table = Table(title="diffscale bench")
     cols = ["preset", "recipe", "GPUs", "nodes", "samples/s", "per GPU", "step ms", "scaling", "fast/plain",
-            "peak GiB", "TFLOP/s/GPU", "of peak", "data wait", "GPU util", "start-up s"]
+            "peak GiB", "TFLOP/s/GPU", "of peak", "data wait", "GPU util", "SM MHz", "start-up s"]
     for col in cols:
         table.add_column(col, no_wrap=True, justify="right" if col not in ("preset", "recipe") else "left")
     for r in records:
@@ -120,7 +120,7 @@ def render_table(records: list[dict]):
                       _fmt(r.get("fast_over_plain"), ".2f"), _fmt(r["peak_mem_gib"], ".2f"),
                       _fmt(r["tflops_per_gpu"], ".1f"), _fmt(r.get("mfu"), ".1%"),
                       _fmt(r["data_wait_share"], ".1%"), _fmt(r.get("gpu_util"), ".0f"),
-                      _fmt(r["startup_s"], ".0f"))
+                      _fmt(r.get("sm_clock_mhz"), ".0f"), _fmt(r["startup_s"], ".0f"))
     return table
 
 

@@ -75,10 +75,12 @@ def count_step_flops(trainer) -> float:
 
 
 class UtilSampler:
-    """Mean GPU utilisation (NVML) over the timed window, sampled every 100 ms."""
+    """GPU utilisation, SM clock and board power (NVML), sampled every 100 ms over the timed
+    window. The clock and power tell a host-level slowdown (cards of one host throttling
+    when all run at once) from one caused by the code."""
 
     def __init__(self, device: torch.device) -> None:
-        self.samples: list[int] = []
+        self.samples: dict[str, list[float]] = {"util": [], "sm_mhz": [], "watts": []}
         self._stop = threading.Event()
         self._handle = None
         if device.type != "cuda":
@@ -90,7 +92,7 @@ class UtilSampler:
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             self._handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
             self._nvml = pynvml
-        except Exception:  # NVML missing or restricted: utilisation is reported as unknown
+        except Exception:  # NVML missing or restricted: reported as unknown
             self._handle = None
 
     def __enter__(self):
@@ -100,15 +102,21 @@ class UtilSampler:
         return self
 
     def _run(self) -> None:
+        nvml, handle = self._nvml, self._handle
         while not self._stop.wait(0.1):
-            self.samples.append(int(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            try:
+                self.samples["util"].append(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                self.samples["sm_mhz"].append(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+                self.samples["watts"].append(nvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+            except Exception:  # a query this driver refuses: keep what was read
+                return
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
 
-    @property
-    def mean(self) -> float | None:
-        return sum(self.samples) / len(self.samples) if self.samples else None
+    def mean(self, key: str = "util") -> float | None:
+        values = self.samples[key]
+        return sum(values) / len(values) if values else None
 
 
 @contextlib.contextmanager
@@ -176,7 +184,8 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
             elapsed = time.perf_counter() - start
         profile = profile_steps(runner.step, args.profile, device) if args.profile else None
         return {
-            "elapsed": elapsed, "matmul_peak_tflops": peak, "gpu_util": util.mean,
+            "elapsed": elapsed, "matmul_peak_tflops": peak, "gpu_util": util.mean(),
+            "sm_clock_mhz": util.mean("sm_mhz"), "power_w": util.mean("watts"),
             "data_wait_share": _data_share(runner, device, args.steps, elapsed),
             "profile": profile, "window": [window_start, time.time()],
             "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
@@ -227,7 +236,8 @@ def measure(args: argparse.Namespace) -> dict | None:
         "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": window["peak_mem"] / 2**30,
         "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
         "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
-        "gpu_util": window["gpu_util"], "startup_s": startup, "torch": torch.__version__,
+        "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"],
+        "power_w": window["power_w"], "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
         "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
         "measured_window": window["window"],  # wall-clock start and end of the measured part
