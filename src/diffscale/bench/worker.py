@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import tempfile
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,12 @@ from ..runtime.distributed import detect_launch, init_distributed
 from .profile import profile_steps
 
 _T0 = float(os.environ.get("DIFFSCALE_BENCH_T0", time.time()))
+
+
+def _progress(ctx, what: str) -> None:
+    """A time-stamped stage on stderr (rank 0), so a log shows where a slow worker is."""
+    if ctx.is_main:
+        print(f"[bench {time.time() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def _sync(device: torch.device) -> None:
@@ -211,14 +218,18 @@ def measure(args: argparse.Namespace) -> dict | None:
                 runner = PlainRunner(trainer, workers=args.plain_workers)
             else:
                 runner = StepRunner(trainer, prepare_model(trainer), trainer.make_batcher())
+            _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             _sync(device)
             startup = time.time() - _T0  # first step done: imports, data, compilation
+            _progress(ctx, "first step done; warm-up")
             for _ in range(max(args.warmup - 1, 0)):
                 runner.step()
             _sync(device)
             ctx.barrier()
+            _progress(ctx, "warmed up; waiting for a turn" if args.turns else "warmed up; timing")
             window = _timed_window(runner, device, ctx, args)
+            _progress(ctx, "timed")
     finally:
         ctx.shutdown()
     if not ctx.is_main:
