@@ -306,6 +306,10 @@ class RuntimeConfig:
     """torch.compile mode when compiling (``default`` or ``max-autotune-no-cudagraphs``)."""
     channels_last: Toggle = Toggle.AUTO
     """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md)."""
+    layout_opt: Toggle = Toggle.AUTO
+    """Inductor's layout optimisation when compiled: convolutions run channels_last inside the
+    graph, with no layout copies between them (``auto``: on for training on CUDA, where it was
+    measured; inductor's own heuristic leaves it off for UNets)."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA (``auto``, ``flash``, ``efficient``, ``cudnn``, ``math``)."""
     join_timeout_s: float = 300.0

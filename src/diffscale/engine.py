@@ -199,8 +199,20 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
     if trainer.ctx.distributed:
         model = wrap_ddp(trainer.net, trainer.ctx, trainer.cfg, trainer.policy)
     if trainer.policy.compile:
-        model = torch.compile(model, mode=trainer.cfg.runtime.compile_mode.value)
+        model = torch.compile(model, options=compile_options(trainer.cfg.runtime.compile_mode.value,
+                                                             trainer.policy.layout_opt))
     return model
+
+
+def compile_options(mode: str, layout_opt: bool) -> dict[str, Any]:
+    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation
+    (``torch.compile`` takes a mode or options, not both)."""
+    from torch._inductor import list_mode_options
+
+    options = dict(list_mode_options(mode))
+    if layout_opt:
+        options["force_layout_optimization"] = True
+    return options
 
 
 class InferenceNetwork(torch.nn.Module):

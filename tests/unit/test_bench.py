@@ -64,11 +64,16 @@ def test_derived_columns():
         {"preset": "s", "recipe": "fast", "world_size": 1, "samples_per_s": 100.0},
         {"preset": "s", "recipe": "fast", "world_size": 4, "samples_per_s": 380.0},
         {"preset": "s", "recipe": "plain", "world_size": 1, "samples_per_s": 40.0},
+        {"preset": "s", "recipe": "fast", "world_size": 1, "samples_per_s": 110.0, "label": "cl"},
+        {"preset": "s", "recipe": "fast", "world_size": 4, "samples_per_s": 418.0, "label": "cl"},
+        {"preset": "s", "recipe": "fast", "world_size": 4, "samples_per_s": 360.0, "label": "b25"},
     ]
     add_derived(rows)
     assert rows[1]["scaling_efficiency"] == pytest.approx(0.95)
     assert rows[0]["fast_over_plain"] == pytest.approx(2.5)
     assert rows[1]["fast_over_plain"] is None  # no plain run on 4 GPUs to compare with
+    assert rows[4]["scaling_efficiency"] == pytest.approx(0.95)  # against its own 1-GPU run
+    assert rows[5]["scaling_efficiency"] == pytest.approx(0.90)  # none of its own: the unlabelled one
 
 
 def test_bench_rejects_bad_arguments(capsys):

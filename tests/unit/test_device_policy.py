@@ -39,3 +39,23 @@ def test_cuda_plain_recipe_is_fp16_with_scaler(fake_h100):
     plain = resolve_policy(C.RuntimeConfig(recipe=C.Recipe.PLAIN), fake_h100)
     assert plain.precision == C.Precision.FP16 and plain.use_grad_scaler
     assert not plain.compile and not plain.channels_last and not plain.fused_adamw
+
+
+def test_layout_optimisation_is_forced_for_compiled_cuda_training_only(fake_h100):
+    assert resolve_policy(C.RuntimeConfig(), fake_h100).layout_opt
+    assert not inference_policy(C.RuntimeConfig(), fake_h100).layout_opt  # measured on training
+    assert not resolve_policy(C.RuntimeConfig(layout_opt=C.Toggle.OFF), fake_h100).layout_opt
+    assert not resolve_policy(C.RuntimeConfig(compile=C.Toggle.OFF), fake_h100).layout_opt  # nothing to lay out
+    assert not resolve_policy(C.RuntimeConfig(recipe=C.Recipe.PLAIN), fake_h100).layout_opt
+    assert not resolve_policy(C.RuntimeConfig(), torch.device("cpu")).layout_opt
+
+
+def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
+    from diffscale.engine import compile_options
+
+    assert compile_options("default", False) == {}
+    assert compile_options("default", True) == {"force_layout_optimization": True}
+    tuned = compile_options("max-autotune-no-cudagraphs", True)
+    assert tuned["max_autotune"] and tuned["force_layout_optimization"]
+    # torch.compile accepts them as they are (it rejects unknown inductor options at once)
+    torch.compile(torch.nn.Linear(2, 2), options=tuned)

@@ -88,12 +88,14 @@ def _collect(procs, out: Path, timeout: float) -> dict | None:
 
 def add_derived(records: list[dict]) -> list[dict]:
     """Scaling efficiency (vs the same preset and recipe on 1 GPU) and fast / plain ratio."""
-    def key(r):  # a labelled variant (e.g. channels_last on) scales against its own 1-GPU run
+    def key(r):  # a labelled variant (e.g. channels_last on) scales against its own 1-GPU run,
+        # or the unlabelled one where it has none (a DDP setting changes nothing on 1 GPU)
         return (r["preset"], r["recipe"], r["world_size"], r.get("nodes", 1), r.get("label") or "")
 
     index = {key(r): r for r in records}
     for r in records:
-        one = index.get((r["preset"], r["recipe"], 1, 1, r.get("label") or ""))
+        one = (index.get((r["preset"], r["recipe"], 1, 1, r.get("label") or ""))
+               or index.get((r["preset"], r["recipe"], 1, 1, "")))
         r["scaling_efficiency"] = (r["samples_per_s"] / (r["world_size"] * one["samples_per_s"])) if one else None
         other = index.get((r["preset"], "plain", r["world_size"], r.get("nodes", 1), ""))
         r["fast_over_plain"] = (r["samples_per_s"] / other["samples_per_s"]) if other and r["recipe"] == "fast" else None
