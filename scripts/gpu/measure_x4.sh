@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -47,6 +47,17 @@ if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, sma
   w $P-s:5 0 1 $S fast "" & w $P-s:5 1 1 $X fast "" &
   w $P-s:5 0,1,2,3 1 $S fast "" & w $P-s:5 0,1,2,3 1 $X fast "" --profile 3 &
   w $P-s:5 0,1,2,3 2 $S fast "" & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs 4 GPUs per preset, xl with the layout opt off
+  phase "check: all-reduce bandwidth (NCCL transport in logs-comm.log)"
+  NCCL_DEBUG=INFO python3 -m torch.distributed.run --standalone --nproc_per_node=4 -m diffscale.bench.comm \
+    --json "$OUT_DIR/comm.json" > "$OUT_DIR/logs-comm.log" 2>&1
+  grep -h "all-reduce\| via \|NCCL version" "$OUT_DIR/logs-comm.log" | sort | uniq -c | head -20 >> "$OUT_DIR/host.txt"
+  phase "check: 1 and 4 GPUs per preset"
+  w $P-c:7 0 1 $S fast "" & w $P-c:7 1 1 $M fast "" & w $P-c:7 2 1 $X fast "" &
+  w $P-c:7 0,1,2,3 1 $S fast "" & w $P-c:7 0,1,2,3 1 $M fast "" --profile 3 &
+  w $P-c:7 0,1,2,3 1 $X fast "" --profile 3 & w $P-c:7 0,1,2,3 1 $X fast nolopt --set runtime.layout_opt=off & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fast / plain on 1, xl DDP levers

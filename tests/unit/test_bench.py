@@ -160,3 +160,24 @@ def test_turns_let_workers_start_together_but_measure_one_at_a_time(tmp_path):
     ready = list((tmp_path / "turns").glob("ready-*"))
     assert len(ready) == 2
     assert max(p.stat().st_mtime for p in ready) <= a0 + 0.05  # nobody measured before both were ready
+
+
+def test_bus_bandwidth_is_nccl_tests_formula():
+    from diffscale.bench.comm import bus_bandwidth_gbs
+
+    assert bus_bandwidth_gbs(10**9, 1.0, 2) == pytest.approx(1.0)  # 2 ranks: (n-1)/n * 2 = 1
+    assert bus_bandwidth_gbs(10**9, 1.0, 4) == pytest.approx(1.5)
+
+
+def test_all_reduce_bandwidth_runs_in_a_real_process_group(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "comm.json"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "diffscale.bench.comm", "--mib", "1", "--repeats", "2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "all-reduce     1.0 MiB x2 (gloo)" in run.stdout
+    (row,) = json.loads(out.read_text())
+    assert row["world_size"] == 2 and row["backend"] == "gloo" and row["bus_gbs"] > 0
