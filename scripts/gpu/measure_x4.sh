@@ -49,16 +49,16 @@ if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, sma
   w $P-s:5 0,1,2,3 2 $S fast "" & wait
   phase end; exit 0
 fi
-if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs per preset, xl with the layout opt off
+if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs per preset, xl with the graph split per bucket
   ALL=${GPUS:-0,1,2,3}; NG=$(tr , '\n' <<< "$ALL" | wc -l)  # GPUS=0,1 on a 2-GPU host
   phase "check: all-reduce bandwidth on $NG GPUs (NCCL transport in logs-comm.log)"
   NCCL_DEBUG=INFO python3 -m torch.distributed.run --standalone --nproc_per_node=$NG -m diffscale.bench.comm \
     --json "$OUT_DIR/comm.json" > "$OUT_DIR/logs-comm.log" 2>&1
   grep -h "all-reduce\| via \|NCCL version" "$OUT_DIR/logs-comm.log" | sort | uniq -c | head -20 >> "$OUT_DIR/host.txt"
   phase "check: 1 and $NG GPUs per preset"
-  w $P-c:7 0 1 $S fast "" & w $P-c:7 1 1 $M fast "" & w $P-c:7 0 1 $X fast "" &
+  w $P-c:7 0 1 $S fast "" & w $P-c:7 1 1 $M fast "" & w $P-c:7 0 1 $X fast "" &  # 1-GPU baselines
   w $P-c:7 $ALL 1 $S fast "" & w $P-c:7 $ALL 1 $M fast "" --profile 3 &
-  w $P-c:7 $ALL 1 $X fast "" --profile 3 & w $P-c:7 $ALL 1 $X fast nolopt --set runtime.layout_opt=off & wait
+  w $P-c:7 $ALL 1 $X fast "" --profile 3 & w $P-c:7 $ALL 1 $X fast split --set runtime.ddp_graph_split=on & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fast / plain on 1, xl DDP levers

@@ -318,6 +318,10 @@ class RuntimeConfig:
     """Timeout of each collective (NCCL/gloo) after start-up."""
     ddp_bucket_mb: int = 100
     """DDP gradient bucket size in MiB (the fast recipe; the plain one uses DDP's default 25)."""
+    ddp_graph_split: Toggle = Toggle.AUTO
+    """Compiled DDP: split the graph at gradient buckets so each bucket's all-reduce overlaps the
+    rest of the backward pass (dynamo's DDPOptimizer). ``auto``: off; every split boundary
+    adds layout copies and stops fusion, which cost more than NVLink all-reduces take."""
     ddp_bf16_compress: Toggle = Toggle.AUTO
     """Compress gradients to bf16 for the all-reduce (``auto``: on CUDA with bf16)."""
 

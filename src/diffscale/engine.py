@@ -199,6 +199,8 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
     if trainer.ctx.distributed:
         model = wrap_ddp(trainer.net, trainer.ctx, trainer.cfg, trainer.policy)
     if trainer.policy.compile:
+        split = trainer.cfg.runtime.ddp_graph_split == Toggle.ON
+        torch._dynamo.config.optimize_ddp = split  # off: all-reduces follow one whole compiled backward
         model = torch.compile(model, options=compile_options(trainer.cfg.runtime.compile_mode.value,
                                                              trainer.policy.layout_opt))
     return model
