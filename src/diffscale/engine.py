@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
-from .config import LrSchedule, LrScaling, Recipe, RunConfig, RuntimeConfig, Toggle
+from .config import CompileMode, LrSchedule, LrScaling, Recipe, RunConfig, RuntimeConfig, Toggle
 from .data.device_loader import DataPosition, DeviceBatcher, micro_slice
 from .runtime import checkpoint as ckpt
 from .runtime.device import DevicePolicy, configure_backends, inference_policy
@@ -154,6 +154,7 @@ class StepRunner:
         cfg = trainer.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(trainer.ctx.world_size)
+        self.graphs = trains_in_cuda_graphs(cfg, trainer.policy)
 
     def step(self) -> float:
         """Run one optimizer step; returns its learning rate."""
@@ -164,6 +165,8 @@ class StepRunner:
             group["lr"] = lr
         self.generator.manual_seed(step_seed(t.seed, tr.step))
         batch = tr.task.draw(self.batcher.next_indices(), self.generator)
+        if self.graphs:  # a new step: the last step's graph outputs (loss, gradients) are consumed
+            torch.compiler.cudagraph_mark_step_begin()
         for micro in range(t.grad_accum):
             rows = micro_slice(micro, ctx.rank, ctx.world_size, t.batch_per_gpu)
             inner = ctx.distributed and micro < t.grad_accum - 1
@@ -199,11 +202,24 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
     if trainer.ctx.distributed:
         model = wrap_ddp(trainer.net, trainer.ctx, trainer.cfg, trainer.policy)
     if trainer.policy.compile:
-        split = trainer.cfg.runtime.ddp_graph_split == Toggle.ON
+        cfg = trainer.cfg
+        split = cfg.runtime.ddp_graph_split == Toggle.ON
         torch._dynamo.config.optimize_ddp = split  # off: all-reduces follow one whole compiled backward
-        model = torch.compile(model, options=compile_options(trainer.cfg.runtime.compile_mode.value,
-                                                             trainer.policy.layout_opt))
+        mode = cfg.runtime.compile_mode
+        if mode == CompileMode.REDUCE_OVERHEAD and not trains_in_cuda_graphs(cfg, trainer.policy):
+            trainer.console.print(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
+                                  f"(this run: {cfg.train.grad_accum} on {trainer.device.type}): compiling "
+                                  f"without CUDA graphs[/]")
+            mode = CompileMode.DEFAULT
+        model = torch.compile(model, options=compile_options(mode.value, trainer.policy.layout_opt))
     return model
+
+
+def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
+    """CUDA graphs replay the compiled forward/backward when asked for, on CUDA, one micro-step
+    a step: a second micro-step's replay would overwrite the gradients of the first."""
+    return (policy.compile and policy.device.type == "cuda" and cfg.train.grad_accum == 1
+            and cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD)
 
 
 def compile_options(mode: str, layout_opt: bool) -> dict[str, Any]:

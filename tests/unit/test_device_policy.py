@@ -59,3 +59,17 @@ def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
     assert tuned["max_autotune"] and tuned["force_layout_optimization"]
     # torch.compile accepts them as they are (it rejects unknown inductor options at once)
     torch.compile(torch.nn.Linear(2, 2), options=tuned)
+
+
+def test_training_uses_cuda_graphs_only_when_asked_on_cuda_without_accumulation(fake_h100):
+    from diffscale.engine import trains_in_cuda_graphs
+    from diffscale.presets import get_preset
+
+    def run(accum: int, mode: str = "reduce-overhead", device=fake_h100):
+        cfg = C.merge(get_preset("small"), {"runtime": {"compile_mode": mode}, "train": {"grad_accum": accum}})
+        return trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, device))
+
+    assert run(1)
+    assert not run(2)  # a second micro-step's replay would overwrite the first one's gradients
+    assert not run(1, mode="default")
+    assert not run(1, device=torch.device("cpu"))  # not compiled on the CPU
