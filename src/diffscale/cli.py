@@ -34,7 +34,7 @@ def _run_config(args: argparse.Namespace):
     if getattr(args, "recipe", None):
         extra.setdefault("runtime", {})["recipe"] = args.recipe
     overrides = C.parse_overrides(getattr(args, "set", None) or [])
-    merged = C._deep_merge(extra, overrides)
+    merged = C.deep_merge(extra, overrides)
     if merged:
         cfg = C.merge(cfg, merged)
     if args.preset:

@@ -1,4 +1,5 @@
 import pytest
+import yaml
 
 from diffscale import config as C
 from diffscale.cli import main
@@ -24,7 +25,7 @@ def test_presets_keep_the_reference_widths():
 def test_yaml_round_trip_is_identity():
     for name in PRESETS:
         cfg = get_preset(name)
-        assert C.from_dict(C.yaml.safe_load(cfg.to_yaml())) == cfg
+        assert C.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg
 
 
 def test_overrides_parse_types():
@@ -79,7 +80,7 @@ def test_missing_and_invalid_config_files(tmp_path, capsys):
 def test_dry_run_prints_resolved_config(capsys):
     assert main(["train", "--preset", "small", "--set", "train.steps=5", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    data = C.yaml.safe_load(out)
+    data = yaml.safe_load(out)
     assert data["train"]["steps"] == 5 and data["model"]["block_out_channels"] == [32, 64, 128]
 
 

@@ -164,7 +164,7 @@ def gpu_turn(spec: str | None, ctx):
 
 def _config(args: argparse.Namespace) -> C.RunConfig:
     overrides = C.parse_overrides(args.set or [])
-    overrides = C._deep_merge(overrides, {"runtime": {"recipe": args.recipe}, "train": {"steps": 10**9}})
+    overrides = C.deep_merge(overrides, {"runtime": {"recipe": args.recipe}, "train": {"steps": 10**9}})
     if args.batch:
         overrides["train"]["batch_per_gpu"] = args.batch
     return C.merge(get_preset(args.preset), overrides)

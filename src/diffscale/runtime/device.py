@@ -105,9 +105,9 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
     fast_cuda = device.type == "cuda" and not plain
     compile_on = _toggle(cfg.compile, fast_cuda)
-    # channels_last helps cuDNN in eager mode. Compiled, NCHW trained faster (medium +14 %,
-    # xl +4 %, small -3 to -4 %; docs/benchmarks.md): with NHWC, inductor's GroupNorm kernels
-    # take longer and strided copies appear outside the Triton kernels.
+    # channels_last helps cuDNN in eager mode. Compiled, NCHW inputs with inductor's layout
+    # optimisation (below) trained fastest: channels_last inputs add strided copies and slower
+    # GroupNorm kernels (docs/benchmarks.md 1 and 5).
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     # Compiled, the layout is better left to inductor, forced on: its heuristic skips UNets
     # (convolutions with twice as many input as output channels after each skip concat), yet

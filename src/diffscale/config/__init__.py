@@ -1,0 +1,18 @@
+"""Typed run configuration.
+
+A run is described by one :class:`RunConfig` made of small keyword-only dataclasses
+(``schema``). Configs come from a preset, then a YAML file, then ``--set
+section.field=value`` overrides (``loading``), and the resolved config is written to
+``RUN_DIR/config.yaml`` by every run.
+"""
+
+from .loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
+from .schema import (SECTIONS, Attention, BetaSchedule, CompileMode, DataConfig, Device, DiffusionConfig,
+                     LrScaling, LrSchedule, ModelConfig, OptimConfig, Precision, Prediction, Recipe, RunConfig,
+                     RuntimeConfig, Toggle, TrainConfig)
+
+__all__ = [
+    "SECTIONS", "Attention", "BetaSchedule", "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
+    "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
+    "Toggle", "TrainConfig", "deep_merge", "from_dict", "load_yaml", "merge", "parse_overrides", "write_yaml",
+]
