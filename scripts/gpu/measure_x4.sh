@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets|check] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check|next] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -49,16 +49,29 @@ if [ "${ONLY:-}" = scaling ]; then  # the short pass: 1 vs 4 GPUs and 2 x 2, sma
   w $P-s:5 0,1,2,3 2 $S fast "" & wait
   phase end; exit 0
 fi
-if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs per preset, xl with the graph split per bucket
-  ALL=${GPUS:-0,1,2,3}; NG=$(tr , '\n' <<< "$ALL" | wc -l)  # GPUS=0,1 on a 2-GPU host
-  phase "check: all-reduce bandwidth on $NG GPUs (NCCL transport in logs-comm.log)"
+ALL=${GPUS:-0,1,2,3}; NG=$(tr , '\n' <<< "$ALL" | wc -l)  # GPUS=0,1 on a 2-GPU host
+comm_check() {  # all-reduce bus bandwidth at gradient sizes; the NCCL transport goes to host.txt
+  phase "all-reduce bandwidth on $NG GPUs (NCCL log: logs-comm.log)"
   NCCL_DEBUG=INFO python3 -m torch.distributed.run --standalone --nproc_per_node=$NG -m diffscale.bench.comm \
     --json "$OUT_DIR/comm.json" > "$OUT_DIR/logs-comm.log" 2>&1
   grep -h "all-reduce\| via \|NCCL version" "$OUT_DIR/logs-comm.log" | sort | uniq -c | head -20 >> "$OUT_DIR/host.txt"
+}
+if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs per preset, xl with the graph split per bucket
+  comm_check
   phase "check: 1 and $NG GPUs per preset"
   w $P-c:7 0 1 $S fast "" & w $P-c:7 1 1 $M fast "" & w $P-c:7 0 1 $X fast "" &  # 1-GPU baselines
   w $P-c:7 $ALL 1 $S fast "" & w $P-c:7 $ALL 1 $M fast "" --profile 3 &
   w $P-c:7 $ALL 1 $X fast "" --profile 3 & w $P-c:7 $ALL 1 $X fast split --set runtime.ddp_graph_split=on & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 3 leaves: all GPUs with one-graph DDP, CUDA graphs
+  comm_check
+  RO="--set runtime.compile_mode=reduce-overhead"  # label graphs: the step replayed as CUDA graphs
+  phase "next: fast / plain on 1 GPU, 1 vs $NG GPUs per preset, CUDA graphs for small and xl"
+  w $P-n:10 0 1 $S fast "" & w $P-n:10 1 1 $S plain "" & w $P-n:10 0 1 $M fast "" & w $P-n:10 1 1 $X fast "" &
+  w $P-n:10 $ALL 1 $S fast "" & w $P-n:10 $ALL 1 $M fast "" --profile 3 & w $P-n:10 $ALL 1 $X fast "" --profile 3 &
+  w $P-n:10 0 1 $S fast graphs $RO --profile 3 & w $P-n:10 1 1 $X fast graphs $RO &
+  w $P-n:10 $ALL 1 $X fast graphs $RO --profile 3 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fast / plain on 1, xl DDP levers
