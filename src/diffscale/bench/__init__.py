@@ -72,6 +72,20 @@ def _run_two_node(args, preset: str, recipe: str, per_node: int, out: Path, log)
     return _collect(procs, out, args.timeout)
 
 
+def comm_check(gpus: int, out: Path, log, *, mib: tuple[str, ...] = ("8", "50", "100", "256"),
+               repeats: int = 20, timeout: float = 300) -> list[dict]:
+    """All-reduce bus bandwidth between ``gpus`` ranks at gradient-bucket sizes
+    (``bench.comm``), so a scaling loss can be told from a slow interconnect."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
+           "-m", "diffscale.bench.comm", "--mib", *mib, "--repeats", str(repeats), "--json", str(out)]
+    out.unlink(missing_ok=True)
+    try:
+        done = subprocess.run(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return []
+    return json.loads(out.read_text()) if done.returncode == 0 and out.is_file() else []
+
+
 def _collect(procs, out: Path, timeout: float) -> dict | None:
     deadline = time.monotonic() + timeout
     for proc in procs:
@@ -177,6 +191,14 @@ def run_bench(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     with open(out_dir / "workers.log", "a") as log:
+        for count in sorted({g for g in gpus if g > 1} if args.comm else ()):
+            rows = comm_check(count, out_dir / f"comm-{count}.json", log,
+                              repeats=20 if args.device_type == "cuda" else 3)
+            for r in rows:
+                console.print(f"all-reduce {r['mib']:g} MiB on {count} ({r['backend']}): {r['ms']:.3f} ms, "
+                              f"bus bandwidth {r['bus_gbs']:.1f} GB/s", highlight=False)
+            if not rows:
+                console.print(f"[red]all-reduce check on {count} failed[/]: see {out_dir / 'workers.log'}")
         for preset in presets:
             for recipe in recipes:
                 shapes = [(g, 1) for g in gpus] + ([(args.two_node, 2)] if args.two_node else [])
@@ -243,6 +265,9 @@ def register(sub) -> None:
     p.add_argument("--peak", action="store_true", help="measure the card's bf16 matmul peak for the MFU column")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps: top kernels and time per kind (convolution, attention, ...)")
+    p.add_argument("--comm", action="store_true",
+                   help="first measure all-reduce bus bandwidth between the GPUs of each count above 1 "
+                        "(NVLink: a few hundred GB/s; through host memory: tens at most)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run")
     p.add_argument("--collect", action="store_true",
                    help="only report: rebuild the table, bench.json and bench.png from the worker records in --out")
