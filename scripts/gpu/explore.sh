@@ -11,14 +11,14 @@ OUT_DIR="${1:-/tmp/diffscale-explore}"
 SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; EXTRA=${EXTRA:-}
 mkdir -p "$OUT_DIR"
 source scripts/gpu/env.sh
+source scripts/gpu/worker.sh
+LIMIT=${LIMIT:-330}
 { nvidia-smi -L; date -u; } > "$OUT_DIR/host.txt" 2>&1
-W="--steps 30 --warmup 12 --profile 5"
-v() {  # v(turn_dir preset recipe label [--set ...]); a failed worker still counts as ready
+W="--steps 30 --warmup 12 --profile 5 $EXTRA"
+v() {  # v(turn_dir preset recipe label [--set ...]): one worker on the GPU, named PRESET-RECIPE-LABEL-1gpu
   local turn=$1 preset=$2 recipe=$3 label=$4; shift 4
-  local name=$label; [ "$recipe" = plain ] && label=""  # fast / plain pairs with the unlabelled plain run
-  DIFFSCALE_BENCH_T0=$(date +%s.%N) timeout ${LIMIT:-330} python3 -m diffscale.bench.worker --preset $preset \
-    --recipe $recipe $W $EXTRA --label "$label" --turns "$turn" --json "$OUT_DIR/$preset-$name.json" "$@" \
-    >> "$OUT_DIR/$preset-$name.log" 2>&1 || { mkdir -p "${turn%:*}"; touch "${turn%:*}/ready-failed-$preset-$name"; }
+  [ "$recipe" = plain ] && label=""  # fast / plain pairs with the unlabelled plain run
+  w "$turn" 0 1 "$preset" "$recipe" "$label" "$@"
 }
 T1=/tmp/turns1-$$; T2=/tmp/turns2-$$
 (sleep 200; top -b -n1 -w 200 | head -30 > "$OUT_DIR/top-200s.txt") & disown  # mid-compile; not waited for
