@@ -201,7 +201,9 @@ class DataConfig:
     max_items: int = 0
     """Use at most this many images (0: all)."""
     workers: int = -1
-    """Data-loader workers per rank when a CPU loader is used (-1: from the CPU and memory budget)."""
+    """Data-loader workers per rank where a CPU loader is used (-1: from the CPU and memory
+    budget): the plain recipe of ``diffscale bench``, and the cluster plan's host-memory
+    estimate. ``diffscale train`` keeps the data on the device and starts none."""
 
     def __post_init__(self) -> None:
         if not self.source.strip():
