@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..presets import PRESETS
+from .comm import describe
 from .profile import render_profile
 
 
@@ -195,8 +196,7 @@ def run_bench(args: argparse.Namespace) -> int:
             rows = comm_check(count, out_dir / f"comm-{count}.json", log,
                               repeats=20 if args.device_type == "cuda" else 3)
             for r in rows:
-                console.print(f"all-reduce {r['mib']:g} MiB on {count} ({r['backend']}): {r['ms']:.3f} ms, "
-                              f"bus bandwidth {r['bus_gbs']:.1f} GB/s", highlight=False)
+                console.print(describe(r), highlight=False)
             if not rows:
                 console.print(f"[red]all-reduce check on {count} failed[/]: see {out_dir / 'workers.log'}")
         for preset in presets:

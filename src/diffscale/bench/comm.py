@@ -12,20 +12,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..runtime.device import pick_device
+from ..runtime.device import pick_device, synchronize
 from ..runtime.distributed import detect_launch, init_distributed
 
 
 def bus_bandwidth_gbs(nbytes: int, seconds: float, world_size: int) -> float:
     """nccl-tests' bus bandwidth of one all-reduce of ``nbytes``, in GB/s."""
     return nbytes / seconds * 2 * (world_size - 1) / world_size / 1e9
+
+
+def describe(row: dict) -> str:
+    """One measured size as a line: what the module and ``diffscale bench --comm`` print."""
+    return (f"all-reduce {row['mib']:7.1f} MiB x{row['world_size']} ({row['backend']}): "
+            f"{row['ms']:8.3f} ms, bus bandwidth {row['bus_gbs']:7.1f} GB/s")
+
+
+def _all_reduce(buf: torch.Tensor, times: int) -> None:
+    for _ in range(times):
+        dist.all_reduce(buf)
+    synchronize(buf.device)
 
 
 def measure(sizes_mib: list[float], repeats: int, dtype: torch.dtype) -> list[dict]:
@@ -37,16 +48,10 @@ def measure(sizes_mib: list[float], repeats: int, dtype: torch.dtype) -> list[di
         for mib in sizes_mib:
             count = int(mib * 2**20) // torch.tensor([], dtype=dtype).element_size()
             buf = torch.ones(count, dtype=dtype, device=device)
-            for _ in range(3):
-                dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _all_reduce(buf, 3)  # warm-up: NCCL sets up its channels on the first calls
             ctx.barrier()
             start = time.perf_counter()
-            for _ in range(repeats):
-                dist.all_reduce(buf)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            _all_reduce(buf, repeats)
             seconds = (time.perf_counter() - start) / repeats
             nbytes = count * buf.element_size()
             rows.append({"mib": mib, "ms": seconds * 1e3, "world_size": ctx.world_size, "backend": ctx.backend,
@@ -66,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = measure(args.mib, args.repeats, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
     for r in rows:
-        print(f"all-reduce {r['mib']:7.1f} MiB x{r['world_size']} ({r['backend']}): "
-              f"{r['ms']:8.3f} ms, bus bandwidth {r['bus_gbs']:7.1f} GB/s", file=sys.stdout, flush=True)
+        print(describe(r), flush=True)
     if rows and args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from ..runtime.device import synchronize
+
 # First matching rule wins; names are lower-cased kernel/operator names.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("communication", ("nccl", "allreduce", "all_reduce", "gloo")),
@@ -48,8 +50,7 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
     rows = []
     for event in prof.key_averages():
         if cuda and getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import torch
 
+from ..runtime.device import synchronize
+
 
 def _timed(fn, device: torch.device, repeats: int) -> float:
     fn()  # warm-up (and compilation)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     return (time.perf_counter() - start) / repeats
 
 

@@ -12,8 +12,8 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,7 +23,7 @@ from rich.console import Console
 
 from .. import config as C
 from ..presets import get_preset
-from ..runtime.device import configure_backends, pick_device, resolve_policy
+from ..runtime.device import configure_backends, pick_device, resolve_policy, synchronize
 from ..runtime.distributed import detect_launch, init_distributed
 from .profile import profile_steps
 
@@ -36,11 +36,6 @@ def _progress(ctx, what: str) -> None:
         print(f"[bench {time.time() - _T0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def matmul_peak_tflops(device: torch.device) -> float | None:
     """The card's measured bf16 matmul rate (8192^3, 10 products after 3 warm-ups)."""
     if device.type != "cuda":
@@ -50,11 +45,11 @@ def matmul_peak_tflops(device: torch.device) -> float | None:
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(10):
         a @ b
-    _sync(device)
+    synchronize(device)
     return 2 * n**3 * 10 / (time.perf_counter() - start) / 1e12
 
 
@@ -180,14 +175,14 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
             torch.cuda.reset_peak_memory_stats(device)  # the steps below set the peak again
         for _ in range(2):  # steps right after the wait, untimed (clocks, caches)
             runner.step()
-        _sync(device)
+        synchronize(device)
         if hasattr(runner, "data_wait_s"):
             runner.data_wait_s = 0.0
         with UtilSampler(device) as util:
             start = time.perf_counter()
             for _ in range(args.steps):
                 runner.step()
-            _sync(device)
+            synchronize(device)
             elapsed = time.perf_counter() - start
         profile = profile_steps(runner.step, args.profile, device) if args.profile else None
         return {
@@ -220,12 +215,12 @@ def measure(args: argparse.Namespace) -> dict | None:
                 runner = StepRunner(trainer, prepare_model(trainer), trainer.make_batcher())
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
-            _sync(device)
+            synchronize(device)
             startup = time.time() - _T0  # first step done: imports, data, compilation
             _progress(ctx, "first step done; warm-up")
             for _ in range(max(args.warmup - 1, 0)):
                 runner.step()
-            _sync(device)
+            synchronize(device)
             ctx.barrier()
             _progress(ctx, "warmed up; waiting for a turn" if args.turns else "warmed up; timing")
             window = _timed_window(runner, device, ctx, args)
@@ -247,8 +242,8 @@ def measure(args: argparse.Namespace) -> dict | None:
         "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": window["peak_mem"] / 2**30,
         "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
         "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
-        "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"],
-        "power_w": window["power_w"], "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
+        "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"], "power_w": window["power_w"],
+        "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
         "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
         "measured_window": window["window"],  # wall-clock start and end of the measured part
@@ -268,12 +263,12 @@ def _data_share(runner, device: torch.device, steps: int, elapsed: float) -> flo
         return runner.data_wait_s / max(elapsed, 1e-9)
     # fast: time a few steps' batch draw (indices, noise, gather, augmentation) on its own.
     tr = runner.trainer
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(5):
         batch = tr.task.draw(runner.batcher.next_indices(), runner.generator)
         tr.task.clean_images(batch, slice(0, tr.cfg.train.batch_per_gpu))
-    _sync(device)
+    synchronize(device)
     per_step = (time.perf_counter() - start) / 5
     return per_step / (elapsed / steps)
 

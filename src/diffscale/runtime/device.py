@@ -162,6 +162,12 @@ def _toggle(value: Toggle, auto: bool) -> bool:
     return auto if value == Toggle.AUTO else value == Toggle.ON
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA), before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
