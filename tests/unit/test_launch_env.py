@@ -11,7 +11,7 @@ from diffscale.cluster.workload import DiffscaleRun
 from diffscale.presets import get_preset
 from diffscale.runtime.distributed import detect_launch, expand_hostlist, port_from_job_id
 
-from diffscale.cluster.profiles import load_profile
+from diffscale.cluster.profile_io import load_profile
 
 SGE_TWO_HOST = Path(__file__).parent / "cluster" / "fixtures" / "sge-two-host.yaml"
 

@@ -132,7 +132,8 @@ def _workload(args: argparse.Namespace):
 def _plans(args: argparse.Namespace):
     from .jobspec import RaceSpec, job_name
     from .plan import PlanOptions, make_plan
-    from .profiles import SAFE_NAME, load_profile
+    from .profile_io import load_profile
+    from .profiles import SAFE_NAME
     from .shape import Shape, parse_race
     from .timefmt import parse_duration
 
@@ -261,7 +262,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_cluster_list(args: argparse.Namespace) -> int:
     from . import report
-    from .profiles import available, load_profile
+    from .profile_io import available, load_profile
 
     report.print_profile_list([load_profile(str(path)) for path in available().values()])
     return 0
@@ -269,7 +270,7 @@ def cmd_cluster_list(args: argparse.Namespace) -> int:
 
 def cmd_cluster_show(args: argparse.Namespace) -> int:
     from . import report
-    from .profiles import load_profile
+    from .profile_io import load_profile
 
     report.print_profile(load_profile(args.name))
     return 0
@@ -279,7 +280,8 @@ def cmd_cluster_discover(args: argparse.Namespace) -> int:
     import shutil
 
     from .discover import discover
-    from .profiles import SchedulerKind, dump_profile, profile_from_dict, profile_to_dict, user_dir
+    from .profile_io import dump_profile, profile_from_dict, profile_to_dict, user_dir
+    from .profiles import SchedulerKind
     from .scheduler import run
 
     kind = args.scheduler

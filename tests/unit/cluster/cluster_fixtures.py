@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffscale.cluster.profiles import ClusterProfile, load_profile
+from diffscale.cluster.profile_io import load_profile
+from diffscale.cluster.profiles import ClusterProfile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -8,7 +8,8 @@ import json
 import yaml
 
 from diffscale.cluster.discover import sge_profile, slurm_profile
-from diffscale.cluster.profiles import GpuScope, dump_profile, profile_from_dict
+from diffscale.cluster.profile_io import dump_profile, profile_from_dict
+from diffscale.cluster.profiles import GpuScope
 
 from cluster_fixtures import FIXTURES
 

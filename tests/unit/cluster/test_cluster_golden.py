@@ -18,7 +18,7 @@ import pytest
 from diffscale import presets
 from diffscale.cluster.jobspec import RaceSpec, job_name
 from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profiles import available, load_profile
+from diffscale.cluster.profile_io import available, load_profile
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge

@@ -7,7 +7,7 @@ import subprocess
 from diffscale import presets
 from diffscale.cluster.jobspec import Continuation, job_name
 from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profiles import load_profile
+from diffscale.cluster.profile_io import load_profile
 from diffscale.cluster.shape import Shape, parse_race
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.errors import UserError

@@ -6,7 +6,7 @@ import pytest
 
 from diffscale import presets
 from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profiles import load_profile
+from diffscale.cluster.profile_io import load_profile
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge
