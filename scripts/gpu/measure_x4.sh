@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets|check|next] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check|next|levers|defaults] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -47,6 +47,27 @@ if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 3 leaves: all GPUs wi
   w $P-n:10 $ALL 1 $S fast "" & w $P-n:10 $ALL 1 $M fast "" --profile 3 & w $P-n:10 $ALL 1 $X fast "" --profile 3 &
   w $P-n:10 0 1 $S fast graphs $RO --profile 3 & w $P-n:10 1 1 $X fast graphs $RO &
   w $P-n:10 $ALL 1 $X fast graphs $RO --profile 3 & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = defaults ]; then  # the defaults (CUDA graphs since docs/benchmarks.md 1) in one run
+  phase "defaults: fast / plain on 1 GPU, fast on $NG GPUs and 2 nodes x 2 per preset; small with math attention"
+  w $P-d:12 0 1 $S fast "" & w $P-d:12 1 1 $S plain "" & w $P-d:12 2 1 $M fast "" & w $P-d:12 3 1 $M plain "" &
+  w $P-d:12 0 1 $X fast "" & w $P-d:12 1 1 $X plain "" &
+  w $P-d:12 $ALL 1 $S fast "" --profile 3 & w $P-d:12 $ALL 1 $M fast "" & w $P-d:12 $ALL 1 $X fast "" --profile 3 &
+  w $P-d:12 $ALL 2 $S fast "" & w $P-d:12 $ALL 2 $X fast "" &
+  # its own compile cache: inductor's cache key leaves out the attention kernel choice
+  TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-math w $P-d:12 2 1 $S fast math --set runtime.attention=math --profile 3 &
+  wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP
+  phase "levers: small with math attention (compiled by inductor) and coordinate-descent tuning; 2 x 2 nodes"
+  w $P-l:10 0 1 $S fast "" & w $P-l:10 1 1 $S plain "" &
+  w $P-l:10 2 1 $S fast math --set runtime.attention=math --profile 3 &
+  TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 w $P-l:10 3 1 $S fast cdt &
+  w $P-l:10 $ALL 2 $S fast "" & w $P-l:10 $ALL 2 $M fast "" & w $P-l:10 $ALL 2 $X fast "" &
+  RO="--set runtime.compile_mode=reduce-overhead"
+  w $P-l:10 $ALL 1 $S fast graphs $RO --profile 3 & w $P-l:10 0 1 $M fast graphs $RO & w $P-l:10 $ALL 1 $M fast graphs $RO & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fast / plain on 1, xl DDP levers

@@ -205,21 +205,28 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
         cfg = trainer.cfg
         split = cfg.runtime.ddp_graph_split == Toggle.ON
         torch._dynamo.config.optimize_ddp = split  # off: all-reduces follow one whole compiled backward
-        mode = cfg.runtime.compile_mode
-        if mode == CompileMode.REDUCE_OVERHEAD and not trains_in_cuda_graphs(cfg, trainer.policy):
+        mode = training_compile_mode(cfg, trainer.policy)
+        if cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD and mode != CompileMode.REDUCE_OVERHEAD:
             trainer.console.print(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
                                   f"(this run: {cfg.train.grad_accum} on {trainer.device.type}): compiling "
                                   f"without CUDA graphs[/]")
-            mode = CompileMode.DEFAULT
         model = torch.compile(model, options=compile_options(mode.value, trainer.policy.layout_opt))
     return model
 
 
+def training_compile_mode(cfg: RunConfig, policy: DevicePolicy) -> CompileMode:
+    """The mode training compiles with. CUDA graphs (``reduce-overhead``, also what ``auto``
+    picks) replay the compiled forward/backward on CUDA with one micro-step a step: a second
+    micro-step's replay would overwrite the gradients of the first."""
+    mode = cfg.runtime.compile_mode
+    if mode not in (CompileMode.AUTO, CompileMode.REDUCE_OVERHEAD):
+        return mode
+    replayable = policy.compile and policy.device.type == "cuda" and cfg.train.grad_accum == 1
+    return CompileMode.REDUCE_OVERHEAD if replayable else CompileMode.DEFAULT
+
+
 def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
-    """CUDA graphs replay the compiled forward/backward when asked for, on CUDA, one micro-step
-    a step: a second micro-step's replay would overwrite the gradients of the first."""
-    return (policy.compile and policy.device.type == "cuda" and cfg.train.grad_accum == 1
-            and cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD)
+    return training_compile_mode(cfg, policy) == CompileMode.REDUCE_OVERHEAD
 
 
 def compile_options(mode: str, layout_opt: bool) -> dict[str, Any]:

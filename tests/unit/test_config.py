@@ -49,7 +49,7 @@ def test_on_off_switches_survive_yaml_booleans():
     ("train.steps=abc", "config train.steps: expected a whole number, got 'abc'"),
     ("train.batch_per_gpu=0", "config train.batch_per_gpu: must be at least 1 (got 0)"),
     ("optim.lr=5", "config optim.lr: 5.0 is outside (0, 1)"),
-    ("runtime.compile_mode=fastest", "config runtime.compile_mode: 'fastest' is not one of default"),
+    ("runtime.compile_mode=fastest", "config runtime.compile_mode: 'fastest' is not one of auto, default"),
     ("runtime.precision=fp8", "config runtime.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
     ("model.sample_size=30", "config model.sample_size: 30 px cannot be halved 2 times by a 3-level UNet"),
     ("model.attention=[true]", "config model.attention: has 1 entries but model.block_out_channels has 3"),

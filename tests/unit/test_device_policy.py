@@ -61,15 +61,25 @@ def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
     torch.compile(torch.nn.Linear(2, 2), options=tuned)
 
 
-def test_training_uses_cuda_graphs_only_when_asked_on_cuda_without_accumulation(fake_h100):
-    from diffscale.engine import trains_in_cuda_graphs
+def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h100):
+    from diffscale.engine import trains_in_cuda_graphs, training_compile_mode
     from diffscale.presets import get_preset
 
-    def run(accum: int, mode: str = "reduce-overhead", device=fake_h100):
-        cfg = C.merge(get_preset("small"), {"runtime": {"compile_mode": mode}, "train": {"grad_accum": accum}})
-        return trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, device))
+    def cfg_for(accum: int, mode: str | None):
+        runtime = {"compile_mode": mode} if mode else {}
+        return C.merge(get_preset("small"), {"runtime": runtime, "train": {"grad_accum": accum}})
 
-    assert run(1)
-    assert not run(2)  # a second micro-step's replay would overwrite the first one's gradients
-    assert not run(1, mode="default")
-    assert not run(1, device=torch.device("cpu"))  # not compiled on the CPU
+    def mode(accum: int, asked: str | None = None, device=fake_h100) -> str:
+        cfg = cfg_for(accum, asked)
+        return training_compile_mode(cfg, resolve_policy(cfg.runtime, device)).value
+
+    assert mode(1) == "reduce-overhead"  # the default (auto) on CUDA
+    assert mode(1, "reduce-overhead") == "reduce-overhead"
+    assert mode(2) == "default"  # a second micro-step's replay would overwrite the first one's gradients
+    assert mode(2, "reduce-overhead") == "default"
+    assert mode(1, "default") == "default"
+    assert mode(1, "max-autotune-no-cudagraphs") == "max-autotune-no-cudagraphs"
+    assert mode(1, device=torch.device("cpu")) == "default"  # not compiled on the CPU: mode unused
+    cfg = cfg_for(1, None)
+    assert trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, fake_h100))
+    assert not trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, torch.device("cpu")))  # not compiled on the CPU

@@ -126,7 +126,7 @@ def render_table(records: list[dict]):
 
     table = Table(title="diffscale bench")
     cols = ["preset", "recipe", "GPUs", "nodes", "samples/s", "per GPU", "step ms", "scaling", "fast/plain",
-            "peak GiB", "TFLOP/s/GPU", "of peak", "data wait", "GPU util", "SM MHz", "start-up s"]
+            "peak GiB", "reserved GiB", "TFLOP/s/GPU", "of peak", "data wait", "GPU util", "SM MHz", "start-up s"]
     for col in cols:
         table.add_column(col, no_wrap=True, justify="right" if col not in ("preset", "recipe") else "left")
     for r in records:
@@ -135,7 +135,7 @@ def render_table(records: list[dict]):
                       _fmt(r["samples_per_s"], ",.0f"), _fmt(r["samples_per_s_per_gpu"], ",.0f"),
                       _fmt(r["step_s"] * 1000, ".1f"), _fmt(r.get("scaling_efficiency"), ".1%"),
                       _fmt(r.get("fast_over_plain"), ".2f"), _fmt(r["peak_mem_gib"], ".2f"),
-                      _fmt(r["tflops_per_gpu"], ".1f"), _fmt(r.get("mfu"), ".1%"),
+                      _fmt(r.get("reserved_gib"), ".2f"), _fmt(r["tflops_per_gpu"], ".1f"), _fmt(r.get("mfu"), ".1%"),
                       _fmt(r["data_wait_share"], ".1%"), _fmt(r.get("gpu_util"), ".0f"),
                       _fmt(r.get("sm_clock_mhz"), ".0f"), _fmt(r["startup_s"], ".0f"))
     return table

@@ -191,11 +191,13 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
             "data_wait_share": _data_share(runner, device, args.steps, elapsed),
             "profile": profile, "window": [window_start, time.time()],
             "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+            # CUDA-graph replays allocate nothing: their pools show only in the reserved memory
+            "reserved": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0,
         }
 
 
 def measure(args: argparse.Namespace) -> dict | None:
-    from ..engine import StepRunner, Trainer, prepare_model
+    from ..engine import StepRunner, Trainer, prepare_model, training_compile_mode
     from .plain import PlainRunner
 
     cfg = _config(args)
@@ -240,11 +242,12 @@ def measure(args: argparse.Namespace) -> dict | None:
         "batch_per_gpu": cfg.train.batch_per_gpu, "effective_batch": cfg.effective_batch(ctx.world_size),
         "steps": args.steps, "warmup": args.warmup, "step_s": step_s, "samples_per_s": samples_s,
         "samples_per_s_per_gpu": samples_s / ctx.world_size, "peak_mem_gib": window["peak_mem"] / 2**30,
+        "reserved_gib": window["reserved"] / 2**30,
         "flops_per_step_per_gpu": flops, "tflops_per_gpu": tflops, "matmul_peak_tflops": peak,
         "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
         "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"], "power_w": window["power_w"],
         "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
-        "compile_mode": cfg.runtime.compile_mode.value, "channels_last": policy.channels_last,
+        "compile_mode": training_compile_mode(cfg, policy).value if policy.compile and args.recipe == "fast" else None, "channels_last": policy.channels_last,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
         "measured_window": window["window"],  # wall-clock start and end of the measured part
     }
