@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Profiling pass on one GPU: variants of the fast recipe compile side by side (--turns) and are
 # timed one at a time, each followed by a profile of 5 steps (top kernels, time per kind).
-# Usage: [SET=profiles|levers-small|levers-medium] bash scripts/gpu/explore.sh OUT_DIR
-#        (SMALL/MEDIUM/EXTRA shrink it for a CPU dry run)
+# Usage: [SET=profiles|levers-small|levers-medium|defaults] bash scripts/gpu/explore.sh OUT_DIR
+#        (SMALL/MEDIUM/XL/EXTRA shrink it for a CPU dry run)
 # SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 5.
 # SET=levers-*: the plain recipe beside fast-recipe levers for small and medium: channels_last
 #   and inductor's layout optimisation forced (its heuristic skips UNets): docs/benchmarks.md 1.
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-explore}"
-SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; EXTRA=${EXTRA:-}
+SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; XL=${XL:-xl}; EXTRA=${EXTRA:-}
 mkdir -p "$OUT_DIR"
 source scripts/gpu/env.sh
 source scripts/gpu/worker.sh
@@ -29,6 +29,9 @@ if [ "${SET:-profiles}" = levers-small ]; then
   v $T1:4 $SMALL plain plain & v $T1:4 $SMALL fast cl $CL &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:4 $SMALL fast lopt &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:4 $SMALL fast cl-lopt $CL & wait
+elif [ "${SET:-profiles}" = defaults ]; then  # fast (CUDA graphs since docs/benchmarks.md 1) vs plain; math attention
+  v $T1:4 $SMALL plain plain & v $T1:4 $SMALL fast default & v $T1:4 $XL fast default &
+  v $T1:4 $SMALL fast math --set runtime.attention=math & wait
 elif [ "${SET:-profiles}" = levers-medium ]; then
   v $T2:4 $MEDIUM plain plain & v $T2:4 $MEDIUM fast default &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T2:4 $MEDIUM fast lopt &

@@ -156,6 +156,9 @@ def configure_backends(policy: DevicePolicy) -> None:
             torch.backends.cuda.enable_mem_efficient_sdp(chosen == Attention.EFFICIENT)
             torch.backends.cuda.enable_cudnn_sdp(chosen == Attention.CUDNN)
             torch.backends.cuda.enable_math_sdp(chosen == Attention.MATH)
+            # Compiled code for one kernel must not serve another: inductor's cache key leaves
+            # the kernel flags out (a warm cache from an `auto` run kept cuDNN under `math`).
+            torch.compiler.config.cache_key_tag = f"sdpa={chosen.value}"
 
 
 def _toggle(value: Toggle, auto: bool) -> bool:
