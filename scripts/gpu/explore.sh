@@ -3,9 +3,9 @@
 # timed one at a time, each followed by a profile of 5 steps (top kernels, time per kind).
 # Usage: [SET=profiles|levers-small|levers-medium|defaults] bash scripts/gpu/explore.sh OUT_DIR
 #        (SMALL/MEDIUM/XL/EXTRA shrink it for a CPU dry run)
-# SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 5.
+# SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 6.
 # SET=levers-*: the plain recipe beside fast-recipe levers for small and medium: channels_last
-#   and inductor's layout optimisation forced (its heuristic skips UNets): docs/benchmarks.md 1.
+#   and inductor's layout optimisation forced (its heuristic skips UNets): docs/benchmarks.md 2.
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-explore}"
 SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; XL=${XL:-xl}; EXTRA=${EXTRA:-}

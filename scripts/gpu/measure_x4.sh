@@ -39,7 +39,7 @@ if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs p
   w $P-c:7 $ALL 1 $X fast "" --profile 3 & w $P-c:7 $ALL 1 $X fast split --set runtime.ddp_graph_split=on & wait
   phase end; exit 0
 fi
-if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 3 leaves: all GPUs with one-graph DDP, CUDA graphs
+if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 4 left: all GPUs with one-graph DDP, CUDA graphs
   comm_check
   RO="--set runtime.compile_mode=reduce-overhead"  # label graphs: the step replayed as CUDA graphs
   phase "next: fast / plain on 1 GPU, 1 vs $NG GPUs per preset, CUDA graphs for small and xl"
@@ -75,7 +75,7 @@ if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fa
   w $P-a:10 0 1 $S fast "" & w $P-a:10 1 1 $S plain "" & w $P-a:10 2 1 $M fast "" & w $P-a:10 3 1 $M plain "" &
   w $P-a:10 0,1 1 $S fast "" & w $P-a:10 0,1,2,3 1 $S fast "" --profile 3 & w $P-a:10 0,1,2,3 2 $S fast "" &
   w $P-a:10 2,3 1 $M fast "" & w $P-a:10 0,1,2,3 1 $M fast "" --profile 3 & w $P-a:10 0,1,2,3 2 $M fast "" & wait
-  # xl's all-reduce was not hidden (docs/benchmarks.md 7): 25 MiB buckets start it earlier;
+  # xl's all-reduce was not hidden (docs/benchmarks.md 8): 25 MiB buckets start it earlier;
   # one 500 MiB bucket keeps the compiled graph whole (no split per bucket) but overlaps nothing.
   phase "presets B: xl: fast and plain on 1 GPU, fast on 2, 4 and 2 x 2, bucket sizes; small on GPU 3"
   w $P-b:8 0 1 $X fast "" & w $P-b:8 1 1 $X plain "" & w $P-b:8 3 1 $S fast g3 &

@@ -210,7 +210,8 @@ def prepare_model(trainer: Trainer) -> torch.nn.Module:
             trainer.console.print(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
                                   f"(this run: {cfg.train.grad_accum} on {trainer.device.type}): compiling "
                                   f"without CUDA graphs[/]")
-        model = torch.compile(model, options=compile_options(mode.value, trainer.policy.layout_opt))
+        tune = cfg.runtime.kernel_tuning == Toggle.ON
+        model = torch.compile(model, options=compile_options(mode.value, trainer.policy.layout_opt, tune))
     return model
 
 
@@ -229,14 +230,16 @@ def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
     return training_compile_mode(cfg, policy) == CompileMode.REDUCE_OVERHEAD
 
 
-def compile_options(mode: str, layout_opt: bool) -> dict[str, Any]:
-    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation
-    (``torch.compile`` takes a mode or options, not both)."""
+def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False) -> dict[str, Any]:
+    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation and
+    coordinate-descent kernel tuning (``torch.compile`` takes a mode or options, not both)."""
     from torch._inductor import list_mode_options
 
     options = dict(list_mode_options(mode))
     if layout_opt:
         options["force_layout_optimization"] = True
+    if tune_kernels:
+        options["coordinate_descent_tuning"] = True
     return options
 
 

@@ -57,6 +57,8 @@ def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
     assert compile_options("default", True) == {"force_layout_optimization": True}
     tuned = compile_options("max-autotune-no-cudagraphs", True)
     assert tuned["max_autotune"] and tuned["force_layout_optimization"]
+    assert compile_options("reduce-overhead", False, True) == {"triton.cudagraphs": True,
+                                                                "coordinate_descent_tuning": True}
     # torch.compile accepts them as they are (it rejects unknown inductor options at once)
     torch.compile(torch.nn.Linear(2, 2), options=tuned)
 
@@ -83,3 +85,23 @@ def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h1
     cfg = cfg_for(1, None)
     assert trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, fake_h100))
     assert not trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, torch.device("cpu")))  # not compiled on the CPU
+
+
+def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries(fake_h100):
+    """Inductor's cache key leaves out the SDPA kernel flags: without a tag of its own, code
+    compiled under ``auto`` (cuDNN attention) was reused by a ``math`` run on a warm cache."""
+    from diffscale.runtime.device import configure_backends
+
+    b = torch.backends.cuda
+    saved = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled(), b.math_sdp_enabled(),
+             torch.compiler.config.cache_key_tag, b.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.backends.cudnn.benchmark)
+    try:
+        configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.MATH), fake_h100))
+        assert torch.compiler.config.cache_key_tag == "sdpa=math"
+        assert b.math_sdp_enabled() and not (b.flash_sdp_enabled() or b.cudnn_sdp_enabled())
+    finally:
+        b.enable_flash_sdp(saved[0]), b.enable_mem_efficient_sdp(saved[1])
+        b.enable_cudnn_sdp(saved[2]), b.enable_math_sdp(saved[3])
+        torch.compiler.config.cache_key_tag = saved[4]
+        b.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[5:]

@@ -311,6 +311,10 @@ class RuntimeConfig:
     """Inductor's layout optimisation when compiled: convolutions run channels_last inside the
     graph, with no layout copies between them (``auto``: on for training on CUDA, where it was
     measured; inductor's own heuristic leaves it off for UNets)."""
+    kernel_tuning: Toggle = Toggle.OFF
+    """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled:
+    small trained 3.2 % faster on an H200, its first compile took 477 s instead of ~190 s
+    (cached after; docs/benchmarks.md 1)."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA (``auto``, ``flash``, ``efficient``, ``cudnn``, ``math``)."""
     join_timeout_s: float = 300.0

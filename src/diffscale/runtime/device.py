@@ -107,7 +107,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     compile_on = _toggle(cfg.compile, fast_cuda)
     # channels_last helps cuDNN in eager mode. Compiled, NCHW inputs with inductor's layout
     # optimisation (below) trained fastest: channels_last inputs add strided copies and slower
-    # GroupNorm kernels (docs/benchmarks.md 1 and 5).
+    # GroupNorm kernels (docs/benchmarks.md 2 and 6).
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     # Compiled, the layout is better left to inductor, forced on: its heuristic skips UNets
     # (convolutions with twice as many input as output channels after each skip concat), yet
