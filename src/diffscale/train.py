@@ -20,7 +20,7 @@ from rich.console import Console
 
 from .config import RunConfig, write_yaml
 from .data.device_loader import DeviceBatcher
-from .engine import StepRunner, Trainer, learning_rate, prepare_model
+from .engine import StepRunner, Trainer, learning_rate, prepare_model, trains_in_cuda_graphs
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
@@ -54,9 +54,10 @@ class TrainOutcome:
 def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str) -> str:
     mem = f", {policy.memory_bytes / 2**30:.0f} GiB" if policy.memory_bytes else ""
     eff = cfg.effective_batch(ctx.world_size)
+    compiled = (" | compiled" + (" (CUDA graphs)" if trains_in_cuda_graphs(cfg, policy) else "")) if policy.compile else ""
     return (
         f"diffscale | {policy.device.type}: {policy.name}{mem} | {policy.precision.value}"
-        f"{' + GradScaler' if policy.use_grad_scaler else ''}{' | compiled' if policy.compile else ''} | "
+        f"{' + GradScaler' if policy.use_grad_scaler else ''}{compiled} | "
         f"world size {ctx.world_size} ({ctx.info.launcher}) | effective batch {eff} = "
         f"{cfg.train.batch_per_gpu} x {ctx.world_size} proc x {cfg.train.grad_accum} accum | "
         f"{cfg.preset} UNet {params / 1e6:.2f} M params | data {data}"

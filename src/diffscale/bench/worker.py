@@ -247,7 +247,8 @@ def measure(args: argparse.Namespace) -> dict | None:
         "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
         "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"], "power_w": window["power_w"],
         "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
-        "compile_mode": training_compile_mode(cfg, policy).value if policy.compile and args.recipe == "fast" else None, "channels_last": policy.channels_last,
+        "compile_mode": training_compile_mode(cfg, policy).value if policy.compile and args.recipe == "fast" else None,
+        "channels_last": policy.channels_last,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
         "measured_window": window["window"],  # wall-clock start and end of the measured part
     }
