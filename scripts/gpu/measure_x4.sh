@@ -50,15 +50,17 @@ if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 4 left: all GPUs with
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = defaults ]; then  # the defaults (CUDA graphs since docs/benchmarks.md 1) in one call
-  # Two phases, at most two workers per GPU in the first and five jobs sharing each GPU in the
+  # Two phases, at most two workers per GPU in the first and six jobs sharing each GPU in the
   # second: twelve at once did not fit 80 GiB cards while compiling (docs/benchmarks.md 13).
-  phase "defaults 1: fast / plain on 1 GPU per preset; small with math attention"
-  w $P-d1:7 0 1 $S fast "" & w $P-d1:7 1 1 $S plain "" & w $P-d1:7 2 1 $M fast "" & w $P-d1:7 3 1 $M plain "" &
-  w $P-d1:7 1 1 $X fast "" & w $P-d1:7 0 1 $X plain "" &
-  w $P-d1:7 3 1 $S fast math --set runtime.attention=math --profile 3 & wait
-  phase "defaults 2: fast on $NG GPUs and 2 nodes x 2 per preset"
-  w $P-d2:5 $ALL 1 $S fast "" --profile 3 & w $P-d2:5 $ALL 1 $M fast "" & w $P-d2:5 $ALL 1 $X fast "" --profile 3 &
-  w $P-d2:5 $ALL 2 $S fast "" & w $P-d2:5 $ALL 2 $X fast "" & wait
+  phase "defaults 1: fast / plain on 1 GPU per preset"
+  w $P-d1:6 0 1 $S fast "" & w $P-d1:6 1 1 $S plain "" & w $P-d1:6 2 1 $M fast "" & w $P-d1:6 3 1 $M plain "" &
+  w $P-d1:6 1 1 $X fast "" & w $P-d1:6 0 1 $X plain "" & wait
+  # xl's profile says per rank how much of its all-reduce time is waiting (docs/benchmarks.md 1);
+  # b500: one 500 MiB bucket, one all-reduce after the compiled backward instead of five.
+  phase "defaults 2: fast on $NG GPUs and 2 nodes x 2 per preset; xl with one bucket"
+  w $P-d2:6 $ALL 1 $S fast "" --profile 3 & w $P-d2:6 $ALL 1 $M fast "" --profile 3 & w $P-d2:6 $ALL 1 $X fast "" --profile 3 &
+  w $P-d2:6 $ALL 2 $S fast "" & w $P-d2:6 $ALL 2 $X fast "" &
+  w $P-d2:6 $ALL 1 $X fast b500 --set runtime.ddp_bucket_mb=500 --profile 3 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP

@@ -35,6 +35,11 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     assert prof["top"] and prof["kinds"]["convolution"]["ms"] > 0
     assert abs(sum(k["share"] for k in prof["kinds"].values()) - 1) < 1e-6
     assert "convolution" in printed and "top entries" in printed
+    # DDP runs also say each rank's communication and other kernel time (waiting vs moving data)
+    per_rank = fast2["profile"]["per_rank"]
+    assert [r["rank"] for r in per_rank] == [0, 1] and all(r["other_ms"] > 0 for r in per_rank)
+    assert per_rank[0]["communication_ms"] == fast2["profile"]["kinds"].get("communication", {}).get("ms", 0.0)
+    assert "rank 1:" in printed
 
     # --collect rebuilds the report from the worker records alone.
     (out / "bench.json").unlink()

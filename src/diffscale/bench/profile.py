@@ -88,6 +88,9 @@ def render_profile(record: dict) -> str:
              f"{prof['total_ms_per_step']:.1f} ms (step {record['step_s'] * 1000:.1f} ms)"]
     for kind, v in prof["kinds"].items():
         lines.append(f"  {kind:<28} {v['ms']:8.2f} ms {v['share']:6.1%}")
+    if prof.get("per_rank"):
+        lines.append("  per rank, communication / other kernels (the least communication is the transfer):")
+        lines.extend(f"    rank {r['rank']}: {r['communication_ms']:7.2f} / {r['other_ms']:7.2f} ms" for r in prof["per_rank"])
     lines.append("  top entries:")
     for row in prof["top"]:
         lines.append(f"  {row['ms']:8.2f} ms {row['share']:6.1%} x{row['calls']:<4} [{row['kind']}] {row['name'][:90]}")

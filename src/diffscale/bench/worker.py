@@ -185,6 +185,8 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
             synchronize(device)
             elapsed = time.perf_counter() - start
         profile = profile_steps(runner.step, args.profile, device) if args.profile else None
+        if profile is not None and ctx.distributed:
+            profile["per_rank"] = _per_rank_kernel_time(ctx, profile, device)
         return {
             "elapsed": elapsed, "matmul_peak_tflops": peak, "gpu_util": util.mean(),
             "sm_clock_mhz": util.mean("sm_mhz"), "power_w": util.mean("watts"),
@@ -194,6 +196,16 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
             # CUDA-graph replays allocate nothing: their pools show only in the reserved memory
             "reserved": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0,
         }
+
+
+def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict]:
+    """Every rank's communication and other kernel time per step. The all-reduce kernels of
+    the rank that finishes its backward last are the transfer alone; the other ranks' also
+    hold the wait for it, so the spread tells waiting from moving data."""
+    comm = profile["kinds"].get("communication", {}).get("ms", 0.0)
+    mine = torch.tensor([[comm, profile["total_ms_per_step"] - comm]], dtype=torch.float64, device=device)
+    rows = ctx.gather_rows(mine, 1).tolist()
+    return [{"rank": rank, "communication_ms": c, "other_ms": other} for rank, (c, other) in enumerate(rows)]
 
 
 def measure(args: argparse.Namespace) -> dict | None:
