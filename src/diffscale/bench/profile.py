@@ -84,7 +84,8 @@ def render_profile(record: dict) -> str:
     prof = record.get("profile")
     if not prof:
         return ""
-    lines = [f"{record['preset']} {record['recipe']} x{record['world_size']}: {prof['unit']} "
+    label = f" ({record['label']})" if record.get("label") else ""
+    lines = [f"{record['preset']} {record['recipe']}{label} x{record['world_size']}: {prof['unit']} "
              f"{prof['total_ms_per_step']:.1f} ms (step {record['step_s'] * 1000:.1f} ms)"]
     for kind, v in prof["kinds"].items():
         lines.append(f"  {kind:<28} {v['ms']:8.2f} ms {v['share']:6.1%}")
