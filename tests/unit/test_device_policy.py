@@ -100,6 +100,12 @@ def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries(fake_h100)
         configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.MATH), fake_h100))
         assert torch.compiler.config.cache_key_tag == "sdpa=math"
         assert b.math_sdp_enabled() and not (b.flash_sdp_enabled() or b.cudnn_sdp_enabled())
+        configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.FLASH), fake_h100))
+        assert torch.compiler.config.cache_key_tag == "sdpa=flash"
+        torch.compiler.config.cache_key_tag = "lab-A"  # a user's own tag stays, once
+        configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.FLASH), fake_h100))
+        configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.FLASH), fake_h100))
+        assert torch.compiler.config.cache_key_tag == "lab-A|sdpa=flash"
     finally:
         b.enable_flash_sdp(saved[0]), b.enable_mem_efficient_sdp(saved[1])
         b.enable_cudnn_sdp(saved[2]), b.enable_math_sdp(saved[3])

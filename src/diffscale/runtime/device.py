@@ -158,7 +158,9 @@ def configure_backends(policy: DevicePolicy) -> None:
             torch.backends.cuda.enable_math_sdp(chosen == Attention.MATH)
             # Compiled code for one kernel must not serve another: inductor's cache key leaves
             # the kernel flags out (a warm cache from an `auto` run kept cuDNN under `math`).
-            torch.compiler.config.cache_key_tag = f"sdpa={chosen.value}"
+            # (kept beside a tag of the user's own, TORCH_COMPILE_CACHE_KEY_TAG)
+            tags = [t for t in torch.compiler.config.cache_key_tag.split("|") if t and not t.startswith("sdpa=")]
+            torch.compiler.config.cache_key_tag = "|".join(tags + [f"sdpa={chosen.value}"])
 
 
 def _toggle(value: Toggle, auto: bool) -> bool:
