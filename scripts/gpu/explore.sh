@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Profiling pass on one GPU: variants of the fast recipe compile side by side (--turns) and are
 # timed one at a time, each followed by a profile of 5 steps (top kernels, time per kind).
-# Usage: [SET=profiles|levers-small|levers-medium|defaults] bash scripts/gpu/explore.sh OUT_DIR
+# Usage: [SET=profiles|levers-small|levers-medium|defaults|flex] bash scripts/gpu/explore.sh OUT_DIR
 #        (SMALL/MEDIUM/XL/EXTRA shrink it for a CPU dry run)
-# SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 6.
+# SET=profiles (default): the layout and attention-kernel variants of docs/benchmarks.md 7.
 # SET=levers-*: the plain recipe beside fast-recipe levers for small and medium: channels_last
-#   and inductor's layout optimisation forced (its heuristic skips UNets): docs/benchmarks.md 2.
+#   and inductor's layout optimisation forced (its heuristic skips UNets): docs/benchmarks.md 3.
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-explore}"
 SMALL=${SMALL:-small}; MEDIUM=${MEDIUM:-medium}; XL=${XL:-xl}; EXTRA=${EXTRA:-}
@@ -29,9 +29,17 @@ if [ "${SET:-profiles}" = levers-small ]; then
   v $T1:4 $SMALL plain plain & v $T1:4 $SMALL fast cl $CL &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:4 $SMALL fast lopt &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T1:4 $SMALL fast cl-lopt $CL & wait
-elif [ "${SET:-profiles}" = defaults ]; then  # fast (CUDA graphs since docs/benchmarks.md 1) vs plain; math attention
+elif [ "${SET:-profiles}" = defaults ]; then  # fast (CUDA graphs since docs/benchmarks.md 2) vs plain; math attention
   v $T1:4 $SMALL plain plain & v $T1:4 $SMALL fast default & v $T1:4 $XL fast default &
   v $T1:4 $SMALL fast math --set runtime.attention=math & wait
+elif [ "${SET:-profiles}" = flex ]; then  # FlexAttention (runtime/flex_attention.py): kernels, layers, steps
+  # the kernels alone on each preset's attention calls, then whole compiled attention layers
+  timeout ${ATTN_LIMIT:-200} python3 -m diffscale.bench.attention --json "$OUT_DIR/attention.json" > "$OUT_DIR/attention.log" 2>&1
+  timeout ${ATTN_LIMIT:-150} python3 -m diffscale.bench.attention --layers --preset small medium \
+    --json "$OUT_DIR/attention-layers.json" > "$OUT_DIR/attention-layers.log" 2>&1
+  # training steps: the default (FlexAttention) against PyTorch's SDPA kernel and the plain recipe;
+  # medium beside these ran one 80 GiB card out of memory (docs/benchmarks.md 14)
+  v $T1:3 $SMALL plain plain & v $T1:3 $SMALL fast default & v $T1:3 $SMALL fast sdpa --set runtime.attention=sdpa & wait
 elif [ "${SET:-profiles}" = levers-medium ]; then
   v $T2:4 $MEDIUM plain plain & v $T2:4 $MEDIUM fast default &
   TORCHINDUCTOR_FORCE_LAYOUT_OPT=1 v $T2:4 $MEDIUM fast lopt &

@@ -39,7 +39,7 @@ if [ "${ONLY:-}" = check ]; then  # the interconnect first, then 1 vs all GPUs p
   w $P-c:7 $ALL 1 $X fast "" --profile 3 & w $P-c:7 $ALL 1 $X fast split --set runtime.ddp_graph_split=on & wait
   phase end; exit 0
 fi
-if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 4 left: all GPUs with one-graph DDP, CUDA graphs
+if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 5 left: all GPUs with one-graph DDP, CUDA graphs
   comm_check
   RO="--set runtime.compile_mode=reduce-overhead"  # label graphs: the step replayed as CUDA graphs
   phase "next: fast / plain on 1 GPU, 1 vs $NG GPUs per preset, CUDA graphs for small and xl"
@@ -49,18 +49,20 @@ if [ "${ONLY:-}" = next ]; then  # what docs/benchmarks.md 4 left: all GPUs with
   w $P-n:10 $ALL 1 $X fast graphs $RO --profile 3 & wait
   phase end; exit 0
 fi
-if [ "${ONLY:-}" = defaults ]; then  # the defaults (CUDA graphs since docs/benchmarks.md 1) in one call
-  # Two phases, at most two workers per GPU in the first and six jobs sharing each GPU in the
-  # second: twelve at once did not fit 80 GiB cards while compiling (docs/benchmarks.md 13).
-  phase "defaults 1: fast / plain on 1 GPU per preset"
-  w $P-d1:6 0 1 $S fast "" & w $P-d1:6 1 1 $S plain "" & w $P-d1:6 2 1 $M fast "" & w $P-d1:6 3 1 $M plain "" &
-  w $P-d1:6 1 1 $X fast "" & w $P-d1:6 0 1 $X plain "" & wait
-  # xl's profile says per rank how much of its all-reduce time is waiting (docs/benchmarks.md 1);
+if [ "${ONLY:-}" = defaults ]; then  # the defaults (CUDA graphs, FlexAttention where it won) in one call
+  # Two phases, at most two workers per GPU in the first and four jobs sharing each GPU in the
+  # second: twelve at once did not fit 80 GiB cards while compiling (docs/benchmarks.md 14).
+  # sdpa: PyTorch's attention kernel, the default before FlexAttention (runtime.attention=auto).
+  SDPA="--set runtime.attention=sdpa"
+  phase "defaults 1: fast / plain on 1 GPU per preset; small and medium with PyTorch's SDPA kernel"
+  w $P-d1:8 0 1 $S fast "" & w $P-d1:8 1 1 $S plain "" & w $P-d1:8 2 1 $M fast "" & w $P-d1:8 3 1 $M plain "" &
+  w $P-d1:8 1 1 $X fast "" & w $P-d1:8 0 1 $X plain "" & w $P-d1:8 2 1 $S fast sdpa $SDPA &
+  w $P-d1:8 3 1 $M fast sdpa $SDPA & wait
+  # xl's profile says per rank how much of its all-reduce time is waiting (docs/benchmarks.md 2);
   # b500: one 500 MiB bucket, one all-reduce after the compiled backward instead of five.
-  phase "defaults 2: fast on $NG GPUs and 2 nodes x 2 per preset; xl with one bucket"
-  w $P-d2:6 $ALL 1 $S fast "" --profile 3 & w $P-d2:6 $ALL 1 $M fast "" --profile 3 & w $P-d2:6 $ALL 1 $X fast "" --profile 3 &
-  w $P-d2:6 $ALL 2 $S fast "" & w $P-d2:6 $ALL 2 $X fast "" &
-  w $P-d2:6 $ALL 1 $X fast b500 --set runtime.ddp_bucket_mb=500 --profile 3 & wait
+  phase "defaults 2: fast on $NG GPUs per preset; xl with one bucket"
+  w $P-d2:4 $ALL 1 $S fast "" --profile 3 & w $P-d2:4 $ALL 1 $M fast "" --profile 3 & w $P-d2:4 $ALL 1 $X fast "" --profile 3 &
+  w $P-d2:4 $ALL 1 $X fast b500 --set runtime.ddp_bucket_mb=500 --profile 3 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP
@@ -78,7 +80,7 @@ if [ "${ONLY:-}" = presets ]; then  # every preset at 1, 2, 4 GPUs and 2 x 2, fa
   w $P-a:10 0 1 $S fast "" & w $P-a:10 1 1 $S plain "" & w $P-a:10 2 1 $M fast "" & w $P-a:10 3 1 $M plain "" &
   w $P-a:10 0,1 1 $S fast "" & w $P-a:10 0,1,2,3 1 $S fast "" --profile 3 & w $P-a:10 0,1,2,3 2 $S fast "" &
   w $P-a:10 2,3 1 $M fast "" & w $P-a:10 0,1,2,3 1 $M fast "" --profile 3 & w $P-a:10 0,1,2,3 2 $M fast "" & wait
-  # xl's all-reduce was not hidden (docs/benchmarks.md 8): 25 MiB buckets start it earlier;
+  # xl's all-reduce was not hidden (docs/benchmarks.md 9): 25 MiB buckets start it earlier;
   # one 500 MiB bucket keeps the compiled graph whole (no split per bucket) but overlaps nothing.
   phase "presets B: xl: fast and plain on 1 GPU, fast on 2, 4 and 2 x 2, bucket sizes; small on GPU 3"
   w $P-b:8 0 1 $X fast "" & w $P-b:8 1 1 $X plain "" & w $P-b:8 3 1 $S fast g3 &

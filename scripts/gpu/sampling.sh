@@ -10,7 +10,7 @@ for pb in "small 256" "medium 64" "xl 16"; do
   timeout 200 python3 -m diffscale.bench.sampling --preset $1 --batch $2 --steps 50 --repeats 3 \
     --json "$OUT_DIR/sampling-$1.json" >> "$OUT_DIR/sampling.log" 2>&1
 done
-# xl was just under 3x (docs/benchmarks.md 9): the same with NCHW activations, which trained
+# xl was just under 3x (docs/benchmarks.md 10): the same with NCHW activations, which trained
 # faster when compiled; its own file, so the table above is unchanged.
 timeout 200 python3 -m diffscale.bench.sampling --preset xl --batch 16 --steps 50 --repeats 3 \
   --set runtime.channels_last=off --json "$OUT_DIR/sampling-xl-nchw.json" >> "$OUT_DIR/sampling.log" 2>&1

@@ -24,6 +24,7 @@ from .data.device_loader import DataPosition, DeviceBatcher, micro_slice
 from .runtime import checkpoint as ckpt
 from .runtime.device import DevicePolicy, configure_backends, inference_policy
 from .runtime.distributed import DistContext
+from .runtime.flex_attention import use_flex_attention
 from .tasks import build_task
 
 
@@ -75,6 +76,8 @@ class Trainer:
         if policy.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.ema = copy.deepcopy(self.net).requires_grad_(False).eval()
+        if policy.flex_min_rows is not None:  # training's kernel; the EMA samples as inference_policy says
+            use_flex_attention(self.net, policy.flex_min_rows)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         self.ema_params = list(self.ema.parameters())
         fused = cfg.runtime.recipe == Recipe.FAST and self.device.type in ("cuda", "cpu")
@@ -250,6 +253,8 @@ class InferenceNetwork(torch.nn.Module):
         super().__init__()
         self.policy = policy
         net = net.eval().requires_grad_(False)
+        if policy.flex_min_rows is not None:
+            use_flex_attention(net, policy.flex_min_rows)
         if policy.channels_last:
             net = net.to(memory_format=torch.channels_last)
         # CUDA graphs ("reduce-overhead") replay a whole denoising call as one launch: a

@@ -55,6 +55,8 @@ def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int,
     mem = f", {policy.memory_bytes / 2**30:.0f} GiB" if policy.memory_bytes else ""
     eff = cfg.effective_batch(ctx.world_size)
     compiled = (" | compiled" + (" (CUDA graphs)" if trains_in_cuda_graphs(cfg, policy) else "")) if policy.compile else ""
+    if policy.flex_min_rows is not None:
+        compiled += " | FlexAttention" + (f" (calls of >= {policy.flex_min_rows} rows)" if policy.flex_min_rows else "")
     return (
         f"diffscale | {policy.device.type}: {policy.name}{mem} | {policy.precision.value}"
         f"{' + GradScaler' if policy.use_grad_scaler else ''}{compiled} | "

@@ -25,6 +25,7 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
         assert r["samples_per_s"] > 0 and r["flops_per_step_per_gpu"] > 0 and r["startup_s"] > 0
         assert 0 <= r["data_wait_share"] <= 1
         assert r["reserved_gib"] == 0 and r["compile_mode"] is None  # CPU: no CUDA memory, eager
+        assert r["attention"] == "auto" and r["flex_min_rows"] is None  # FlexAttention: compiled CUDA only
     fast2 = next(r for r in records if r["recipe"] == "fast" and r["world_size"] == 2)
     assert fast2["scaling_efficiency"] is not None and fast2["fast_over_plain"] is not None
     assert (out / "bench.png").stat().st_size > 1000

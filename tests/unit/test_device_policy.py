@@ -12,7 +12,7 @@ from diffscale.runtime.device import inference_policy, resolve_policy
 
 @pytest.fixture
 def fake_h100(monkeypatch):
-    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85_520_809_984)
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85_520_809_984, major=9, minor=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     return torch.device("cuda", 0)
@@ -111,3 +111,36 @@ def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries(fake_h100)
         b.enable_cudnn_sdp(saved[2]), b.enable_math_sdp(saved[3])
         torch.compiler.config.cache_key_tag = saved[4]
         b.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved[5:]
+
+
+def test_flexattention_where_it_measured_faster_and_sdpa_elsewhere(fake_h100, monkeypatch):
+    """``auto``: FlexAttention for compiled CUDA training (calls of many narrow-head rows, the
+    processor decides per call); never for the eager plain recipe, the CPU, sampling, or cards
+    before Ampere, where it was not measured."""
+    from diffscale.runtime.device import FLEX_AUTO_MIN_ROWS
+
+    def rows(device=fake_h100, inference=False, **runtime):
+        cfg = C.RuntimeConfig(**runtime)
+        return (inference_policy if inference else resolve_policy)(cfg, device).flex_min_rows
+
+    assert rows() == FLEX_AUTO_MIN_ROWS == 8192
+    assert rows(recipe=C.Recipe.PLAIN) is None  # the common recipe keeps PyTorch's SDPA choice
+    assert rows(compile=C.Toggle.OFF) is None
+    assert rows(torch.device("cpu")) is None
+    assert rows(inference=True) is None  # sampling was measured with SDPA
+    assert rows(attention=C.Attention.SDPA) is None and rows(attention=C.Attention.CUDNN) is None
+    assert rows(attention=C.Attention.FLEX) == 0 and rows(attention=C.Attention.FLEX, inference=True) == 0
+    old = types.SimpleNamespace(name="Tesla V100-SXM2-32GB", total_memory=34_089_730_048, major=7, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: old)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert rows() is None
+
+
+def test_forced_flexattention_needs_a_compiled_cuda_run(fake_h100):
+    from diffscale.errors import UserError
+
+    with pytest.raises(UserError, match=r"this run is on cpu\): FlexAttention is a kernel torch.compile"):
+        resolve_policy(C.RuntimeConfig(attention=C.Attention.FLEX), torch.device("cpu"))
+    with pytest.raises(UserError, match=r"this run is not compiled") as err:
+        resolve_policy(C.RuntimeConfig(attention=C.Attention.FLEX, compile=C.Toggle.OFF), fake_h100)
+    assert "runtime.compile=on" in err.value.fix

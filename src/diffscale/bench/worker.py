@@ -60,13 +60,15 @@ def count_step_flops(trainer) -> float:
     batch), so the count needs a fraction of a full eager step's memory."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from ..runtime.flex_attention import sdpa_attention
+
     cfg = trainer.cfg
     size, b = cfg.model.sample_size, cfg.train.batch_per_gpu
     sub = max(1, b // 16)
     x = torch.randn(sub, trainer.task.channels, size, size, device=trainer.device)
     t = torch.randint(0, 1000, (sub,), device=trainer.device)
     counter = FlopCounterMode(display=False)
-    with counter:
+    with counter, sdpa_attention(trainer.net):
         with trainer.policy.autocast():
             out = trainer.net(x, t)
         out.float().pow(2).mean().backward()
@@ -260,7 +262,8 @@ def measure(args: argparse.Namespace) -> dict | None:
         "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"], "power_w": window["power_w"],
         "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
         "compile_mode": training_compile_mode(cfg, policy).value if policy.compile and args.recipe == "fast" else None,
-        "channels_last": policy.channels_last,
+        "channels_last": policy.channels_last, "attention": cfg.runtime.attention.value,
+        "flex_min_rows": policy.flex_min_rows if args.recipe == "fast" else None,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
         "measured_window": window["window"],  # wall-clock start and end of the measured part
     }

@@ -19,12 +19,13 @@ from ..runtime.resources import auto_workers
 
 # Measured training throughput, samples/s per GPU: (preset, GPU key) -> value.
 MEASURED_SAMPLES_PER_S: dict[tuple[str, str], float] = {
-    # The fast recipe as it trains by default (CUDA graphs), one GPU, docs/benchmarks.md 1,
-    # 2026-11-26, one run each. H100 medium predates the layout optimisation and the graphs
-    # (section 6), so it errs on the slow side.
-    ("small", "H100"): 24356.0,
-    ("medium", "H100"): 2970.0,
-    ("xl", "H100"): 572.0,
+    # The fast recipe as it trains by default, one GPU. H100: CUDA graphs and FlexAttention,
+    # all three presets in one run (docs/benchmarks.md 1, session 5, 2026-11-26). H200: CUDA
+    # graphs with PyTorch's SDPA attention (section 2, session 4), before FlexAttention, which
+    # trained small 15 % and medium 4 % faster on the H100s: it errs on the slow side.
+    ("small", "H100"): 28011.0,
+    ("medium", "H100"): 3512.0,
+    ("xl", "H100"): 581.0,
     ("small", "H200"): 27758.0,
     ("medium", "H200"): 3856.0,
     ("xl", "H200"): 664.0,
@@ -32,16 +33,15 @@ MEASURED_SAMPLES_PER_S: dict[tuple[str, str], float] = {
 
 # Measured peak GPU memory in GB: (preset, batch_per_gpu, GPU key) -> value.
 MEASURED_PEAK_GPU_GB: dict[tuple[str, int, str], float] = {
-    # The fast recipe, docs/benchmarks.md 1-3, 2026-11-26: the largest of the allocated peaks
-    # (any layout, 1 to 4 GPUs) and, with CUDA graphs, the reserved memory (graph pools show
-    # only there): small 10.92 GiB reserved on 1 GPU; xl 9.84 reserved plus the 1.07 GiB DDP
-    # added to its allocated peak on 4 GPUs; medium's reserved figure is not measured yet.
-    ("small", 2048, "H100"): 10.92 * 2**30 / 1e9,
-    ("medium", 384, "H100"): 16.44 * 2**30 / 1e9,
-    ("xl", 32, "H100"): 10.91 * 2**30 / 1e9,
-    ("small", 2048, "H200"): 10.92 * 2**30 / 1e9,
-    ("medium", 384, "H200"): 16.44 * 2**30 / 1e9,
-    ("xl", 32, "H200"): 10.91 * 2**30 / 1e9,
+    # The default fast recipe, docs/benchmarks.md 1 (session 5, 4 x H100, 2026-11-26): the
+    # reserved memory (CUDA-graph pools show only there), the larger of 1 and 4 GPUs. Memory
+    # does not depend on the card, so the H200 rows take the same figures.
+    ("small", 2048, "H100"): 11.80 * 2**30 / 1e9,
+    ("medium", 384, "H100"): 17.66 * 2**30 / 1e9,
+    ("xl", 32, "H100"): 10.11 * 2**30 / 1e9,
+    ("small", 2048, "H200"): 11.80 * 2**30 / 1e9,
+    ("medium", 384, "H200"): 17.66 * 2**30 / 1e9,
+    ("xl", 32, "H200"): 10.11 * 2**30 / 1e9,
 }
 
 # Dense bf16/fp16 tensor-core peak TFLOP/s from NVIDIA's datasheets (no sparsity).

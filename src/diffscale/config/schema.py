@@ -68,13 +68,17 @@ class CompileMode(str, enum.Enum):
 
 
 class Attention(str, enum.Enum):
-    """Scaled-dot-product attention kernel on CUDA; ``auto`` lets PyTorch choose per call."""
+    """Attention kernel on CUDA: ``auto`` is FlexAttention where it measured faster (compiled
+    training, many narrow heads) and PyTorch's SDPA choice elsewhere; ``sdpa`` is always PyTorch's
+    choice; ``flex`` always FlexAttention (compiled on CUDA only); the rest force one SDPA kernel."""
 
     AUTO = "auto"
+    SDPA = "sdpa"
     FLASH = "flash"
     EFFICIENT = "efficient"
     CUDNN = "cudnn"
     MATH = "math"
+    FLEX = "flex"
 
 
 class BetaSchedule(str, enum.Enum):
@@ -314,9 +318,12 @@ class RuntimeConfig:
     kernel_tuning: Toggle = Toggle.OFF
     """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled:
     small trained 3.2 % faster on an H200, its first compile took 477 s instead of ~190 s
-    (cached after; docs/benchmarks.md 1)."""
+    (cached after; docs/benchmarks.md 2)."""
     attention: Attention = Attention.AUTO
-    """Attention kernel on CUDA (``auto``, ``flash``, ``efficient``, ``cudnn``, ``math``)."""
+    """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
+    (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md 1), else
+    ``sdpa`` (PyTorch picks a kernel per call); ``flex``: FlexAttention always (compiled CUDA only);
+    ``flash``, ``efficient``, ``cudnn``, ``math``: that SDPA kernel only."""
     join_timeout_s: float = 300.0
     """Seconds to wait for all ranks to join before failing with a diagnosis."""
     collective_timeout_s: float = 1800.0

@@ -14,6 +14,13 @@ from ..errors import UserError
 from .resources import host_memory_bytes
 
 
+FLEX_AUTO_MIN_ROWS = 8192
+"""``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
+rows. One H100 (docs/benchmarks.md 1): small's calls (16,384 and 32,768 rows of 8-channel heads)
+trained 14 % faster a step than with cuDNN's kernel; xl's (2,048 rows) ran 4 x slower in the
+kernel benchmark (``python -m diffscale.bench.attention``)."""
+
+
 @dataclass(frozen=True)
 class DevicePolicy:
     """What the hardware offers and how the run will use it."""
@@ -30,6 +37,8 @@ class DevicePolicy:
     attention: Attention = Attention.AUTO
     layout_opt: bool = False
     """Force inductor's channels-last layout optimisation in compiled graphs."""
+    flex_min_rows: int | None = None
+    """FlexAttention for attention calls of at least this many (batch x heads) rows; None: never."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -85,10 +94,11 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         props = torch.cuda.get_device_properties(device)
         name, memory = props.name, int(props.total_memory)
         bf16_ok = torch.cuda.is_bf16_supported()
+        capability = (props.major, props.minor)
     elif device.type == "mps":
-        name, memory, bf16_ok = "Apple MPS", 0, False
+        name, memory, bf16_ok, capability = "Apple MPS", 0, False, (0, 0)
     else:
-        name, memory, bf16_ok = "CPU", host_memory_bytes(), False
+        name, memory, bf16_ok, capability = "CPU", host_memory_bytes(), False, (0, 0)
 
     precision = cfg.precision
     plain = cfg.recipe == Recipe.PLAIN
@@ -107,12 +117,22 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     compile_on = _toggle(cfg.compile, fast_cuda)
     # channels_last helps cuDNN in eager mode. Compiled, NCHW inputs with inductor's layout
     # optimisation (below) trained fastest: channels_last inputs add strided copies and slower
-    # GroupNorm kernels (docs/benchmarks.md 2 and 6).
+    # GroupNorm kernels (docs/benchmarks.md 3 and 7).
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     # Compiled, the layout is better left to inductor, forced on: its heuristic skips UNets
     # (convolutions with twice as many input as output channels after each skip concat), yet
     # forced it trained small 2.17 -> 2.40 and medium 1.86 -> 2.10 x the plain recipe (H200).
     layout_opt = compile_on and _toggle(cfg.layout_opt, device.type == "cuda")
+    if cfg.attention == Attention.FLEX and not (device.type == "cuda" and compile_on):
+        where = "not compiled" if device.type == "cuda" else f"on {device.type}"
+        raise UserError(f"runtime.attention flex needs a compiled run on a CUDA GPU (this run is {where}): "
+                        "FlexAttention is a kernel torch.compile generates",
+                        "use --set runtime.attention=auto, or runtime.compile=on on a GPU")
+    flex_min_rows = None
+    if cfg.attention == Attention.FLEX:
+        flex_min_rows = 0
+    elif cfg.attention == Attention.AUTO and compile_on and device.type == "cuda" and capability >= (8, 0):
+        flex_min_rows = FLEX_AUTO_MIN_ROWS
     return DevicePolicy(
         device=device,
         name=name,
@@ -124,6 +144,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         fused_adamw=fast_cuda,
         attention=cfg.attention,
         layout_opt=layout_opt,
+        flex_min_rows=flex_min_rows,
     )
 
 
@@ -136,6 +157,8 @@ def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         policy = dataclasses.replace(policy, channels_last=True)
     if cfg.layout_opt == Toggle.AUTO:  # measured on training only; sampling keeps inductor's choice
         policy = dataclasses.replace(policy, layout_opt=False)
+    if cfg.attention == Attention.AUTO:  # FlexAttention was measured on training steps only
+        policy = dataclasses.replace(policy, flex_min_rows=None)
     return policy
 
 
@@ -149,7 +172,7 @@ def configure_backends(policy: DevicePolicy) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = True
-        if policy.attention != Attention.AUTO:
+        if policy.attention not in (Attention.AUTO, Attention.SDPA, Attention.FLEX):  # flex: runtime/flex_attention.py
             # Process-wide: only the chosen scaled-dot-product-attention kernel stays enabled.
             chosen = policy.attention
             torch.backends.cuda.enable_flash_sdp(chosen == Attention.FLASH)
