@@ -5,7 +5,7 @@
 The presets' UNets have 8-channel heads (diffusers' default), which the fused SDPA kernels pad
 to their 32-64-channel tiles. This times every kernel ``runtime.attention`` offers on exactly the
 (batch, heads, tokens, head dim) calls one training step of the preset makes, and prints each
-against PyTorch's own choice (``auto``) measured in the same run.
+against PyTorch's own choice (``sdpa``) measured in the same run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..models import build_unet
 from ..presets import get_preset
 
-SDPA_KERNELS = {"auto": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+SDPA_KERNELS = {"sdpa": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
 
@@ -124,9 +124,9 @@ def measure_layers(preset: str, batch: int, repeats: int) -> list[dict]:
                      "ms_per_call": per_call, "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
     base = rows[0]["ms_per_step"]
     for r in rows:
-        r["vs_auto"] = base / r["ms_per_step"]
+        r["vs_sdpa"] = base / r["ms_per_step"]
         print(f"{preset:7s} {r['kernel']:20s} batch {batch:5d}: layer fwd+bwd {r['ms_per_step']:7.2f} ms/step"
-              f"  ({r['vs_auto']:.2f} x sdpa)  ms per call "
+              f"  ({r['vs_sdpa']:.2f} x sdpa)  ms per call "
               + " ".join(f"{k}: {v:.3f}" for k, v in r["ms_per_call"].items()), flush=True)
     return rows
 
@@ -149,11 +149,11 @@ def measure(preset: str, batch: int, repeats: int) -> list[dict]:
         if ok:
             rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total, "ms_per_call": per_call,
                          "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
-    auto = next((r["ms_per_step"] for r in rows if r["kernel"] == "auto"), None)
+    sdpa = next((r["ms_per_step"] for r in rows if r["kernel"] == "sdpa"), None)
     for r in rows:
-        r["vs_auto"] = auto / r["ms_per_step"] if auto else None
+        r["vs_sdpa"] = sdpa / r["ms_per_step"] if sdpa else None
         print(f"{preset:7s} {r['kernel']:9s} batch {batch:5d}: attention fwd+bwd {r['ms_per_step']:7.2f} ms/step"
-              f"  ({r['vs_auto']:.2f} x auto)  calls {r['calls']}  ms per call "
+              f"  ({r['vs_sdpa']:.2f} x sdpa)  calls {r['calls']}  ms per call "
               + " ".join(f"{k}: {v:.3f}" for k, v in r["ms_per_call"].items()), flush=True)
     return rows
 

@@ -17,7 +17,7 @@ from .resources import host_memory_bytes
 FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
 rows. One H100 (docs/benchmarks.md 1): small's calls (16,384 and 32,768 rows of 8-channel heads)
-trained 14 % faster a step than with cuDNN's kernel; xl's (2,048 rows) ran 4 x slower in the
+trained 14-15 % faster a step than with cuDNN's kernel; xl's (2,048 rows) ran 4 x slower in the
 kernel benchmark (``python -m diffscale.bench.attention``)."""
 
 
