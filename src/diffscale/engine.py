@@ -261,8 +261,9 @@ class InferenceNetwork(torch.nn.Module):
         # sampling step of a small UNet is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
         self.graphs = policy.compile and policy.device.type == "cuda"
-        mode = "reduce-overhead" if self.graphs else None
-        self.run = torch.compile(net, mode=mode, dynamic=False) if policy.compile else net
+        mode = "reduce-overhead" if self.graphs else "default"
+        options = compile_options(mode, policy.layout_opt)  # layout: inductor's choice unless set on
+        self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last:
