@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets|check|next|levers|defaults] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check|next|levers|defaults|ddp] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -63,6 +63,17 @@ if [ "${ONLY:-}" = defaults ]; then  # the defaults (CUDA graphs, FlexAttention 
   phase "defaults 2: fast on $NG GPUs per preset; xl with one bucket"
   w $P-d2:4 $ALL 1 $S fast "" --profile 3 & w $P-d2:4 $ALL 1 $M fast "" --profile 3 & w $P-d2:4 $ALL 1 $X fast "" --profile 3 &
   w $P-d2:4 $ALL 1 $X fast b500 --set runtime.ddp_bucket_mb=500 --profile 3 & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = ddp ]; then  # small and medium scaling with and without bf16 gradient compression
+  # docs/benchmarks.md 1: small 96.8-97.0 %, medium 97.0-97.1 %; their gradients are small enough
+  # that compressing them may cost more than it saves. At most four jobs per GPU per phase (80 GiB).
+  NC="--set runtime.ddp_bf16_compress=off"
+  phase "ddp 1: small and medium on 1 GPU; small on $NG GPUs with and without compression"
+  w $P-p1:4 0 1 $S fast "" & w $P-p1:4 1 1 $M fast "" &
+  w $P-p1:4 $ALL 1 $S fast "" --profile 3 & w $P-p1:4 $ALL 1 $S fast nocompress $NC --profile 3 & wait
+  phase "ddp 2: medium on $NG GPUs with and without compression"
+  w $P-p2:2 $ALL 1 $M fast "" --profile 3 & w $P-p2:2 $ALL 1 $M fast nocompress $NC --profile 3 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP
