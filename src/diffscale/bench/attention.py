@@ -49,59 +49,58 @@ def attention_calls(preset: str) -> Counter:
     return calls
 
 
-def _time_ms(fn, q, k, v, repeats: int) -> float:
-    grad = torch.randn_like(fn(q, k, v))
+def _time_ms(call, repeats: int) -> float:
+    """Forward + backward of ``call()`` in ms, after three warm-up calls (and compilation)."""
+    grad = torch.randn_like(call())
     for _ in range(3):
-        fn(q, k, v).backward(grad)
+        call().backward(grad)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
-        fn(q, k, v).backward(grad)
+        call().backward(grad)
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / repeats
 
 
 def kernels() -> dict:
+    """Attention alone: name -> (batch, heads, tokens, dim) -> a call on fresh bf16 q, k, v."""
     from ..runtime.flex_attention import FlexAttnProcessor
 
     def sdpa(backend):
-        def run(q, k, v):
+        def attend(q, k, v):
             if backend is None:
                 return F.scaled_dot_product_attention(q, k, v)
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v)
-        return run
+        return attend
 
-    found = {name: sdpa(b) for name, b in SDPA_KERNELS.items()}
-    found["flex"] = torch.compile(FlexAttnProcessor().attend, dynamic=False)
-    found["flex-default-tiles"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False)
+    attends = {name: sdpa(b) for name, b in SDPA_KERNELS.items()}
+    attends["flex"] = torch.compile(FlexAttnProcessor().attend, dynamic=False)
+    attends["flex-default-tiles"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False)
     # inductor benchmarks its flex configurations per shape (the choice is in the log)
-    found["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False, mode="max-autotune-no-cudagraphs")
-    return found
+    attends["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False, mode="max-autotune-no-cudagraphs")
+
+    def on_inputs(attend):
+        def make(batch, heads, tokens, dim):
+            q, k, v = (torch.randn(batch, heads, tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            return lambda: attend(q, k, v)
+        return make
+
+    return {name: on_inputs(attend) for name, attend in attends.items()}
 
 
-def layer_variants() -> dict:
-    """Processors timed inside a diffusers attention layer (projections, layouts, autocast)."""
-    from diffusers.models.attention_processor import AttnProcessor2_0
+def layers() -> dict:
+    """Whole attention layers as the model runs them: a diffusers ``Attention`` (GroupNorm, q/k/v
+    projections, heads, output projection, residual) per processor, compiled, bf16 autocast."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
     from ..runtime.flex_attention import FlexAttnProcessor
 
-    return {"sdpa": AttnProcessor2_0(), "flex": FlexAttnProcessor(), "flex-default-tiles": FlexAttnProcessor({})}
-
-
-def measure_layers(preset: str, batch: int, repeats: int) -> list[dict]:
-    """Each attention layer shape of the preset as the model runs it: a diffusers ``Attention``
-    (GroupNorm, q/k/v projections, heads, output projection, residual) under bf16 autocast,
-    compiled, forward + backward, per processor."""
-    from diffusers.models.attention_processor import Attention
-
-    rows = []
-    calls = attention_calls(preset)
-    for name, processor in layer_variants().items():
-        total, per_call = 0.0, {}
-        for (heads, tokens, dim), count in calls.items():
+    def in_layer(processor):
+        def make(batch, heads, tokens, dim):
             channels, side = heads * dim, int(tokens ** 0.5)
             layer = Attention(channels, heads=heads, dim_head=dim, norm_num_groups=32, residual_connection=True,
                               bias=True, upcast_softmax=True, _from_deprecated_attn_block=True).cuda()
@@ -109,53 +108,45 @@ def measure_layers(preset: str, batch: int, repeats: int) -> list[dict]:
             compiled = torch.compile(layer, dynamic=False)
             x = torch.randn(batch, channels, side, side, device="cuda", requires_grad=True)
 
-            def run(x, _k, _v, compiled=compiled):
+            def call():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     return compiled(x)
+            return call
+        return make
 
-            try:
-                per_call[f"{heads}x{tokens}x{dim}"] = ms = _time_ms(run, x, None, None, repeats)
-                total += count * ms
-            except Exception as err:
-                print(f"{preset} layer {name}: {str(err).splitlines()[0][:160]}")
-                total = float("nan")
-                break
-        rows.append({"preset": preset, "kernel": f"layer {name}", "batch": batch, "ms_per_step": total,
-                     "ms_per_call": per_call, "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
-    base = rows[0]["ms_per_step"]
-    for r in rows:
-        r["vs_sdpa"] = base / r["ms_per_step"]
-        print(f"{preset:7s} {r['kernel']:20s} batch {batch:5d}: layer fwd+bwd {r['ms_per_step']:7.2f} ms/step"
-              f"  ({r['vs_sdpa']:.2f} x sdpa)  ms per call "
-              + " ".join(f"{k}: {v:.3f}" for k, v in r["ms_per_call"].items()), flush=True)
-    return rows
+    processors = {"sdpa": AttnProcessor2_0(), "flex": FlexAttnProcessor(), "flex-default-tiles": FlexAttnProcessor({})}
+    return {f"layer {name}": in_layer(p) for name, p in processors.items()}
 
 
-def measure(preset: str, batch: int, repeats: int) -> list[dict]:
+def measure(preset: str, batch: int, repeats: int, variants: dict, what: str) -> list[dict]:
+    """Every variant on every attention call of one training step of ``preset``, against ``sdpa``
+    (the first variant) measured in the same run; a variant that cannot take a shape is left out."""
     rows = []
     calls = attention_calls(preset)
-    for name, fn in kernels().items():
+    for name, make in variants.items():
         total, ok, per_call = 0.0, True, {}
         for (heads, tokens, dim), count in calls.items():
-            q, k, v = (torch.randn(batch, heads, tokens, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                       for _ in range(3))
             try:
-                per_call[f"{heads}x{tokens}x{dim}"] = ms = _time_ms(fn, q, k, v, repeats)
+                per_call[f"{heads}x{tokens}x{dim}"] = ms = _time_ms(make(batch, heads, tokens, dim), repeats)
                 total += count * ms
             except Exception as err:  # a kernel that cannot take the shape (e.g. head dim)
-                print(f"{preset} {name}: {str(err).splitlines()[0][:120]}")
+                print(f"{preset} {name}: {str(err).splitlines()[0][:160]}")
                 ok = False
                 break
         if ok:
             rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total, "ms_per_call": per_call,
                          "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
-    sdpa = next((r["ms_per_step"] for r in rows if r["kernel"] == "sdpa"), None)
+    sdpa = rows[0]["ms_per_step"] if rows and rows[0]["kernel"].endswith("sdpa") else None
     for r in rows:
         r["vs_sdpa"] = sdpa / r["ms_per_step"] if sdpa else None
-        print(f"{preset:7s} {r['kernel']:9s} batch {batch:5d}: attention fwd+bwd {r['ms_per_step']:7.2f} ms/step"
-              f"  ({r['vs_sdpa']:.2f} x sdpa)  calls {r['calls']}  ms per call "
+        print(f"{preset:7s} {r['kernel']:20s} batch {batch:5d}: {what} fwd+bwd {r['ms_per_step']:7.2f} ms/step"
+              f"  ({_fmt_ratio(r['vs_sdpa'])} x sdpa)  ms per call "
               + " ".join(f"{k}: {v:.3f}" for k, v in r["ms_per_call"].items()), flush=True)
     return rows
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for preset in args.preset:
         batch = get_preset(preset).train.batch_per_gpu
-        if args.layers:
-            rows += measure_layers(preset, batch, args.repeats)
-        else:
-            rows += measure(preset, batch, args.repeats)
+        variants, what = (layers(), "layer") if args.layers else (kernels(), "attention")
+        rows += measure(preset, batch, args.repeats, variants, what)
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
     return 0

@@ -65,7 +65,6 @@ class FlexAttnProcessor:
         if four_d:
             batch, channel, height, width = hidden_states.shape
             hidden_states = hidden_states.view(batch, channel, height * width).transpose(1, 2)
-        batch = hidden_states.shape[0]
         if attn.group_norm is not None:
             hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
         query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
