@@ -68,12 +68,13 @@ fi
 if [ "${ONLY:-}" = ddp ]; then  # small and medium scaling with and without bf16 gradient compression
   # docs/benchmarks.md 1: small 96.8-97.0 %, medium 97.0-97.1 %; their gradients are small enough
   # that compressing them may cost more than it saves. At most four jobs per GPU per phase (80 GiB).
-  NC="--set runtime.ddp_bf16_compress=off"
+  # --profile 5 says per rank how long its GPU sat idle between kernels; --trace keeps the timeline.
+  NC="--set runtime.ddp_bf16_compress=off" T="$OUT_DIR/traces"
   phase "ddp 1: small and medium on 1 GPU; small on $NG GPUs with and without compression"
-  w $P-p1:4 0 1 $S fast "" & w $P-p1:4 1 1 $M fast "" &
-  w $P-p1:4 $ALL 1 $S fast "" --profile 3 & w $P-p1:4 $ALL 1 $S fast nocompress $NC --profile 3 & wait
+  w $P-p1:4 0 1 $S fast "" --profile 5 --trace $T/$S-1 & w $P-p1:4 1 1 $M fast "" --profile 5 &
+  w $P-p1:4 $ALL 1 $S fast "" --profile 5 --trace $T/$S-$NG & w $P-p1:4 $ALL 1 $S fast nocompress $NC --profile 5 & wait
   phase "ddp 2: medium on $NG GPUs with and without compression"
-  w $P-p2:2 $ALL 1 $M fast "" --profile 3 & w $P-p2:2 $ALL 1 $M fast nocompress $NC --profile 3 & wait
+  w $P-p2:2 $ALL 1 $M fast "" --profile 5 --trace $T/$M-$NG & w $P-p2:2 $ALL 1 $M fast nocompress $NC --profile 5 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP

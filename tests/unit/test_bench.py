@@ -121,7 +121,7 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
     assert record["overrides"] == ["model.block_out_channels=[16,32,32]"]
 
 
-def test_profile_counts_operators_not_annotation_ranges():
+def test_profile_counts_operators_not_annotation_ranges(tmp_path):
     from torch.profiler import record_function
 
     from diffscale.bench.profile import profile_steps
@@ -130,10 +130,22 @@ def test_profile_counts_operators_not_annotation_ranges():
         with record_function("nccl:all_reduce"):  # a range around work that is counted itself
             torch.ones(64, 64) @ torch.ones(64, 64)
 
-    prof = profile_steps(step, 2, torch.device("cpu"))
+    trace = tmp_path / "traces" / "rank0.json"
+    prof = profile_steps(step, 2, torch.device("cpu"), trace=trace)
     names = [row["name"] for row in prof["top"]]
     assert "aten::mm" in names and "nccl:all_reduce" not in names
     assert prof["kinds"]["matmul"]["ms"] > 0
+    assert "idle_ms_per_step" not in prof  # GPU idle time only where there is a GPU timeline
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+
+
+def test_gpu_idle_is_span_minus_the_union_of_kernels():
+    from diffscale.bench.profile import busy_and_span_us
+
+    # two streams overlap (0-10 and 5-12: busy 12), then a 3 us gap, then 15-20
+    assert busy_and_span_us([(15, 20), (0, 10), (5, 12), (6, 8)]) == (17, 20)
+    assert busy_and_span_us([]) == (0.0, 0.0)
 
 
 def test_turns_let_workers_start_together_but_measure_one_at_a_time(tmp_path):

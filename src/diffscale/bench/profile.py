@@ -4,7 +4,8 @@ kernels, optimizer, communication, copies). ``diffscale bench --profile N`` reco
 
 from __future__ import annotations
 
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterable
 
 import torch
 
@@ -41,8 +42,39 @@ def _self_time_us(event, cuda: bool) -> float:
     return float(event.self_cpu_time_total)
 
 
-def profile_steps(step: Callable[[], object], steps: int, device: torch.device, top: int = 15) -> dict:
-    """Profile ``steps`` calls of ``step``; per-step milliseconds of the top entries and of each kind."""
+def busy_and_span_us(intervals: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """Time covered by at least one interval (kernels on any stream: overlap counts once), and
+    the span from the first start to the last end. Span minus busy is time the GPU sat idle."""
+    ordered = sorted(intervals)
+    if not ordered:
+        return 0.0, 0.0
+    busy, (cur_start, cur_end) = 0.0, ordered[0]
+    for start, end in ordered[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    return busy, max(end for _, end in ordered) - ordered[0][0]
+
+
+def _kernel_intervals(prof) -> list[tuple[float, float]]:
+    out = []
+    for event in prof.events():
+        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        if getattr(event, "is_user_annotation", False):
+            continue
+        out.append((float(event.time_range.start), float(event.time_range.end)))
+    return out
+
+
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device, top: int = 15,
+                  trace: Path | None = None) -> dict:
+    """Profile ``steps`` calls of ``step``; per-step milliseconds of the top entries and of each
+    kind, and on a GPU how long it sat idle between kernels. ``trace``: also write the Chrome
+    trace (chrome://tracing, Perfetto) there."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -51,6 +83,9 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
         for _ in range(steps):
             step()
         synchronize(device)
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
     rows = []
     for event in prof.key_averages():
         if cuda and getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
@@ -70,9 +105,17 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     for name, ms, _ in rows:
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
     rows.sort(key=lambda r: r[1], reverse=True)
+    timeline = {}
+    if cuda:
+        # The host queues steps ahead, so the GPU's span over the profiled steps is their time;
+        # gaps in it are waits on the host (launches, synchronisation), not kernels.
+        busy, span = busy_and_span_us(_kernel_intervals(prof))
+        timeline = {"busy_ms_per_step": busy / 1000 / steps, "span_ms_per_step": span / 1000 / steps,
+                    "idle_ms_per_step": (span - busy) / 1000 / steps}
     return {
         "unit": "GPU kernel time per step" if cuda else "CPU operator self time per step",
         "total_ms_per_step": total,
+        **timeline,
         "kinds": {k: {"ms": v, "share": v / total} for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
         "top": [{"name": name[:160], "kind": kind_of(name), "ms": ms, "share": ms / total, "calls": calls}
                 for name, ms, calls in rows[:top]],
@@ -87,11 +130,15 @@ def render_profile(record: dict) -> str:
     label = f" ({record['label']})" if record.get("label") else ""
     lines = [f"{record['preset']} {record['recipe']}{label} x{record['world_size']}: {prof['unit']} "
              f"{prof['total_ms_per_step']:.1f} ms (step {record['step_s'] * 1000:.1f} ms)"]
+    if "idle_ms_per_step" in prof:
+        lines.append(f"  GPU idle between kernels {prof['idle_ms_per_step']:.2f} ms of "
+                     f"{prof['span_ms_per_step']:.2f} ms per profiled step")
     for kind, v in prof["kinds"].items():
         lines.append(f"  {kind:<28} {v['ms']:8.2f} ms {v['share']:6.1%}")
     if prof.get("per_rank"):
-        lines.append("  per rank, communication / other kernels (the least communication is the transfer):")
-        lines.extend(f"    rank {r['rank']}: {r['communication_ms']:7.2f} / {r['other_ms']:7.2f} ms" for r in prof["per_rank"])
+        lines.append("  per rank, communication / other kernels / idle (the least communication is the transfer):")
+        lines.extend(f"    rank {r['rank']}: {r['communication_ms']:7.2f} / {r['other_ms']:7.2f} / "
+                     f"{r.get('idle_ms', float('nan')):6.2f} ms" for r in prof["per_rank"])
     lines.append("  top entries:")
     for row in prof["top"]:
         lines.append(f"  {row['ms']:8.2f} ms {row['share']:6.1%} x{row['calls']:<4} [{row['kind']}] {row['name'][:90]}")

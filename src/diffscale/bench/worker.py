@@ -186,7 +186,8 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
                 runner.step()
             synchronize(device)
             elapsed = time.perf_counter() - start
-        profile = profile_steps(runner.step, args.profile, device) if args.profile else None
+        trace = Path(args.trace) / f"rank{ctx.rank}.json" if args.trace else None
+        profile = profile_steps(runner.step, args.profile, device, trace=trace) if args.profile else None
         if profile is not None and ctx.distributed:
             profile["per_rank"] = _per_rank_kernel_time(ctx, profile, device)
         return {
@@ -201,13 +202,16 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
 
 
 def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict]:
-    """Every rank's communication and other kernel time per step. The all-reduce kernels of
-    the rank that finishes its backward last are the transfer alone; the other ranks' also
-    hold the wait for it, so the spread tells waiting from moving data."""
+    """Every rank's communication, other kernel and idle time per step. The all-reduce kernels
+    of the rank that finishes its backward last are the transfer alone; the other ranks' also
+    hold the wait for it, so the spread tells waiting from moving data. Idle: no kernel on
+    the GPU (a rank whose host falls behind makes the others wait in their all-reduce)."""
     comm = profile["kinds"].get("communication", {}).get("ms", 0.0)
-    mine = torch.tensor([[comm, profile["total_ms_per_step"] - comm]], dtype=torch.float64, device=device)
+    idle = profile.get("idle_ms_per_step", float("nan"))
+    mine = torch.tensor([[comm, profile["total_ms_per_step"] - comm, idle]], dtype=torch.float64, device=device)
     rows = ctx.gather_rows(mine, 1).tolist()
-    return [{"rank": rank, "communication_ms": c, "other_ms": other} for rank, (c, other) in enumerate(rows)]
+    return [{"rank": rank, "communication_ms": c, "other_ms": other, "idle_ms": gap}
+            for rank, (c, other, gap) in enumerate(rows)]
 
 
 def measure(args: argparse.Namespace) -> dict | None:
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain-workers", type=int, default=4)
     parser.add_argument("--peak", action="store_true", help="also measure the bf16 matmul peak")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps after timing")
+    parser.add_argument("--trace", metavar="DIR", help="with --profile: each rank's Chrome trace as DIR/rankR.json")
     parser.add_argument("--turns", help="DIR:N -- compile beside N-1 other workers, time alone")
     parser.add_argument("--label", default="", help="name of this variant in the record")
     parser.add_argument("--set", action="append")
