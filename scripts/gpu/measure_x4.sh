@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets|check|next|levers|defaults|ddp] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check|next|levers|defaults|ddp|compress] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -75,6 +75,19 @@ if [ "${ONLY:-}" = ddp ]; then  # small and medium scaling with and without bf16
   w $P-p1:4 $ALL 1 $S fast "" --profile 5 --trace $T/$S-$NG & w $P-p1:4 $ALL 1 $S fast nocompress $NC --profile 5 & wait
   phase "ddp 2: medium on $NG GPUs with and without compression"
   w $P-p2:2 $ALL 1 $M fast "" --profile 5 --trace $T/$M-$NG & w $P-p2:2 $ALL 1 $M fast nocompress $NC --profile 5 & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = compress ]; then  # bf16 gradient compression on and off for xl; small and medium repeated
+  # The ddp pass (docs/benchmarks.md 1, run G): small and medium scale better without it. xl's
+  # gradients are 4.5 x medium's. At most four jobs per GPU per phase (80 GiB cards).
+  ON="--set runtime.ddp_bf16_compress=on" OFF="--set runtime.ddp_bf16_compress=off"
+  phase "compress 1: xl and small on 1 GPU; xl on $NG GPUs with and without compression, small without"
+  w $P-c1:5 0 1 $X fast "" & w $P-c1:5 1 1 $S fast "" &
+  w $P-c1:5 $ALL 1 $X fast compress $ON --profile 5 & w $P-c1:5 $ALL 1 $X fast nocompress $OFF --profile 5 &
+  w $P-c1:5 $ALL 1 $S fast nocompress $OFF --profile 5 & wait
+  phase "compress 2: medium on 1 GPU and on $NG without compression; small on $NG with it"
+  w $P-c2:3 2 1 $M fast "" & w $P-c2:3 $ALL 1 $M fast nocompress $OFF --profile 5 &
+  w $P-c2:3 $ALL 1 $S fast compress $ON --profile 5 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP

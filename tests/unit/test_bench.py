@@ -141,11 +141,11 @@ def test_profile_counts_operators_not_annotation_ranges(tmp_path):
 
 
 def test_gpu_idle_is_span_minus_the_union_of_kernels():
-    from diffscale.bench.profile import busy_and_span_us
+    from diffscale.bench.profile import gpu_timeline_us
 
-    # two streams overlap (0-10 and 5-12: busy 12), then a 3 us gap, then 15-20
-    assert busy_and_span_us([(15, 20), (0, 10), (5, 12), (6, 8)]) == (17, 20)
-    assert busy_and_span_us([]) == (0.0, 0.0)
+    # two streams overlap (0-10 and 5-12: busy 12), a 3 us launch gap, 15-20, a 30 us host gap
+    assert gpu_timeline_us([(15, 20), (0, 10), (5, 12), (6, 8), (50, 60)]) == (27, 60, 30)
+    assert gpu_timeline_us([]) == (0.0, 0.0, 0.0)
 
 
 def test_turns_let_workers_start_together_but_measure_one_at_a_time(tmp_path):

@@ -42,21 +42,27 @@ def _self_time_us(event, cuda: bool) -> float:
     return float(event.self_cpu_time_total)
 
 
-def busy_and_span_us(intervals: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Time covered by at least one interval (kernels on any stream: overlap counts once), and
-    the span from the first start to the last end. Span minus busy is time the GPU sat idle."""
+HOST_GAP_US = 20.0  # kernels of one queued graph follow each other within a few microseconds
+
+
+def gpu_timeline_us(intervals: Iterable[tuple[float, float]]) -> tuple[float, float, float]:
+    """(busy, span, host gaps): time covered by at least one interval (kernels on any stream:
+    overlap counts once), the span from the first start to the last end, and the sum of the
+    gaps of at least ``HOST_GAP_US``. Span minus busy is all time the GPU sat idle; the long
+    gaps are the part where it waited for the host (launches, synchronisation)."""
     ordered = sorted(intervals)
     if not ordered:
-        return 0.0, 0.0
-    busy, (cur_start, cur_end) = 0.0, ordered[0]
+        return 0.0, 0.0, 0.0
+    busy, gaps, (cur_start, cur_end) = 0.0, 0.0, ordered[0]
     for start, end in ordered[1:]:
         if start > cur_end:
             busy += cur_end - cur_start
+            gaps += start - cur_end if start - cur_end >= HOST_GAP_US else 0.0
             cur_start, cur_end = start, end
         else:
             cur_end = max(cur_end, end)
     busy += cur_end - cur_start
-    return busy, max(end for _, end in ordered) - ordered[0][0]
+    return busy, max(end for _, end in ordered) - ordered[0][0], gaps
 
 
 def _kernel_intervals(prof) -> list[tuple[float, float]]:
@@ -75,13 +81,16 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     """Profile ``steps`` calls of ``step``; per-step milliseconds of the top entries and of each
     kind, and on a GPU how long it sat idle between kernels. ``trace``: also write the Chrome
     trace (chrome://tracing, Perfetto) there."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
+    # One step runs unrecorded first: the caller has just synchronised, and until the host is
+    # a step ahead again the GPU waits for launches that a training run never waits for.
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for _ in range(steps + 1):
             step()
+            prof.step()
         synchronize(device)
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
@@ -107,11 +116,10 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     rows.sort(key=lambda r: r[1], reverse=True)
     timeline = {}
     if cuda:
-        # The host queues steps ahead, so the GPU's span over the profiled steps is their time;
-        # gaps in it are waits on the host (launches, synchronisation), not kernels.
-        busy, span = busy_and_span_us(_kernel_intervals(prof))
+        # The host queues steps ahead, so the GPU's span over the profiled steps is their time.
+        busy, span, gaps = gpu_timeline_us(_kernel_intervals(prof))
         timeline = {"busy_ms_per_step": busy / 1000 / steps, "span_ms_per_step": span / 1000 / steps,
-                    "idle_ms_per_step": (span - busy) / 1000 / steps}
+                    "idle_ms_per_step": (span - busy) / 1000 / steps, "host_gap_ms_per_step": gaps / 1000 / steps}
     return {
         "unit": "GPU kernel time per step" if cuda else "CPU operator self time per step",
         "total_ms_per_step": total,
@@ -132,7 +140,8 @@ def render_profile(record: dict) -> str:
              f"{prof['total_ms_per_step']:.1f} ms (step {record['step_s'] * 1000:.1f} ms)"]
     if "idle_ms_per_step" in prof:
         lines.append(f"  GPU idle between kernels {prof['idle_ms_per_step']:.2f} ms of "
-                     f"{prof['span_ms_per_step']:.2f} ms per profiled step")
+                     f"{prof['span_ms_per_step']:.2f} ms per profiled step, "
+                     f"{prof['host_gap_ms_per_step']:.2f} ms of it in gaps of 20 us or more (waiting for the host)")
     for kind, v in prof["kinds"].items():
         lines.append(f"  {kind:<28} {v['ms']:8.2f} ms {v['share']:6.1%}")
     if prof.get("per_rank"):

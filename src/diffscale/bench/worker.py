@@ -207,11 +207,11 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
     hold the wait for it, so the spread tells waiting from moving data. Idle: no kernel on
     the GPU (a rank whose host falls behind makes the others wait in their all-reduce)."""
     comm = profile["kinds"].get("communication", {}).get("ms", 0.0)
-    idle = profile.get("idle_ms_per_step", float("nan"))
-    mine = torch.tensor([[comm, profile["total_ms_per_step"] - comm, idle]], dtype=torch.float64, device=device)
+    idle = [profile.get(key, float("nan")) for key in ("idle_ms_per_step", "host_gap_ms_per_step")]
+    mine = torch.tensor([[comm, profile["total_ms_per_step"] - comm, *idle]], dtype=torch.float64, device=device)
     rows = ctx.gather_rows(mine, 1).tolist()
-    return [{"rank": rank, "communication_ms": c, "other_ms": other, "idle_ms": gap}
-            for rank, (c, other, gap) in enumerate(rows)]
+    return [{"rank": rank, "communication_ms": c, "other_ms": other, "idle_ms": gap, "host_gap_ms": host}
+            for rank, (c, other, gap, host) in enumerate(rows)]
 
 
 def measure(args: argparse.Namespace) -> dict | None:
