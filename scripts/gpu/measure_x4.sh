@@ -3,7 +3,7 @@
 # 1, 2, 4 GPUs and 2 nodes x 2 (torchrun --nnodes=2 on one host) for small, medium and xl.
 # Workers of a phase compile side by side (--turns) and are timed one at a time, so no
 # timed window shares the host with a compile or another measurement.
-# Usage: [ONLY=scaling|presets|check|next|levers|defaults|ddp|compress] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
+# Usage: [ONLY=scaling|presets|check|next|levers|defaults|ddp|compress|verify] [GPUS=0,1] bash scripts/gpu/measure_x4.sh OUT_DIR
 #        then diffscale bench --collect --out OUT_DIR
 set -uo pipefail
 OUT_DIR="${1:-/tmp/diffscale-x4}"
@@ -88,6 +88,20 @@ if [ "${ONLY:-}" = compress ]; then  # bf16 gradient compression on and off for 
   phase "compress 2: medium on 1 GPU and on $NG without compression; small on $NG with it"
   w $P-c2:3 2 1 $M fast "" & w $P-c2:3 $ALL 1 $M fast nocompress $OFF --profile 5 &
   w $P-c2:3 $ALL 1 $S fast compress $ON --profile 5 & wait
+  phase end; exit 0
+fi
+if [ "${ONLY:-}" = verify ]; then  # the defaults after runs G and H (no bf16 compression), every preset
+  # Phase 1 also samples xl (DDIM, 50 steps) on GPU 3, which no 1-GPU worker uses: the default
+  # and with the layout optimisation forced, against DDIMPipeline in the same process.
+  phase "verify 1: every preset on 1 GPU; xl DDIM sampling on GPU 3"
+  w $P-v1:3 0 1 $S fast "" & w $P-v1:3 1 1 $M fast "" & w $P-v1:3 2 1 $X fast "" &
+  ( export CUDA_VISIBLE_DEVICES=3
+    for v in "default" "layout-opt --set runtime.layout_opt=on"; do set -- $v
+      timeout 240 python3 -m diffscale.bench.sampling --preset $X --batch ${SB:-16} --steps ${SS:-50} --repeats 3 \
+        "${@:2}" --json "$OUT_DIR/sampling-$X-$1.json" >> "$OUT_DIR/logs/sampling.log" 2>&1
+    done ) & wait
+  phase "verify 2: every preset on $NG GPUs"
+  w $P-v2:3 $ALL 1 $S fast "" --profile 5 & w $P-v2:3 $ALL 1 $M fast "" --profile 5 & w $P-v2:3 $ALL 1 $X fast "" --profile 5 & wait
   phase end; exit 0
 fi
 if [ "${ONLY:-}" = levers ]; then  # small's attention (23 ms of 76) and kernel tuning; 2 nodes x 2, one-graph DDP

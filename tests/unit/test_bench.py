@@ -196,3 +196,28 @@ def test_bench_comm_check_reports_each_size(tmp_path):
     assert [r["mib"] for r in rows] == [1.0, 2.0]  # a real 2-rank process group (gloo on the CPU)
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" and r["bus_gbs"] > 0 for r in rows)
     assert "all-reduce     1.0 MiB x2 (gloo)" in (tmp_path / "log").read_text()
+
+
+def test_gpu_profile_counts_the_steps_after_the_first():
+    """On a GPU each profiled step's range is mirrored around its kernels; the first step
+    (queue refilling after a synchronisation) is left out. No GPU in CI: events as the
+    profiler lists them."""
+    from types import SimpleNamespace as NS
+
+    from diffscale.bench.profile import STEP_RANGE, _gpu_kernels
+
+    cuda = torch.autograd.DeviceType.CUDA
+
+    def event(name, start, end, annotation=False):
+        return NS(name=name, device_type=cuda, is_user_annotation=annotation, time_range=NS(start=start, end=end))
+
+    events = [event(f"{STEP_RANGE}0", 0, 90, True), event("gap_before_host_is_ahead", 0, 90),
+              event(f"{STEP_RANGE}1", 100, 170, True), event("conv", 100, 160), event("nccl:all_reduce", 150, 170, True),
+              event("ncclAllReduce", 160, 170), event(f"{STEP_RANGE}2", 170, 240, True), event("conv", 170, 240),
+              NS(name="cpu op", device_type=torch.autograd.DeviceType.CPU, is_user_annotation=False,
+                 time_range=NS(start=0, end=300))]
+    kernels, counted = _gpu_kernels(NS(events=lambda: events), steps=2)
+    assert counted == 2 and [k[0] for k in kernels] == ["conv", "ncclAllReduce", "conv"]
+    # without the mirrored ranges (an older profiler): every kernel, over every step
+    kernels, counted = _gpu_kernels(NS(events=lambda: [e for e in events if not e.is_user_annotation]), steps=2)
+    assert counted == 3 and len(kernels) == 4

@@ -144,3 +144,17 @@ def test_forced_flexattention_needs_a_compiled_cuda_run(fake_h100):
     with pytest.raises(UserError, match=r"this run is not compiled") as err:
         resolve_policy(C.RuntimeConfig(attention=C.Attention.FLEX, compile=C.Toggle.OFF), fake_h100)
     assert "runtime.compile=on" in err.value.fix
+
+
+def test_bf16_gradient_compression_is_off_unless_asked_and_needs_nccl():
+    from diffscale.config import Toggle
+    from diffscale.engine import bf16_gradient_compression
+    from diffscale.errors import UserError
+
+    assert bf16_gradient_compression(Toggle.AUTO, "nccl") is False  # measured slower on NVLink
+    assert bf16_gradient_compression(Toggle.OFF, "nccl") is False
+    assert bf16_gradient_compression(Toggle.ON, "nccl") is True
+    with pytest.raises(UserError) as err:
+        bf16_gradient_compression(Toggle.ON, "gloo")
+    assert "runtime.ddp_bf16_compress on needs CUDA GPUs with NCCL" in str(err.value)
+    assert "auto or off" in err.value.fix

@@ -33,15 +33,6 @@ def kind_of(name: str) -> str:
     return "other elementwise/reduction"
 
 
-def _self_time_us(event, cuda: bool) -> float:
-    if cuda:
-        for attr in ("self_device_time_total", "self_cuda_time_total"):
-            if hasattr(event, attr):
-                return float(getattr(event, attr))
-        return 0.0
-    return float(event.self_cpu_time_total)
-
-
 HOST_GAP_US = 20.0  # kernels of one queued graph follow each other within a few microseconds
 
 
@@ -65,61 +56,69 @@ def gpu_timeline_us(intervals: Iterable[tuple[float, float]]) -> tuple[float, fl
     return busy, max(end for _, end in ordered) - ordered[0][0], gaps
 
 
-def _kernel_intervals(prof) -> list[tuple[float, float]]:
-    out = []
-    for event in prof.events():
-        if getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        if getattr(event, "is_user_annotation", False):
-            continue
-        out.append((float(event.time_range.start), float(event.time_range.end)))
-    return out
+STEP_RANGE = "diffscale:profiled_step"
+
+
+def _gpu_kernels(prof, steps: int) -> tuple[list[tuple[str, float, float]], int]:
+    """(name, start, end) of the kernels of the profiled steps after the first, and how many
+    steps they are. The first step only refills the queue: the caller has just synchronised,
+    and until the host is a step ahead again the GPU waits for launches, which a training run
+    never does. Each step's range is mirrored on the GPU timeline around its own kernels."""
+    cuda = torch.autograd.DeviceType.CUDA
+    events = [e for e in prof.events() if getattr(e, "device_type", None) == cuda]
+    ranges = {e.name: e.time_range for e in events if getattr(e, "is_user_annotation", False)}
+    first, last = ranges.get(f"{STEP_RANGE}1"), ranges.get(f"{STEP_RANGE}{steps}")
+    low, high, counted = (first.start, last.end, steps) if first and last else (float("-inf"), float("inf"), steps + 1)
+    # Ranges such as "nccl:all_reduce" or "DistributedDataParallel.forward" are mirrored on
+    # the GPU timeline around kernels that are counted themselves: counting both doubles.
+    kernels = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in events
+               if not getattr(e, "is_user_annotation", False) and low <= e.time_range.start < high]
+    return kernels, counted
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device, top: int = 15,
                   trace: Path | None = None) -> dict:
-    """Profile ``steps`` calls of ``step``; per-step milliseconds of the top entries and of each
-    kind, and on a GPU how long it sat idle between kernels. ``trace``: also write the Chrome
-    trace (chrome://tracing, Perfetto) there."""
-    from torch.profiler import ProfilerActivity, profile, schedule
+    """Profile ``steps`` calls of ``step`` (after one more that is left out on a GPU);
+    per-step milliseconds of the top entries and of each kind, and on a GPU how long it sat
+    idle between kernels. ``trace``: also write the Chrome trace (chrome://tracing, Perfetto)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    # One step runs unrecorded first: the caller has just synchronised, and until the host is
-    # a step ahead again the GPU waits for launches that a training run never waits for.
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
-        for _ in range(steps + 1):
-            step()
-            prof.step()
+    with profile(activities=activities) as prof:
+        for index in range(steps + 1):
+            with record_function(f"{STEP_RANGE}{index}"):
+                step()
         synchronize(device)
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))
-    rows = []
-    for event in prof.key_averages():
-        if cuda and getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        # Ranges such as "nccl:all_reduce" or "DistributedDataParallel.forward" are mirrored on
-        # the GPU timeline around kernels that are counted themselves: counting both doubles.
-        if getattr(event, "is_user_annotation", False):
-            continue
-        # On the CPU, operators nest: count leaf time only (self time), and skip profiler markers.
-        if not cuda and (event.key.startswith("ProfilerStep") or event.key.startswith("[")):
-            continue
-        us = _self_time_us(event, cuda)
-        if us > 0:
-            rows.append((event.key, us / 1000 / steps, event.count // steps))
+    totals: dict[str, list[float]] = {}
+    timeline = {}
+    if cuda:
+        kernels, counted = _gpu_kernels(prof, steps)
+        for name, start, end in kernels:
+            entry = totals.setdefault(name, [0.0, 0])
+            entry[0] += end - start
+            entry[1] += 1
+        # The host queues steps ahead, so the GPU's span over the counted steps is their time.
+        busy, span, gaps = gpu_timeline_us((start, end) for _, start, end in kernels)
+        timeline = {"busy_ms_per_step": busy / 1000 / counted, "span_ms_per_step": span / 1000 / counted,
+                    "idle_ms_per_step": (span - busy) / 1000 / counted,
+                    "host_gap_ms_per_step": gaps / 1000 / counted}
+    else:
+        counted = steps + 1
+        for event in prof.key_averages():
+            # Operators nest: count leaf time only (self time), and skip ranges and profiler markers.
+            if getattr(event, "is_user_annotation", False) or event.key.startswith(("ProfilerStep", "[", STEP_RANGE)):
+                continue
+            totals[event.key] = [float(event.self_cpu_time_total), event.count]
+    rows = [(name, us / 1000 / counted, count // counted) for name, (us, count) in totals.items() if us > 0]
     total = sum(ms for _, ms, _ in rows) or 1.0
     kinds: dict[str, float] = {}
     for name, ms, _ in rows:
         kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + ms
     rows.sort(key=lambda r: r[1], reverse=True)
-    timeline = {}
-    if cuda:
-        # The host queues steps ahead, so the GPU's span over the profiled steps is their time.
-        busy, span, gaps = gpu_timeline_us(_kernel_intervals(prof))
-        timeline = {"busy_ms_per_step": busy / 1000 / steps, "span_ms_per_step": span / 1000 / steps,
-                    "idle_ms_per_step": (span - busy) / 1000 / steps, "host_gap_ms_per_step": gaps / 1000 / steps}
     return {
         "unit": "GPU kernel time per step" if cuda else "CPU operator self time per step",
         "total_ms_per_step": total,

@@ -335,7 +335,9 @@ class RuntimeConfig:
     rest of the backward pass (dynamo's DDPOptimizer). ``auto``: off; every split boundary
     adds layout copies and stops fusion, which cost more than NVLink all-reduces take."""
     ddp_bf16_compress: Toggle = Toggle.AUTO
-    """Compress gradients to bf16 for the all-reduce (``auto``: on CUDA with bf16)."""
+    """Compress gradients to bf16 for the all-reduce (NCCL only). ``auto``: off, which scaled
+    better on NVLink for every preset (docs/benchmarks.md 1); ``on`` halves the bytes moved,
+    for slow links between nodes."""
 
     def __post_init__(self) -> None:
         if self.join_timeout_s <= 0:
