@@ -95,7 +95,7 @@ if [ "${ONLY:-}" = verify ]; then  # the defaults after runs G and H (no bf16 co
   # and with the layout optimisation forced, against DDIMPipeline in the same process.
   phase "verify 1: every preset on 1 GPU; xl DDIM sampling on GPU 3"
   w $P-v1:3 0 1 $S fast "" & w $P-v1:3 1 1 $M fast "" & w $P-v1:3 2 1 $X fast "" &
-  ( export CUDA_VISIBLE_DEVICES=3
+  ( export CUDA_VISIBLE_DEVICES=3; mkdir -p "$OUT_DIR/logs"
     for v in "default" "layout-opt --set runtime.layout_opt=on"; do set -- $v
       timeout 240 python3 -m diffscale.bench.sampling --preset $X --batch ${SB:-16} --steps ${SS:-50} --repeats 3 \
         "${@:2}" --json "$OUT_DIR/sampling-$X-$1.json" >> "$OUT_DIR/logs/sampling.log" 2>&1
