@@ -234,9 +234,10 @@ def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
     return training_compile_mode(cfg, policy) == CompileMode.REDUCE_OVERHEAD
 
 
-def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False) -> dict[str, Any]:
-    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation and
-    coordinate-descent kernel tuning (``torch.compile`` takes a mode or options, not both)."""
+def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False, freeze: bool = False) -> dict[str, Any]:
+    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation,
+    coordinate-descent kernel tuning and freezing (``torch.compile`` takes a mode or options,
+    not both)."""
     from torch._inductor import list_mode_options
 
     options = dict(list_mode_options(mode))
@@ -244,13 +245,21 @@ def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False) -> 
         options["force_layout_optimization"] = True
     if tune_kernels:
         options["coordinate_descent_tuning"] = True
+    if freeze:
+        options["freezing"] = True
     return options
 
 
 class InferenceNetwork(torch.nn.Module):
-    """The network as sampling runs it: channels_last input, autocast, compiled on CUDA."""
+    """The network as sampling runs it: channels_last input, autocast, compiled on CUDA.
 
-    def __init__(self, net: torch.nn.Module, policy: DevicePolicy) -> None:
+    Compiled, the weights are frozen into the graph (inductor's ``freezing``: the bf16 copies
+    autocast would make on every call are made once, constant-folded): xl's 50 DDIM steps took
+    0.430 s instead of 0.474 (docs/benchmarks.md 1). So weights changed after the first call
+    are not seen: build a new ``InferenceNetwork`` for new weights (training previews sample
+    the EMA network eagerly for this reason)."""
+
+    def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False) -> None:
         super().__init__()
         self.policy = policy
         net = net.eval().requires_grad_(False)
@@ -262,9 +271,8 @@ class InferenceNetwork(torch.nn.Module):
         # sampling step of a small UNet is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
         self.graphs = policy.compile and policy.device.type == "cuda"
-        mode = "reduce-overhead" if self.graphs else "default"
-        options = compile_options(mode, policy.layout_opt)  # layout: inductor's choice unless set on
-        self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
+        self.run = (torch.compile(net, options=sampling_compile_options(policy, tune_kernels), dynamic=False)
+                    if policy.compile else net)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last:
@@ -276,12 +284,20 @@ class InferenceNetwork(torch.nn.Module):
         return out.clone() if self.graphs else out  # a graph's output buffer is reused by the next replay
 
 
+def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
+    """Inductor options for sampling: CUDA graphs on CUDA, frozen weights, and the layout
+    optimisation only where set on (``auto`` keeps inductor's own choice, as measured)."""
+    graphs = policy.compile and policy.device.type == "cuda"
+    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels, freeze=True)
+
+
 def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig) -> InferenceNetwork:
     """``net`` as `diffscale sample` runs it on its device: bf16 + channels_last + compiled
-    with CUDA graphs on CUDA, fp32 eager elsewhere (``inference_policy``)."""
+    with CUDA graphs and frozen weights on CUDA, fp32 eager elsewhere (``inference_policy``);
+    ``runtime.kernel_tuning`` tunes its kernels as it does training's."""
     policy = inference_policy(runtime, next(net.parameters()).device)
     configure_backends(policy)
-    return InferenceNetwork(net, policy)
+    return InferenceNetwork(net, policy, tune_kernels=runtime.kernel_tuning == Toggle.ON)
 
 
 def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: DevicePolicy) -> torch.nn.Module:
