@@ -17,7 +17,7 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2", "--warmup", "1",
                  "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
-                 "--set", "model.block_out_channels=[16,32,32]", "--profile", "1"])
+                 "--set", "model.block_out_channels=[16,32,32]", "--profile", "1", "--trace"])
     assert code == 0, (out / "workers.log").read_text()
     records = json.loads((out / "bench.json").read_text())
     assert {(r["recipe"], r["world_size"]) for r in records} == {("fast", 1), ("fast", 2), ("plain", 1), ("plain", 2)}
@@ -41,6 +41,8 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     assert [r["rank"] for r in per_rank] == [0, 1] and all(r["other_ms"] > 0 for r in per_rank)
     assert per_rank[0]["communication_ms"] == fast2["profile"]["kinds"].get("communication", {}).get("ms", 0.0)
     assert "rank 1:" in printed
+    traces = sorted(p.relative_to(out / "traces").as_posix() for p in (out / "traces").rglob("*.json"))
+    assert len(traces) == 6 and sum(t.endswith("/rank1.json") for t in traces) == 2  # one per rank of every run
 
     # --collect rebuilds the report from the worker records alone.
     (out / "bench.json").unlink()
@@ -88,6 +90,8 @@ def test_bench_rejects_bad_arguments(capsys):
     assert "unknown preset 'huge'" in capsys.readouterr().err
     assert main(["bench", "--gpus", "one"]) == 2
     assert "--gpus 'one' is not a list of numbers" in capsys.readouterr().err
+    assert main(["bench", "--trace"]) == 2
+    assert "add --profile N" in capsys.readouterr().err
 
 
 def test_fast_path_loss_matches_plain_path_within_bf16_tolerance():

@@ -37,6 +37,8 @@ def _worker_cmd(args, preset: str, recipe: str, out: Path) -> list[str]:
         cmd.append("--peak")
     if args.profile:
         cmd += ["--profile", str(args.profile)]
+        if args.trace:
+            cmd += ["--trace", str(out.parent / "traces" / out.stem)]
     return cmd
 
 
@@ -182,6 +184,9 @@ def run_bench(args: argparse.Namespace) -> int:
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     except ValueError as exc:
         raise UserError(f"--gpus '{args.gpus}' is not a list of numbers", "e.g. --gpus 1,2,4") from exc
+    if args.trace and not args.profile:
+        raise UserError("--trace writes the timeline of the profiled steps, and none are profiled",
+                        "add --profile N (e.g. --profile 5)")
     import torch
 
     args.device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -264,7 +269,10 @@ def register(sub) -> None:
     p.add_argument("--plain-workers", type=int, default=4, help="DataLoader workers of the plain recipe")
     p.add_argument("--peak", action="store_true", help="measure the card's bf16 matmul peak for the MFU column")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="after timing, profile N steps: top kernels and time per kind (convolution, attention, ...)")
+                   help="after timing, profile N steps: top kernels, time per kind (convolution, attention, ...) "
+                        "and GPU idle time")
+    p.add_argument("--trace", action="store_true",
+                   help="with --profile: also write each rank's Chrome trace (Perfetto) to OUT/traces/RUN/rankR.json")
     p.add_argument("--comm", action="store_true",
                    help="first measure all-reduce bus bandwidth between the GPUs of each count above 1 "
                         "(NVLink: a few hundred GB/s; through host memory: tens at most)")
