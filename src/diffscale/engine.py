@@ -257,7 +257,7 @@ class InferenceNetwork(torch.nn.Module):
     autocast would make on every call are made once, constant-folded): xl's 50 DDIM steps took
     0.430 s instead of 0.474 (docs/benchmarks.md 1). So weights changed after the first call
     are not seen: build a new ``InferenceNetwork`` for new weights (training previews sample
-    the EMA network eagerly for this reason)."""
+    the EMA network eagerly, so they always see its latest weights)."""
 
     def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False) -> None:
         super().__init__()

@@ -316,9 +316,10 @@ class RuntimeConfig:
     graph, with no layout copies between them (``auto``: on for training on CUDA, where it was
     measured; inductor's own heuristic leaves it off for UNets)."""
     kernel_tuning: Toggle = Toggle.OFF
-    """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled:
-    small trained 3.2 % faster on an H200, its first compile took 477 s instead of ~190 s
-    (cached after; docs/benchmarks.md 2)."""
+    """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled
+    (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
+    instead of ~190 s (cached after; docs/benchmarks.md 2); xl's DDIM sampling 5.3 % faster on
+    an H100 (section 1)."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
     (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md 1), else
