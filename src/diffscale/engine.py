@@ -270,9 +270,9 @@ class InferenceNetwork(torch.nn.Module):
         # CUDA graphs ("reduce-overhead") replay a whole denoising call as one launch: a
         # sampling step of a small UNet is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
-        self.graphs = policy.compile and policy.device.type == "cuda"
-        self.run = (torch.compile(net, options=sampling_compile_options(policy, tune_kernels), dynamic=False)
-                    if policy.compile else net)
+        options = sampling_compile_options(policy, tune_kernels)
+        self.graphs = bool(options.get("triton.cudagraphs"))
+        self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last:

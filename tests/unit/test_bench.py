@@ -128,7 +128,7 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
 def test_profile_counts_operators_not_annotation_ranges(tmp_path):
     from torch.profiler import record_function
 
-    from diffscale.bench.profile import profile_steps
+    from diffscale.bench.profile import STEP_RANGE, profile_steps
 
     def step():
         with record_function("nccl:all_reduce"):  # a range around work that is counted itself
@@ -138,6 +138,7 @@ def test_profile_counts_operators_not_annotation_ranges(tmp_path):
     prof = profile_steps(step, 2, torch.device("cpu"), trace=trace)
     names = [row["name"] for row in prof["top"]]
     assert "aten::mm" in names and "nccl:all_reduce" not in names
+    assert not any(name.startswith(STEP_RANGE) for name in names)  # the profiled steps' own ranges
     assert prof["kinds"]["matmul"]["ms"] > 0
     assert "idle_ms_per_step" not in prof  # GPU idle time only where there is a GPU timeline
     events = json.loads(trace.read_text())["traceEvents"]

@@ -109,8 +109,9 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device, 
     else:
         counted = steps + 1
         for event in prof.key_averages():
-            # Operators nest: count leaf time only (self time), and skip ranges and profiler markers.
-            if getattr(event, "is_user_annotation", False) or event.key.startswith(("ProfilerStep", "[", STEP_RANGE)):
+            # Operators nest: count leaf time only (self time), and skip ranges (the profiled
+            # steps' own among them) and profiler markers.
+            if getattr(event, "is_user_annotation", False) or event.key.startswith("["):
                 continue
             totals[event.key] = [float(event.self_cpu_time_total), event.count]
     rows = [(name, us / 1000 / counted, count // counted) for name, (us, count) in totals.items() if us > 0]
