@@ -7,12 +7,13 @@ section.field=value`` overrides (``loading``), and the resolved config is writte
 """
 
 from .loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
-from .schema import (SECTIONS, Attention, BetaSchedule, CompileMode, DataConfig, Device, DiffusionConfig,
-                     LrScaling, LrSchedule, ModelConfig, OptimConfig, Precision, Prediction, Recipe, RunConfig,
+from .models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
+from .schema import (Attention, BetaSchedule, CompileMode, DataConfig, Device, DiffusionConfig,
+                     LrScaling, LrSchedule, OptimConfig, Precision, Prediction, Recipe, RunConfig,
                      RuntimeConfig, Toggle, TrainConfig)
 
 __all__ = [
-    "SECTIONS", "Attention", "BetaSchedule", "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
+    "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule", "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
     "Toggle", "TrainConfig", "deep_merge", "from_dict", "load_yaml", "merge", "parse_overrides", "write_yaml",
 ]

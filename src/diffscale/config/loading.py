@@ -13,7 +13,9 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import UserError, closest
-from .schema import RunConfig, Toggle, _fail
+from .errors import fail as _fail
+from .models import MODEL_CONFIGS
+from .schema import RunConfig, Toggle
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -76,6 +78,10 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
     hints = _field_types(cls)
+    if cls is RunConfig:  # the model section's class follows the task
+        hints["model"] = _model_config_class(data.get("task", "images"))
+        if "model" not in data:
+            data = {**data, "model": {}}
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
@@ -92,6 +98,14 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
         raise UserError(f"config {prefix or 'root'}: {exc}", "check the config file against `diffscale train --dry-run`") from exc
 
 
+def _model_config_class(task: Any) -> type:
+    if task not in MODEL_CONFIGS:
+        choices = list(MODEL_CONFIGS)
+        _fail("task", f"'{task}' is not one of {', '.join(choices)}{closest(str(task), choices)}",
+              f"set task to one of: {', '.join(choices)}")
+    return MODEL_CONFIGS[task]
+
+
 def from_dict(data: Mapping[str, Any]) -> RunConfig:
     """Build and validate a RunConfig from plain data (e.g. parsed YAML)."""
     return _build(RunConfig, data)
@@ -99,8 +113,10 @@ def from_dict(data: Mapping[str, Any]) -> RunConfig:
 
 def merge(base: RunConfig, data: Mapping[str, Any]) -> RunConfig:
     """Overlay a (possibly partial) mapping on ``base`` and re-validate."""
-    merged = deep_merge(base.to_dict(), data)
-    return from_dict(merged)
+    plain = base.to_dict()
+    if "task" in data and data["task"] != plain["task"]:
+        plain.pop("model")  # another task's network: start from its defaults, not the base's fields
+    return from_dict(deep_merge(plain, data))
 
 
 def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

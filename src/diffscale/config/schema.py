@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError
+from .errors import fail as _fail
+from .models import ModelConfig, TaskModelConfig
 
 
 class Device(str, enum.Enum):
@@ -112,64 +113,6 @@ class LrScaling(str, enum.Enum):
     SQRT = "sqrt"
 
 
-def _fail(name: str, problem: str, fix: str) -> None:
-    raise UserError(f"config {name}: {problem}", fix)
-
-
-@dataclass(kw_only=True)
-class ModelConfig:
-    """The denoising network (a diffusers ``UNet2DModel``)."""
-
-    sample_size: int = 28
-    """Image side in pixels; data is resized/cropped to it."""
-    channels: int = 0
-    """Image channels; 0 follows the data (1 for grayscale, 3 for RGB)."""
-    block_out_channels: tuple[int, ...] = (32, 64, 128)
-    """Width of each UNet level, from the highest resolution down."""
-    attention: tuple[bool, ...] = (False, True, True)
-    """Self-attention at each level (same length as ``block_out_channels``)."""
-    layers_per_block: int = 2
-    """ResNet layers per UNet level."""
-    norm_num_groups: int = 32
-    """GroupNorm groups; must divide every width in ``block_out_channels``."""
-    dropout: float = 0.0
-    """Dropout in the ResNet blocks."""
-
-    def __post_init__(self) -> None:
-        self.block_out_channels = tuple(int(c) for c in self.block_out_channels)
-        self.attention = tuple(bool(a) for a in self.attention)
-        if self.sample_size < 4:
-            _fail("model.sample_size", f"{self.sample_size} is too small", "use 8 pixels or more")
-        if not self.block_out_channels:
-            _fail("model.block_out_channels", "is empty", "give one width per UNet level, e.g. [32, 64, 128]")
-        if len(self.attention) != len(self.block_out_channels):
-            _fail(
-                "model.attention",
-                f"has {len(self.attention)} entries but model.block_out_channels has {len(self.block_out_channels)}",
-                "give one true/false per UNet level",
-            )
-        for width in self.block_out_channels:
-            if width <= 0 or width % self.norm_num_groups:
-                _fail(
-                    "model.block_out_channels",
-                    f"width {width} is not a positive multiple of model.norm_num_groups={self.norm_num_groups}",
-                    "use widths divisible by norm_num_groups, or lower norm_num_groups",
-                )
-        downsamples = 2 ** (len(self.block_out_channels) - 1)
-        if self.sample_size % downsamples:
-            _fail(
-                "model.sample_size",
-                f"{self.sample_size} px cannot be halved {len(self.block_out_channels) - 1} times "
-                f"by a {len(self.block_out_channels)}-level UNet",
-                f"use a size divisible by {downsamples} (e.g. {max(downsamples, self.sample_size // downsamples * downsamples)}) "
-                "or fewer levels",
-            )
-        if self.channels not in (0, 1, 3, 4):
-            _fail("model.channels", f"{self.channels} is not supported", "use 0 (follow the data), 1, 3 or 4")
-        if self.layers_per_block < 1:
-            _fail("model.layers_per_block", "must be at least 1", "set it to 1 or 2")
-        if not 0.0 <= self.dropout < 1.0:
-            _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
 
 
 @dataclass(kw_only=True)
@@ -356,8 +299,9 @@ class RunConfig:
     preset: str = "tiny"
     """Preset this config started from (informational)."""
     task: str = "images"
-    """Diffusion task (``images`` today)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    """Diffusion task: ``images``, ``fields`` (conditional vectors) or ``policy`` (action chunks)."""
+    model: TaskModelConfig = field(default_factory=ModelConfig)
+    """The task's network; its fields depend on ``task`` (config/models.py)."""
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -372,9 +316,6 @@ class RunConfig:
 
     def effective_batch(self, world_size: int) -> int:
         return self.train.batch_per_gpu * world_size * self.train.grad_accum
-
-
-SECTIONS: tuple[str, ...] = ("model", "diffusion", "data", "optim", "train", "runtime")
 
 
 def _to_plain(value: Any) -> Any:

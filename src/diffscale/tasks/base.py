@@ -1,19 +1,49 @@
-"""The Task protocol: what the training loop needs from a kind of diffusion problem.
+"""The Task protocol: everything the loop, checkpoints, sampling, bench and export need from a
+kind of diffusion problem, and nothing more.
 
-The loop, checkpointing and distributed code are the same for every task. A task
-owns its data (resident on the device), its network (single-device code) and its
-preview. All randomness of an optimizer step is drawn for the *global* batch from a
-generator seeded by (seed, step), identically on every rank; each rank then computes
-the loss of its own rows. So results depend on the effective batch, not on how it is
-split over processes and accumulation steps.
+The loop, checkpointing and distributed code are the same for every task. A task owns
+its data (resident on the device), its network (single-device code), its state beyond
+the weights (normalisation statistics, a replay buffer), generation and what a preview
+shows. All randomness of an optimizer step is drawn for the *global* batch from a
+generator seeded by (seed, step), identically on every rank; each rank then computes the
+loss of its own rows. So results depend on the effective batch, not on how it is split
+over processes and accumulation steps.
+
+If adding a task needs an ``if task == ...`` outside ``tasks/``, this protocol is missing
+a method.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
+from torch.utils.data import Dataset
+
+Autocast = Callable[[], AbstractContextManager[Any]]
+"""A zero-argument context manager factory (``DevicePolicy.autocast``)."""
+
+
+@dataclass
+class Generated:
+    """What ``Task.generate`` returns: samples on the CPU in the task's own units, and the
+    denoising trajectory when asked for (each frame shaped like ``samples``)."""
+
+    samples: torch.Tensor
+    frames: list[torch.Tensor] = field(default_factory=list)
+
+
+@dataclass
+class ReferenceData:
+    """The data as the common hand-written loop reads it, for ``diffscale bench``'s plain
+    recipe: a CPU data set, the collate function its loader workers run, and how many
+    examples make one epoch."""
+
+    dataset: Dataset
+    collate: Callable[[list[Any]], Any]
 
 
 class Task(Protocol):
@@ -21,29 +51,77 @@ class Task(Protocol):
 
     def num_items(self) -> int:
         """Examples in the data set (one epoch)."""
+        ...
 
     def describe_data(self) -> str:
         """One line for the banner."""
+        ...
 
     def build_network(self) -> torch.nn.Module:
-        """The denoiser ``f(x_t, t)``, on the CPU, in fp32."""
+        """The denoiser, on the CPU, in fp32. Called as ``network(*example_inputs)``."""
+        ...
 
     def signature(self) -> dict[str, Any]:
-        """What must match for a checkpoint to load into this task's network."""
+        """What must match for a checkpoint to load into this task's network (JSON-able).
+        A task built without data (``load_data=False``) takes its sizes from this."""
+        ...
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """All random inputs of one global batch (same on every rank)."""
+        """All random inputs of one global batch (same on every rank). ``indices``: (B,) rows of the data."""
+        ...
+
+    def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+        """The clean training examples (and conditions) of ``rows`` of a drawn batch, on the
+        device, augmented and normalised: the data part of a step, without the network."""
+        ...
 
     def loss(self, network: torch.nn.Module, batch: dict[str, torch.Tensor], rows: slice,
              *, channels_last: bool) -> torch.Tensor:
         """Scalar loss of ``rows`` of the global batch."""
+        ...
+
+    def example_inputs(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """Random network inputs of ``batch_size`` rows on the task's device (FLOP counting)."""
+        ...
 
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                 trajectory: bool = False, autocast=None,
-                 rows: slice | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Samples (and optionally the denoising trajectory); ``rows`` selects a share of the
-        seeded draw for one rank."""
+                 rows: slice | None = None, autocast: Autocast | None = None,
+                 trajectory: bool = False) -> Generated:
+        """``count`` samples from ``seed``; with ``rows``, only those rows of the same seeded draw
+        (ranks sharing the work together produce exactly the single-process samples)."""
+        ...
 
-    def preview(self, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
-                sampler: str = "ddim", gif: bool = False) -> list[Path]:
-        """Write sample images produced by ``network`` (EMA weights) to ``path``."""
+    def write_samples(self, generated: Generated, path: Path) -> list[Path]:
+        """Write what a preview shows of ``generated`` to ``path`` (a ``.png``); returns the files."""
+        ...
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Task state beyond the weights that a checkpoint keeps (normalisation statistics, a
+        replay buffer); empty when there is none."""
+        ...
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what ``state_tensors`` returned (tensors on the CPU)."""
+        ...
+
+    def export(self, network: torch.nn.Module, out_dir: Path) -> str:
+        """Write the EMA network in the format the field's tools load; returns how to load it.
+        Raises ``UserError`` where the task has no such format."""
+        ...
+
+    def reference_data(self) -> ReferenceData:
+        """The data set and collate function of the common hand-written loop (bench's plain recipe)."""
+        ...
+
+    def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
+        """The loss of one plain-recipe batch (``examples`` as the collate made it, on the device;
+        noise and timesteps from the global RNG, as the hand-written loop draws them)."""
+        ...
+
+
+def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
+            sampler: str = "ddim", trajectory: bool = False, autocast: Autocast | None = None) -> list[Path]:
+    """Generate and write in one process (``diffscale sample``)."""
+    generated = task.generate(network, count=count, steps=steps, seed=seed, sampler=sampler, trajectory=trajectory,
+                              autocast=autocast)
+    return task.write_samples(generated, path)

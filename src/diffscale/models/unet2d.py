@@ -1,11 +1,11 @@
-"""Denoising networks. Single-device code: DDP, compile and precision are applied from outside."""
+"""The image denoiser: a diffusers ``UNet2DModel`` called as a plain tensor function."""
 
 from __future__ import annotations
 
 import torch
 from diffusers import UNet2DModel
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 
 def build_unet(cfg: ModelConfig, channels: int) -> UNet2DModel:
@@ -37,7 +37,3 @@ class Denoiser(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self.unet(x, t, return_dict=False)[0]
-
-
-def count_parameters(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,15 @@
+"""Denoising networks, one module per architecture. Single-device code: DDP, compile and
+precision are applied from outside (runtime/parallelize.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from .unet2d import Denoiser, build_unet
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["Denoiser", "build_unet", "count_parameters"]
