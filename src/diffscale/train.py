@@ -13,14 +13,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from rich.console import Console
 
 from .config import RunConfig, write_yaml
 from .data.device_loader import DeviceBatcher
-from .engine import StepRunner, Trainer, learning_rate, prepare_model, trains_in_cuda_graphs
+from .runtime.parallelize import parallelize, trains_in_cuda_graphs
+from .step import StepRunner, learning_rate
+from .trainer import Trainer
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
@@ -28,6 +30,7 @@ from .runtime.device import DevicePolicy, configure_backends, peak_memory_bytes,
 from .runtime.distributed import DistContext, detect_launch, init_distributed
 from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
+from .tasks import Generated
 from .telemetry import Telemetry, ThroughputMeter
 
 MAX_ROLLBACKS = 3
@@ -62,12 +65,12 @@ def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int,
         f"{' + GradScaler' if policy.use_grad_scaler else ''}{compiled} | "
         f"world size {ctx.world_size} ({ctx.info.launcher}) | effective batch {eff} = "
         f"{cfg.train.batch_per_gpu} x {ctx.world_size} proc x {cfg.train.grad_accum} accum | "
-        f"{cfg.preset} UNet {params / 1e6:.2f} M params | data {data}"
+        f"{cfg.preset} ({cfg.task}) {params / 1e6:.2f} M params | data {data}"
     )
 
 
 def _check_signature(state: ckpt.TrainingState, expected: dict[str, Any], where: str) -> None:
-    found = state.meta.get("signature")
+    found = state.meta.signature
     if found != expected:
         diffs = [f"{k}: checkpoint {found.get(k) if found else None} vs config {v}" for k, v in expected.items()
                  if not found or found.get(k) != v]
@@ -77,10 +80,13 @@ def _check_signature(state: ckpt.TrainingState, expected: dict[str, Any], where:
         )
 
 
-def _adjust_for_world_size(cfg: RunConfig, state: ckpt.TrainingState, world: int, say) -> RunConfig:
+Say = Callable[[str], None]
+
+
+def _adjust_for_world_size(cfg: RunConfig, state: ckpt.TrainingState, world: int, say: Say) -> RunConfig:
     """Keep the checkpoint's effective batch on a different world size via accumulation."""
-    saved_eff = int(state.meta.get("effective_batch", cfg.effective_batch(world)))
-    saved_world = int(state.meta.get("world_size", world))
+    saved_eff = state.meta.effective_batch or cfg.effective_batch(world)
+    saved_world = state.meta.world_size
     if saved_eff == cfg.effective_batch(world):
         if saved_world != world:
             say(f"resuming on {world} processes (was {saved_world}); effective batch {saved_eff} unchanged")
@@ -123,7 +129,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
 
 
 def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
-                     console: Console, say) -> Trainer:
+                     console: Console, say: Say) -> Trainer:
     """A fresh trainer, or one restored from the checkpoint ``resume`` names; writes config.yaml."""
     existing = ckpt.list_checkpoints(run_dir)
     if existing and resume is None:
@@ -153,55 +159,22 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
 
     trainer = _start_or_resume(cfg, run_dir, ctx, policy, resume=resume, console=console, say=say)
     cfg = trainer.cfg  # a resume on another world size may change train.grad_accum
-    t = cfg.train
-    effective = cfg.effective_batch(ctx.world_size)
-    batcher = trainer.make_batcher()
-    target = t.steps
+    target = cfg.train.steps
     stop_at = min(target, max_steps) if max_steps else target
     say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data()))
-
     if policy.compile:
         # Compiled kernels live in the run dir (a shared file system on clusters): a job that
         # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
-    model = prepare_model(trainer)
-
+    model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
     telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
-    meter = ThroughputMeter()
-    runner = StepRunner(trainer, model, batcher)
-    steps_since_log = 0
-    started = time.perf_counter()
-    steps_at_start = trainer.step
-    stopped_by: str | None = None
-    samples: list[Path] = []
+    runner = StepRunner(trainer, model, trainer.make_batcher())
     if policy.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(policy.device)
-
     try:
-        while trainer.step < stop_at:
-            lr = runner.step()
-            steps_since_log += 1
-            meter.add(effective)
-            if trainer.step % t.log_every == 0 or trainer.step == stop_at:
-                record = _metrics(trainer, ctx, runner, steps_since_log, meter, lr, started, steps_at_start,
-                                  stop_at, target)
-                steps_since_log = 0
-                telemetry.log(record)
-                if runner.bad_run.item() >= t.max_nonfinite_steps:
-                    runner.batcher = _rollback(trainer, say, effective)
-                    runner.bad_run.zero_()
-                    continue
-                if ctx.any_true(stop.requested):
-                    stopped_by = stop.signal_name or "a signal on another rank"
-                    say(f"stop requested ({stopped_by}) at step {trainer.step}: writing a checkpoint")
-                    trainer.save(runner.batcher)
-                    break
-            if trainer.step % t.checkpoint_every == 0 or trainer.step == stop_at:
-                trainer.save(runner.batcher)
-            if t.sample_every and trainer.step % t.sample_every == 0 and trainer.step != stop_at:
-                samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}")
+        stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say)
         if stopped_by is None:
-            samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}")
+            samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say)
             if trainer.step >= target:
                 say(f"done: {trainer.step} steps; samples in {run_dir / 'samples'}")
             else:
@@ -211,43 +184,76 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     return TrainOutcome(run_dir=run_dir, step=trainer.step, target=target, stopped_by=stopped_by, samples=samples)
 
 
-def _metrics(trainer: Trainer, ctx: DistContext, runner: StepRunner, steps: int, meter, lr,
-             started: float, steps_at_start: int, stop_at: int, target: int) -> dict[str, Any]:
-    packed = ctx.all_mean(torch.stack([runner.loss_sum / steps, runner.norm_sum / steps]).float())
-    runner.loss_sum.zero_()
-    runner.norm_sum.zero_()
-    loss, norm = (float(v) for v in packed.tolist())
-    # Fold the device-side count into the trainer's total here, at a log step, so checkpoints
-    # (written at log steps) carry every skipped step and a rollback cannot count one twice.
-    trainer.nonfinite_total += int(runner.bad_total.item())
-    runner.bad_total.zero_()
+def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: StopFlag, stop_at: int,
+          say: Say) -> tuple[str | None, list[Path]]:
+    """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
+    and the preview files written on the way."""
+    t, ctx = trainer.cfg.train, trainer.ctx
+    meter = ThroughputMeter()
+    clock = _Clock(trainer.step, stop_at)
+    samples: list[Path] = []
+    while trainer.step < stop_at:
+        lr = runner.step()
+        meter.add(runner.effective)
+        if trainer.step % t.log_every == 0 or trainer.step == stop_at:
+            telemetry.log(_metrics(trainer, runner, meter, lr, clock))
+            if runner.nonfinite_in_a_row() >= t.max_nonfinite_steps:
+                _roll_back(trainer, runner, say)
+                continue
+            if ctx.any_true(stop.requested):
+                stopped_by = stop.signal_name or "a signal on another rank"
+                say(f"stop requested ({stopped_by}) at step {trainer.step}: writing a checkpoint")
+                trainer.save(runner.batcher)
+                return stopped_by, samples
+        if trainer.step % t.checkpoint_every == 0 or trainer.step == stop_at:
+            trainer.save(runner.batcher)
+        if t.sample_every and trainer.step % t.sample_every == 0 and trainer.step != stop_at:
+            samples += _preview(trainer, ctx, trainer.run_dir, f"step{trainer.step:08d}", say)
+    return None, samples
+
+
+@dataclass
+class _Clock:
+    """Wall time since this invocation started, for the ETA to the step it stops at."""
+
+    first_step: int
+    stop_at: int
+    started: float = field(default_factory=time.perf_counter)
+
+    def eta_s(self, step: int) -> float:
+        elapsed = time.perf_counter() - self.started
+        return elapsed / max(step - self.first_step, 1) * (self.stop_at - step)
+
+
+def _metrics(trainer: Trainer, runner: StepRunner, meter: ThroughputMeter, lr: float, clock: _Clock) -> dict[str, Any]:
+    window = runner.drain_metrics(trainer.ctx)
+    # Fold the window's skipped steps into the trainer's total here, at a log step, so
+    # checkpoints (written at log steps) carry every skipped step and a rollback cannot count one twice.
+    trainer.nonfinite_total += window.nonfinite
     rate = meter.rate()
-    done = trainer.step - steps_at_start
-    elapsed = time.perf_counter() - started
-    eta = elapsed / max(done, 1) * (stop_at - trainer.step)
     return {
         "step": trainer.step,
-        "total_steps": target,
-        "loss": loss,
+        "total_steps": trainer.cfg.train.steps,
+        "loss": window.loss,
         "lr": lr,
-        "grad_norm": norm,
+        "grad_norm": window.grad_norm,
         "samples_per_s": rate,
-        "samples_per_s_per_gpu": rate / ctx.world_size,
+        "samples_per_s_per_gpu": rate / trainer.ctx.world_size,
         "peak_mem_mb": peak_memory_bytes(trainer.device) / 2**20,
         "nonfinite_skipped": trainer.nonfinite_total,
         "epoch": runner.batcher.position.epoch,
-        "eta_s": eta,
+        "eta_s": clock.eta_s(trainer.step),
         "time": time.time(),
     }
 
 
-def _rollback(trainer: Trainer, say, effective: int) -> DeviceBatcher:
-    """Back to the newest checkpoint with the learning rate halved; returns the restored data stream."""
+def _roll_back(trainer: Trainer, runner: StepRunner, say: Say) -> None:
+    """Back to the newest checkpoint with the learning rate halved, or one clear error."""
     cfg, step = trainer.cfg, trainer.step
     if trainer.rollbacks >= MAX_ROLLBACKS:
         raise UserError(
             f"the loss stayed non-finite at step {step} after {trainer.rollbacks} rollbacks "
-            f"(learning rate now {learning_rate(cfg, step, effective, trainer.lr_backoff):.2e})",
+            f"(learning rate now {learning_rate(cfg, step, runner.effective, trainer.lr_backoff):.2e})",
             "lower optim.lr, keep optim.grad_clip on (e.g. 1.0), or use --precision fp32 / bf16 instead of fp16",
         )
     state = ckpt.load_latest(trainer.run_dir, log=say)
@@ -257,32 +263,29 @@ def _rollback(trainer: Trainer, say, effective: int) -> DeviceBatcher:
             "and no checkpoint exists to roll back to",
             "lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower so a rollback is possible",
         )
-    rollbacks = trainer.rollbacks + 1
-    backoff = trainer.lr_backoff * 0.5
-    skipped = trainer.nonfinite_total  # steps skipped so far stay counted: the rollback does not undo them
-    trainer.restore(state)
-    trainer.rollbacks, trainer.lr_backoff, trainer.nonfinite_total = rollbacks, backoff, skipped
+    trainer.roll_back(state)
+    runner.restart(trainer.make_batcher())
     say(f"warning: non-finite loss for {cfg.train.max_nonfinite_steps} steps in a row at step {step}: rolled back "
-        f"to step {state.step} with the learning rate halved (rollback {rollbacks} of {MAX_ROLLBACKS})")
-    return trainer.make_batcher()
+        f"to step {state.step} with the learning rate halved (rollback {trainer.rollbacks} of {MAX_ROLLBACKS})")
 
 
-def _preview(trainer: Trainer, ctx: DistContext, run_dir: Path, name: str) -> list[Path]:
-    """Sample a grid from the EMA weights. Every rank denoises a share (no rank idles at a
+def _preview(trainer: Trainer, ctx: DistContext, run_dir: Path, name: str, say: Say) -> list[Path]:
+    """Samples from the EMA weights. Every rank generates a share (no rank idles at a
     collective while rank 0 samples); rank 0 gathers and writes."""
     t = trainer.cfg.train
+    say(f"writing a preview: {t.sample_count} samples x {t.sample_steps} steps from the EMA weights "
+        f"(on {ctx.world_size} process{'es' if ctx.world_size > 1 else ''})")
     share = math.ceil(t.sample_count / ctx.world_size)
-    mine, _ = trainer.task.generate(trainer.ema, count=t.sample_count, steps=t.sample_steps, seed=t.seed,
-                                    autocast=trainer.policy.autocast,
-                                    rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
-    images = ctx.gather_rows(mine, share)
+    mine = trainer.task.generate(trainer.ema, count=t.sample_count, steps=t.sample_steps, seed=t.seed,
+                                 autocast=trainer.policy.autocast,
+                                 rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
+    samples = ctx.gather_rows(mine.samples, share)
     if not ctx.is_main:
         return []
-    from .sample import save_grid
-
-    path = save_grid(images, run_dir / "samples" / f"{name}.png")
+    path = run_dir / "samples" / f"{name}.png"
+    written = trainer.task.write_samples(Generated(samples), path)
     latest = run_dir / "samples" / "latest.png"
     tmp = latest.with_suffix(".tmp.png")
     tmp.write_bytes(path.read_bytes())
     os.replace(tmp, latest)
-    return [path]
+    return written

@@ -168,8 +168,8 @@ def test_nan_steps_are_skipped_counted_then_rolled_back_with_half_the_lr(tmp_pat
     lrs = {r["step"]: r["lr"] for r in records}
     assert lrs[16] == pytest.approx(records[0]["lr"] / 4)  # halved twice
     state = ckpt.load_latest(run_dir)
-    assert state.step == 16 and state.meta["rollbacks"] == 2 and state.meta["lr_backoff"] == 0.25
-    assert state.meta["nonfinite_total"] == 4
+    assert state.step == 16 and state.meta.rollbacks == 2 and state.meta.lr_backoff == 0.25
+    assert state.meta.nonfinite_total == 4
     assert all(torch.isfinite(v).all() for v in state.model.values())
 
 

@@ -12,7 +12,7 @@ from diffscale.runtime import checkpoint as ckpt
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from diffscale.runtime.checkpoint import TrainingState, save_checkpoint
+    from diffscale.runtime.checkpoint import CheckpointMeta, TrainingState, save_checkpoint
     run_dir = sys.argv[1]
     big = {f"w{i}": torch.full((256, 1024), float(i)) for i in range(24)}  # ~24 MB: saving takes a while
     opt = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
@@ -21,7 +21,7 @@ WRITER = textwrap.dedent("""
         step += 1
         for t in big.values():
             t.add_(1)
-        save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt, meta={"x": step},
+        save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt, meta=CheckpointMeta(saved_at=step),
                                                rng={"torch_cpu": torch.get_rng_state()}), keep=2)
         print(step, flush=True)
 """)

@@ -89,4 +89,4 @@ def test_presets_table(capsys):
     out = capsys.readouterr().out
     for name in PRESETS:
         assert name in out
-    assert "(32, 64, 128)" in out and "2048" in out
+    assert "widths 32/64/128" in out and "2048" in out and "images" in out

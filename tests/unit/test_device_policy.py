@@ -51,7 +51,7 @@ def test_layout_optimisation_is_forced_for_compiled_cuda_training_only(fake_h100
 
 
 def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
-    from diffscale.engine import compile_options
+    from diffscale.runtime.parallelize import compile_options
 
     assert compile_options("default", False) == {}
     assert compile_options("default", True) == {"force_layout_optimization": True}
@@ -66,7 +66,7 @@ def test_compile_options_keep_the_mode_and_add_the_layout_optimisation():
 
 
 def test_sampling_compiles_with_cuda_graphs_and_frozen_weights(fake_h100):
-    from diffscale.engine import sampling_compile_options
+    from diffscale.diffusion.inference import sampling_compile_options
 
     runtime = C.RuntimeConfig()
     policy = inference_policy(runtime, torch.device("cuda", 0))
@@ -79,7 +79,7 @@ def test_sampling_compiles_with_cuda_graphs_and_frozen_weights(fake_h100):
 
 
 def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h100):
-    from diffscale.engine import trains_in_cuda_graphs, training_compile_mode
+    from diffscale.runtime.parallelize import trains_in_cuda_graphs, training_compile_mode
     from diffscale.presets import get_preset
 
     def cfg_for(accum: int, mode: str | None):
@@ -163,7 +163,7 @@ def test_forced_flexattention_needs_a_compiled_cuda_run(fake_h100):
 
 def test_bf16_gradient_compression_is_off_unless_asked_and_needs_nccl():
     from diffscale.config import Toggle
-    from diffscale.engine import bf16_gradient_compression
+    from diffscale.runtime.parallelize import bf16_gradient_compression
     from diffscale.errors import UserError
 
     assert bf16_gradient_compression(Toggle.AUTO, "nccl") is False  # measured slower on NVLink

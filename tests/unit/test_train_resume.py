@@ -90,7 +90,7 @@ def test_checkpoints_hold_no_pickles_and_keep_the_newest(tmp_path):
     assert files == ["ema.safetensors", "manifest.json", "model.safetensors", "optimizer.safetensors",
                      "rng.safetensors", "state.json"]
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
-    assert state.meta["data_position"]["offset"] > 0 and state.meta["signature"]["task"] == "images"
+    assert state.meta.data_position["offset"] > 0 and state.meta.signature["task"] == "images"
 
 
 def test_resume_from_an_explicit_checkpoint_path(tmp_path, capsys):

@@ -11,25 +11,9 @@ from __future__ import annotations
 import time
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from ..data.device_loader import shift_augment
 from ..runtime.resources import cpus_for_rank, host_memory_bytes, worker_budget
-
-
-class _ShiftCollate:
-    """Augmentation in the loader workers, on the CPU, as torchvision transforms would do it."""
-
-    def __init__(self, max_shift: int, seed: int) -> None:
-        self.max_shift = max_shift
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __call__(self, items):
-        images = torch.stack([item[0] for item in items]).float() / 127.5 - 1.0
-        if self.max_shift:
-            shifts = torch.randint(-self.max_shift, self.max_shift + 1, (images.shape[0], 2), generator=self.generator)
-            images = shift_augment(images, shifts, self.max_shift)
-        return images
 
 
 class PlainRunner:
@@ -40,12 +24,12 @@ class PlainRunner:
 
         self.trainer = trainer
         cfg, ctx, device = trainer.cfg, trainer.ctx, trainer.device
-        images = trainer.task.images.cpu()
+        reference = trainer.task.reference_data()
+        dataset = reference.dataset
         # The recipe's 4 workers, but never more than the host's CPUs and memory allow.
         local = ctx.info.local_world_size
         workers = worker_budget(workers, cpus=cpus_for_rank(local), host_memory=host_memory_bytes(),
-                                ranks_on_host=local, data_bytes=images.numel()).workers
-        dataset = TensorDataset(images)
+                                ranks_on_host=local, data_bytes=_bytes_of(dataset)).workers
         if ctx.distributed:
             self.sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                               seed=cfg.train.seed, drop_last=True)
@@ -54,7 +38,7 @@ class PlainRunner:
         self.loader = DataLoader(dataset, batch_size=cfg.train.batch_per_gpu, sampler=self.sampler,
                                  num_workers=workers, pin_memory=device.type == "cuda", drop_last=True,
                                  persistent_workers=workers > 0,
-                                 collate_fn=_ShiftCollate(cfg.data.shift_px, cfg.train.seed + ctx.rank))
+                                 collate_fn=reference.collate)
         self.epoch = 0
         self._iter = iter(self.loader)
         self.model = DDP(trainer.net, device_ids=[device.index] if device.type == "cuda" else None) \
@@ -63,34 +47,29 @@ class PlainRunner:
         self.fp16 = device.type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.fp16)
         self.ema = [p.detach().clone() for p in trainer.net.parameters()]
-        self.diffusion = trainer.task.diffusion
         self.data_wait_s = 0.0
         self.effective = cfg.effective_batch(ctx.world_size)
 
-    def _next_images(self) -> torch.Tensor:
+    def _next_examples(self):
         start = time.perf_counter()
         try:
-            images = next(self._iter)
+            examples = next(self._iter)
         except StopIteration:
             self.epoch += 1
             if isinstance(self.sampler, DistributedSampler):
                 self.sampler.set_epoch(self.epoch)
             self._iter = iter(self.loader)
-            images = next(self._iter)
+            examples = next(self._iter)
         self.data_wait_s += time.perf_counter() - start
-        return images.to(self.trainer.device, non_blocking=True)
+        return _to(examples, self.trainer.device)
 
     def step(self) -> float:
         tr = self.trainer
         device = tr.device
         lr = tr.cfg.optim.lr
-        x0 = self._next_images()
-        noise = torch.randn_like(x0)
-        t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), device=device)
-        xt = self.diffusion.q_sample(x0, noise, t)
+        examples = self._next_examples()
         with torch.autocast(device.type, dtype=torch.float16, enabled=self.fp16):
-            prediction = self.model(xt, t)
-        loss = self.diffusion.loss(prediction, x0, noise, t)
+            loss = tr.task.reference_loss(self.model, examples)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.opt)
         torch.nn.utils.clip_grad_norm_(tr.net.parameters(), tr.cfg.optim.grad_clip or float("inf"))
@@ -104,3 +83,18 @@ class PlainRunner:
         loss.item()  # per-step logging, as the recipe does
         tr.step += 1
         return lr
+
+
+def _to(examples, device: torch.device):
+    """A collated batch (a tensor, or a dict / tuple of tensors) on ``device``."""
+    if torch.is_tensor(examples):
+        return examples.to(device, non_blocking=True)
+    if isinstance(examples, dict):
+        return {k: _to(v, device) for k, v in examples.items()}
+    return type(examples)(_to(v, device) for v in examples)
+
+
+def _bytes_of(dataset) -> int:
+    """Bytes of a data set's tensors (each loader worker holds a copy of an in-memory set)."""
+    tensors = [v for v in vars(dataset).values() if torch.is_tensor(v)]
+    return sum(t.numel() * t.element_size() for t in tensors)

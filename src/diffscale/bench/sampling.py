@@ -31,9 +31,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from .. import config as C
     from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
-    from ..engine import sampling_network
+    from ..diffusion.inference import sampling_network
+    from ..errors import UserError
     from ..models import Denoiser, build_unet
-    from ..presets import get_preset
 
     parser = argparse.ArgumentParser(prog="python -m diffscale.bench.sampling")
     parser.add_argument("--preset", default="small")
@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
 
-    cfg = C.merge(get_preset(args.preset), C.parse_overrides(args.set or []))
+    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, overrides=args.set or []))
+    if not isinstance(cfg.model, C.ModelConfig):
+        raise UserError(f"preset {args.preset} is a {cfg.task} run: this benchmark compares image sampling "
+                        "with diffusers' DDIMPipeline", "pick an image preset (tiny, small, medium, large, xl)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     unet = build_unet(cfg.model, 1).to(device).eval()
     diffusion = GaussianDiffusion(cfg.diffusion)

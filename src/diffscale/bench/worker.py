@@ -22,7 +22,6 @@ import torch
 from rich.console import Console
 
 from .. import config as C
-from ..presets import get_preset
 from ..runtime.device import configure_backends, pick_device, resolve_policy, synchronize
 from ..runtime.distributed import detect_launch, init_distributed
 from .profile import profile_steps
@@ -63,14 +62,13 @@ def count_step_flops(trainer) -> float:
     from ..runtime.flex_attention import sdpa_attention
 
     cfg = trainer.cfg
-    size, b = cfg.model.sample_size, cfg.train.batch_per_gpu
+    b = cfg.train.batch_per_gpu
     sub = max(1, b // 16)
-    x = torch.randn(sub, trainer.task.channels, size, size, device=trainer.device)
-    t = torch.randint(0, 1000, (sub,), device=trainer.device)
+    inputs = trainer.task.example_inputs(sub)
     counter = FlopCounterMode(display=False)
     with counter, sdpa_attention(trainer.net):
         with trainer.policy.autocast():
-            out = trainer.net(x, t)
+            out = trainer.net(*inputs)
         out.float().pow(2).mean().backward()
     trainer.net.zero_grad(set_to_none=True)
     if trainer.device.type == "cuda":
@@ -160,11 +158,11 @@ def gpu_turn(spec: str | None, ctx):
 
 
 def _config(args: argparse.Namespace) -> C.RunConfig:
-    overrides = C.parse_overrides(args.set or [])
-    overrides = C.deep_merge(overrides, {"runtime": {"recipe": args.recipe}, "train": {"steps": 10**9}})
+    train: dict = {"steps": 10**9}  # the schedule never ends inside a measurement
     if args.batch:
-        overrides["train"]["batch_per_gpu"] = args.batch
-    return C.merge(get_preset(args.preset), overrides)
+        train["batch_per_gpu"] = args.batch
+    return C.resolve_config(C.ConfigSources(preset=args.preset, recipe=args.recipe, overrides=args.set or [],
+                                            fixed={"train": train}))
 
 
 def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -> dict:
@@ -215,7 +213,9 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
 
 
 def measure(args: argparse.Namespace) -> dict | None:
-    from ..engine import StepRunner, Trainer, prepare_model, training_compile_mode
+    from ..runtime.parallelize import parallelize, training_compile_mode
+    from ..step import StepRunner
+    from ..trainer import Trainer
     from .plain import PlainRunner
 
     cfg = _config(args)
@@ -232,7 +232,8 @@ def measure(args: argparse.Namespace) -> dict | None:
             if args.recipe == "plain":
                 runner = PlainRunner(trainer, workers=args.plain_workers)
             else:
-                runner = StepRunner(trainer, prepare_model(trainer), trainer.make_batcher())
+                model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=lambda text: None)
+                runner = StepRunner(trainer, model, trainer.make_batcher())
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             synchronize(device)
@@ -290,7 +291,7 @@ def _data_share(runner, device: torch.device, steps: int, elapsed: float) -> flo
     start = time.perf_counter()
     for _ in range(5):
         batch = tr.task.draw(runner.batcher.next_indices(), runner.generator)
-        tr.task.clean_images(batch, slice(0, tr.cfg.train.batch_per_gpu))
+        tr.task.examples(batch, slice(0, tr.cfg.train.batch_per_gpu))
     synchronize(device)
     per_step = (time.perf_counter() - start) / 5
     return per_step / (elapsed / steps)

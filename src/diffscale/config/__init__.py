@@ -2,11 +2,12 @@
 
 A run is described by one :class:`RunConfig` made of small keyword-only dataclasses
 (``schema``). Configs come from a preset, then a YAML file, then ``--set
-section.field=value`` overrides (``loading``), and the resolved config is written to
-``RUN_DIR/config.yaml`` by every run.
+section.field=value`` overrides (``loading``), in one order for every verb
+(``resolve``), and the resolved config is written to ``RUN_DIR/config.yaml`` by every run.
 """
 
 from .loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
+from .resolve import ConfigSources, resolve_config
 from .models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
 from .schema import (Attention, BetaSchedule, CompileMode, DataConfig, Device, DiffusionConfig,
                      LrScaling, LrSchedule, OptimConfig, Precision, Prediction, Recipe, RunConfig,
@@ -15,5 +16,5 @@ from .schema import (Attention, BetaSchedule, CompileMode, DataConfig, Device, D
 __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule", "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
-    "Toggle", "TrainConfig", "deep_merge", "from_dict", "load_yaml", "merge", "parse_overrides", "write_yaml",
+    "Toggle", "TrainConfig", "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge", "parse_overrides", "write_yaml",
 ]

@@ -64,6 +64,14 @@ class ModelConfig:
         if not 0.0 <= self.dropout < 1.0:
             _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
 
+    def summary(self) -> str:
+        attention = "/".join("yes" if a else "no" for a in self.attention)
+        return f"UNet2D {self.sample_size} px, widths {_widths(self.block_out_channels)}, attention {attention}"
+
+
+def _widths(values: tuple[int, ...]) -> str:
+    return "/".join(str(v) for v in values)
+
 
 @dataclass(kw_only=True)
 class FieldModelConfig:
@@ -94,6 +102,10 @@ class FieldModelConfig:
                 _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})", f"set model.{name} to a positive number")
         if not 0.0 <= self.dropout < 1.0:
             _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
+
+    def summary(self) -> str:
+        fields = f" x {self.fields}" if self.fields > 1 else ""
+        return f"MLP {self.cond_dim or '?'} -> {self.x_dim or '?'}{fields}, {self.depth} blocks of {self.hidden}"
 
 
 @dataclass(kw_only=True)
@@ -143,6 +155,11 @@ class PolicyModelConfig:
                   f"= {self.pred_horizon - self.obs_horizon + 1}", "lower model.action_horizon or raise model.pred_horizon")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             _fail("model.kernel_size", f"{self.kernel_size} is not a positive odd number", "use 3 or 5")
+
+
+    def summary(self) -> str:
+        return (f"UNet1D To {self.obs_horizon} / T {self.pred_horizon} / Ta {self.action_horizon}, "
+                f"widths {_widths(self.down_dims)}")
 
 
 TaskModelConfig = ModelConfig | FieldModelConfig | PolicyModelConfig

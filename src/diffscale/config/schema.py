@@ -129,6 +129,9 @@ class DiffusionConfig:
     """Last beta of the linear schedules."""
     prediction_type: Prediction = Prediction.EPSILON
     """Training target."""
+    clip_sample: bool = True
+    """Clip each sampling step's clean-sample estimate to [-1, 1] (data scaled to that range:
+    images, min/max-normalised actions); off for standardised data such as fields."""
 
     def __post_init__(self) -> None:
         if self.num_train_timesteps < 2:
@@ -139,21 +142,17 @@ class DiffusionConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    """Where training images come from and how they are augmented."""
+    """Where training data comes from and how images are augmented (shift_px, hflip: images only)."""
 
     source: str = "builtin:glyphs"
-    """Data spec: builtin[:glyphs|digits|mix], imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT."""
+    """Data spec; each task reads its own kinds. Images: builtin[:glyphs|numerals|digits|mix],
+    imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT (see the README for fields and policy)."""
     shift_px: int = 1
     """Random translation of up to this many pixels (on the device), 0 to disable."""
     hflip: bool = False
     """Random horizontal flips (off by default: they turn letters into mirror glyphs)."""
     max_items: int = 0
     """Use at most this many images (0: all)."""
-    workers: int = -1
-    """Data-loader workers per rank where a CPU loader is used (-1: from the CPU and memory
-    budget): the plain recipe of ``diffscale bench``, and the cluster plan's host-memory
-    estimate. ``diffscale train`` keeps the data on the device and starts none."""
-
     def __post_init__(self) -> None:
         if not self.source.strip():
             _fail("data.source", "is empty", "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT or mnist:ROOT")

@@ -33,7 +33,7 @@ class GaussianDiffusion:
             beta_start=self.cfg.beta_start,
             beta_end=self.cfg.beta_end,
             prediction_type=self.cfg.prediction_type.value,
-            clip_sample=True,
+            clip_sample=self.cfg.clip_sample,
         )
 
     def ddpm_scheduler(self) -> DDPMScheduler:
@@ -47,18 +47,24 @@ class GaussianDiffusion:
             self._cache[device] = (self._sqrt_abar.to(device), self._sqrt_one_minus_abar.to(device))
         return self._cache[device]
 
-    def q_sample(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Noised images. x0, noise: (B, C, H, W); t: (B,) integer timesteps."""
+    def _per_row(self, x0: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """sqrt(abar_t) and sqrt(1 - abar_t) of each row, shaped to broadcast over x0's other dimensions."""
         a, s = self._coefficients(x0.device)
-        return a[t].view(-1, 1, 1, 1) * x0 + s[t].view(-1, 1, 1, 1) * noise
+        shape = (-1,) + (1,) * (x0.dim() - 1)
+        return a[t].view(shape), s[t].view(shape)
+
+    def q_sample(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """Noised samples. x0, noise: (B, ...) (images (B, C, H, W), vectors (B, D), ...); t: (B,) timesteps."""
+        a, s = self._per_row(x0, t)
+        return a * x0 + s * noise
 
     def target(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.prediction == Prediction.EPSILON:
             return noise
         if self.prediction == Prediction.SAMPLE:
             return x0
-        a, s = self._coefficients(x0.device)
-        return a[t].view(-1, 1, 1, 1) * noise - s[t].view(-1, 1, 1, 1) * x0
+        a, s = self._per_row(x0, t)
+        return a * noise - s * x0
 
     def loss(self, prediction: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Mean squared error against the configured target, in fp32. Returns a scalar."""

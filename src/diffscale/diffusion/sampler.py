@@ -34,15 +34,16 @@ def sample(
     trajectory_every: int = 0,
     x_init: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Draw samples in [-1, 1]. ``denoise(x_t, t)`` returns the network's prediction.
+    """Draw samples of ``shape`` (B, ...). ``denoise(x_t, t)`` returns the network's prediction
+    (a conditional task closes over its condition).
 
-    Returns the final images (B, C, H, W) on the CPU and, when ``trajectory_every``
-    is set, the intermediate images every that many steps (for GIFs). ``x_init`` replaces
+    Returns the final samples on the CPU and, when ``trajectory_every`` is set, the
+    intermediate ones every that many steps (for GIFs). ``x_init`` replaces
     the initial noise (ranks sharing one seeded draw each denoise their own rows).
     """
     scheduler = diffusion.ddim_scheduler() if sampler.kind == SamplerKind.DDIM else diffusion.ddpm_scheduler()
     steps = min(sampler.steps, diffusion.num_timesteps)
-    scheduler.set_timesteps(steps if sampler.kind == SamplerKind.DDIM else diffusion.num_timesteps)
+    scheduler.set_timesteps(steps)  # DDPM too: ancestral steps strided over the trained timesteps
     # Noise from a CPU generator: the same seed gives the same images on every device.
     x = (x_init if x_init is not None else torch.randn(shape, generator=generator)).to(device)
     frames: list[torch.Tensor] = []
@@ -55,5 +56,10 @@ def sample(
         else:
             x = scheduler.step(model_out, t, x, **extra).prev_sample
         if trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1):
-            frames.append(x.clamp(-1, 1).cpu())
-    return x.clamp(-1, 1).cpu(), frames
+            frames.append(_bounded(x, diffusion).cpu())
+    return _bounded(x, diffusion).cpu(), frames
+
+
+def _bounded(x: torch.Tensor, diffusion: GaussianDiffusion) -> torch.Tensor:
+    """Samples in [-1, 1] where the data lives there (``diffusion.clip_sample``), else as they are."""
+    return x.clamp(-1, 1) if diffusion.cfg.clip_sample else x

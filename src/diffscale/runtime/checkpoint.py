@@ -5,7 +5,10 @@ Layout of one checkpoint, ``RUN_DIR/checkpoints/step_00001200/``:
 * ``model.safetensors`` / ``ema.safetensors`` -- network weights (fp32, CPU)
 * ``optimizer.safetensors`` -- optimizer state tensors, keyed ``state.<param index>.<name>``
 * ``rng.safetensors`` -- RNG states of every generator (torch CPU, CUDA) as uint8 tensors
-* ``state.json`` -- step, data position, optimizer hyper-parameters, scaler, config, model signature
+* ``task.safetensors`` -- the task's state beyond the weights (normalisation statistics, a
+  replay buffer); format 2 on, empty for tasks without one
+* ``state.json`` -- ``CheckpointMeta`` (step, data position, scaler, config, model signature,
+  counters) and the optimizer's hyper-parameters
 * ``manifest.json`` -- SHA-256 and size of every file above; written last
 
 A checkpoint is written into a temporary folder and renamed into place, so a process
@@ -20,7 +23,7 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +35,51 @@ from ..errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})$")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: adds task.safetensors. Format 1 checkpoints (no task state) still load."""
+READABLE_VERSIONS = (1, 2)
 
 
 class CorruptCheckpoint(Exception):
     """A checkpoint failed verification (missing file, checksum mismatch, unreadable)."""
+
+
+@dataclass(kw_only=True)
+class CheckpointMeta:
+    """The JSON part of a checkpoint (``state.json``), besides the step and optimizer groups."""
+
+    version: int = FORMAT_VERSION
+    """Checkpoint format that wrote it (``FORMAT_VERSION``)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's resolved config (``RunConfig.to_dict()``)."""
+    signature: dict[str, Any] = field(default_factory=dict)
+    """The task's ``signature()``: what must match for the weights to load."""
+    data_position: dict[str, Any] = field(default_factory=dict)
+    """Where the data stream stands (``DataPosition.to_dict()``)."""
+    scaler: dict[str, Any] | None = None
+    """GradScaler state where fp16 training uses one."""
+    world_size: int = 1
+    """Processes that trained up to this checkpoint."""
+    effective_batch: int = 0
+    """Examples per optimizer step (kept on resume through gradient accumulation)."""
+    lr_backoff: float = 1.0
+    """Learning-rate factor after rollbacks from non-finite losses."""
+    rollbacks: int = 0
+    """Rollbacks so far."""
+    nonfinite_total: int = 0
+    """Optimizer steps skipped for non-finite gradients so far."""
+    saved_at: float = 0.0
+    """Unix time of writing."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str) -> CheckpointMeta:
+        """Read ``state.json`` of any readable format (format 1 named its version ``format``)."""
+        version = int(data.get("version", data.get("format", 1)))
+        if version not in READABLE_VERSIONS:
+            raise CorruptCheckpoint(f"{where}: format {version} is newer than this diffscale reads "
+                                    f"({', '.join(map(str, READABLE_VERSIONS))}); upgrade diffscale")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known and k != "version"}, version=version)
 
 
 @dataclass
@@ -47,9 +90,10 @@ class TrainingState:
     model: dict[str, torch.Tensor]
     ema: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
-    meta: dict[str, Any]
-    """JSON-able: data position, scaler state, config, model signature, counters."""
+    meta: CheckpointMeta
     rng: dict[str, torch.Tensor]
+    task: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The task's state tensors (``Task.state_tensors()``)."""
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -135,10 +179,11 @@ def save_checkpoint(run_dir: Path, state: TrainingState, *, keep: int) -> Path:
         "ema.safetensors": _cpu(state.ema),
         "optimizer.safetensors": opt_tensors,
         "rng.safetensors": _cpu(state.rng),
+        "task.safetensors": _cpu(state.task),
     }
     for name, tensors in files.items():
         save_file(tensors, str(tmp / name))
-    meta = dict(state.meta, step=state.step, optimizer=opt_info, format=FORMAT_VERSION)
+    meta = dict(asdict(state.meta), version=FORMAT_VERSION, step=state.step, optimizer=opt_info)
     (tmp / "state.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     manifest = {
         "format": FORMAT_VERSION,
@@ -220,10 +265,13 @@ def load_checkpoint(path: Path) -> TrainingState:
         opt_tensors = load_file(str(path / "optimizer.safetensors"))
         rng_path = path / "rng.safetensors"
         rng = load_file(str(rng_path)) if rng_path.is_file() else {}
+        task_path = path / "task.safetensors"
+        task = load_file(str(task_path)) if task_path.is_file() else {}
     except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as exc:
         raise CorruptCheckpoint(f"{path.name}: {exc}") from exc
     optimizer = _unflatten_optimizer(opt_tensors, meta.pop("optimizer"))
-    return TrainingState(step=int(meta["step"]), model=model, ema=ema, optimizer=optimizer, meta=meta, rng=rng)
+    return TrainingState(step=int(meta["step"]), model=model, ema=ema, optimizer=optimizer,
+                         meta=CheckpointMeta.from_json(meta, path.name), rng=rng, task=task)
 
 
 def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:

@@ -104,6 +104,14 @@ class Task(Protocol):
         """Restore what ``state_tensors`` returned (tensors on the CPU)."""
         ...
 
+    def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
+                 seed: int) -> dict[str, float]:
+        """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
+        it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
+        the task's default), ``steps`` denoising steps each. Raises ``UserError`` where the task
+        has no evaluation."""
+        ...
+
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """Write the EMA network in the format the field's tools load; returns how to load it.
         Raises ``UserError`` where the task has no such format."""

@@ -7,25 +7,30 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config import ModelConfig, RunConfig
 from ..data.device_loader import shift_augment
 from ..data.sources import describe, load_images
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
+from .base import Autocast, Generated, ReferenceData
 
 
 class ImageTask:
     name = "images"
 
-    def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True) -> None:
+    def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
+                 signature: dict[str, Any] | None = None) -> None:
+        assert isinstance(cfg.model, ModelConfig), "the config loader gives task images a ModelConfig"
         self.cfg = cfg
+        self.model: ModelConfig = cfg.model
         self.device = device
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.images: torch.Tensor | None = None
-        channels = cfg.model.channels
+        channels = int((signature or {}).get("channels", self.model.channels))
         if load_data:
-            images = load_images(cfg.data.source, cfg.model.sample_size, max_items=cfg.data.max_items)
+            images = load_images(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items)
             channels = channels or images.shape[1]
             if images.shape[1] != channels:
                 images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
@@ -33,19 +38,21 @@ class ImageTask:
             self.images = images.to(device)
         self.channels = channels or 1
 
+    def _data(self) -> torch.Tensor:
+        assert self.images is not None, "built with load_data=False"
+        return self.images
+
     def num_items(self) -> int:
-        assert self.images is not None
-        return int(self.images.shape[0])
+        return int(self._data().shape[0])
 
     def describe_data(self) -> str:
-        assert self.images is not None
-        return f"{self.cfg.data.source} ({describe(self.images)})"
+        return f"{self.cfg.data.source} ({describe(self._data())})"
 
     def build_network(self) -> torch.nn.Module:
-        return Denoiser(build_unet(self.cfg.model, self.channels))
+        return Denoiser(build_unet(self.model, self.channels))
 
     def signature(self) -> dict[str, Any]:
-        m = self.cfg.model
+        m = self.model
         return {
             "task": self.name,
             "channels": self.channels,
@@ -58,7 +65,7 @@ class ImageTask:
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
-        size = self.cfg.model.sample_size
+        size = self.model.sample_size
         shift = self.cfg.data.shift_px
         batch = {
             "indices": indices,
@@ -69,37 +76,40 @@ class ImageTask:
         }
         return batch
 
-    def clean_images(self, batch: dict[str, torch.Tensor], rows: slice) -> torch.Tensor:
-        assert self.images is not None
-        x0 = self.images[batch["indices"][rows]].float() / 127.5 - 1.0
+    def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+        """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""
+        x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
         x0 = shift_augment(x0, batch["shifts"][rows], self.cfg.data.shift_px)
         if self.cfg.data.hflip:
             x0 = torch.where(batch["flips"][rows].view(-1, 1, 1, 1), x0.flip(-1), x0)
-        return x0
+        return {"x0": x0}
 
     def loss(self, network: torch.nn.Module, batch: dict[str, torch.Tensor], rows: slice,
              *, channels_last: bool) -> torch.Tensor:
-        x0 = self.clean_images(batch, rows)
+        x0 = self.examples(batch, rows)["x0"]
         noise, t = batch["noise"][rows], batch["t"][rows]
         xt = self.diffusion.q_sample(x0, noise, t)
         if channels_last:
             xt = xt.contiguous(memory_format=torch.channels_last)
         return self.diffusion.loss(network(xt, t), x0, noise, t)
 
+    def example_inputs(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        size = self.model.sample_size
+        return (torch.randn(batch_size, self.channels, size, size, device=self.device),
+                torch.randint(0, self.diffusion.num_timesteps, (batch_size,), device=self.device))
+
     @torch.no_grad()
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                 trajectory: bool = False, autocast=None,
-                 rows: slice | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """``count`` images from ``seed``; with ``rows``, only those rows of that same draw (so
-        ranks sharing the work together produce exactly the single-process images)."""
-        size = self.cfg.model.sample_size
-        kind = SamplerKind(sampler)
+                 rows: slice | None = None, autocast: Autocast | None = None, trajectory: bool = False) -> Generated:
+        """``count`` images (B, C, H, W) in [-1, 1] from ``seed``; with ``rows``, only those rows of
+        that same draw (so ranks sharing the work together produce exactly the single-process images)."""
+        size = self.model.sample_size
         generator = torch.Generator().manual_seed(seed)
         start = torch.randn((count, self.channels, size, size), generator=generator)
         if rows is not None:
             start = start[rows]
         if start.shape[0] == 0:
-            return start, []
+            return Generated(start)
         was_training = network.training
         network.eval()
 
@@ -109,20 +119,73 @@ class ImageTask:
             with autocast():
                 return network(x, t)
 
-        total = steps if kind == SamplerKind.DDIM else self.diffusion.num_timesteps
         images, frames = sample(
-            denoise, self.diffusion, tuple(start.shape),
-            sampler=Sampler(kind, steps), generator=generator, device=self.device,
-            trajectory_every=max(1, total // 25) if trajectory else 0, x_init=start,
+            denoise, self.diffusion, tuple(start.shape), sampler=Sampler(SamplerKind(sampler), steps),
+            generator=generator, device=self.device, trajectory_every=max(1, steps // 25) if trajectory else 0,
+            x_init=start,
         )
         network.train(was_training)
-        return images, frames
+        return Generated(images, frames)
 
-    def preview(self, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
-                sampler: str = "ddim", gif: bool = False, autocast=None) -> list[Path]:
-        images, frames = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler,
-                                       trajectory=gif, autocast=autocast)
-        written = [save_grid(images, path)]
-        if gif:
-            written += save_animation(frames, path.with_suffix(".gif"))
+    def write_samples(self, generated: Generated, path: Path) -> list[Path]:
+        written = [save_grid(generated.samples, path)]
+        if generated.frames:
+            written += save_animation(generated.frames, path.with_suffix(".gif"))
         return written
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {}  # images are scaled by a fixed rule: nothing beyond the weights
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
+                 seed: int) -> dict[str, float]:
+        raise UserError("image runs have no evaluation in diffscale eval yet",
+                        "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
+
+    def export(self, network: torch.nn.Module, out_dir: Path) -> str:
+        from ..export import export_ddpm_pipeline
+
+        if not isinstance(network, Denoiser):
+            raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
+        export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
+        return "diffusers.DDPMPipeline.from_pretrained"
+
+    def reference_data(self) -> ReferenceData:
+        return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
+
+    def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
+        x0 = examples
+        noise = torch.randn_like(x0)
+        t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), device=x0.device)
+        xt = self.diffusion.q_sample(x0, noise, t)
+        return self.diffusion.loss(network(xt, t), x0, noise, t)
+
+
+class _ImageRows(torch.utils.data.Dataset):
+    """uint8 images (N, C, H, W) on the CPU, one per item, as a user's Dataset serves them."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.images[index]
+
+
+class _ShiftCollate:
+    """Scaling and shift augmentation in the loader workers, on the CPU, as torchvision transforms would do it."""
+
+    def __init__(self, max_shift: int, seed: int) -> None:
+        self.max_shift = max_shift
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, items: list[torch.Tensor]) -> torch.Tensor:
+        images = torch.stack(items).float() / 127.5 - 1.0
+        if self.max_shift:
+            shifts = torch.randint(-self.max_shift, self.max_shift + 1, (images.shape[0], 2), generator=self.generator)
+            images = shift_augment(images, shifts, self.max_shift)
+        return images

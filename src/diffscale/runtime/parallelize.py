@@ -1,0 +1,89 @@
+"""Parallelism and compilation applied from the outside of a single-device network
+(as torchtitan's ``parallelize_*`` functions do): DDP, its gradient communication and
+``torch.compile`` (with CUDA graphs where a training step can replay as one)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..config import CompileMode, Recipe, RunConfig, Toggle
+from ..errors import UserError
+from .device import DevicePolicy
+from .distributed import DistContext
+
+
+def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, policy: DevicePolicy,
+                say: Callable[[str], None]) -> torch.nn.Module:
+    """``net`` as training runs it: wrapped in DDP when distributed, then compiled where the policy says."""
+    model: torch.nn.Module = net
+    if ctx.distributed:
+        model = wrap_ddp(net, ctx, cfg, policy)
+    if not policy.compile:
+        return model
+    torch._dynamo.config.optimize_ddp = cfg.runtime.ddp_graph_split == Toggle.ON  # off: all-reduces follow one whole backward
+    mode = training_compile_mode(cfg, policy)
+    if cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD and mode != CompileMode.REDUCE_OVERHEAD:
+        say(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
+            f"(this run: {cfg.train.grad_accum} on {policy.device.type}): compiling without CUDA graphs[/]")
+    tune = cfg.runtime.kernel_tuning == Toggle.ON
+    return torch.compile(model, options=compile_options(mode.value, policy.layout_opt, tune))
+
+
+def training_compile_mode(cfg: RunConfig, policy: DevicePolicy) -> CompileMode:
+    """The mode training compiles with. CUDA graphs (``reduce-overhead``, also what ``auto``
+    picks) replay the compiled forward/backward on CUDA with one micro-step a step: a second
+    micro-step's replay would overwrite the gradients of the first."""
+    mode = cfg.runtime.compile_mode
+    if mode not in (CompileMode.AUTO, CompileMode.REDUCE_OVERHEAD):
+        return mode
+    replayable = policy.compile and policy.device.type == "cuda" and cfg.train.grad_accum == 1
+    return CompileMode.REDUCE_OVERHEAD if replayable else CompileMode.DEFAULT
+
+
+def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
+    return training_compile_mode(cfg, policy) == CompileMode.REDUCE_OVERHEAD
+
+
+def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False, freeze: bool = False) -> dict[str, Any]:
+    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation,
+    coordinate-descent kernel tuning and freezing (``torch.compile`` takes a mode or options,
+    not both)."""
+    from torch._inductor import list_mode_options
+
+    options = dict(list_mode_options(mode))
+    if layout_opt:
+        options["force_layout_optimization"] = True
+    if tune_kernels:
+        options["coordinate_descent_tuning"] = True
+    if freeze:
+        options["freezing"] = True
+    return options
+
+
+def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: DevicePolicy) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    kwargs: dict[str, Any] = {}
+    if policy.device.type == "cuda":
+        kwargs["device_ids"] = [policy.device.index]
+    if cfg.runtime.recipe == Recipe.FAST:
+        # Larger buckets mean fewer all-reduce launches; bucket views avoid a gradient copy.
+        kwargs.update(bucket_cap_mb=cfg.runtime.ddp_bucket_mb, gradient_as_bucket_view=True)
+    model = DDP(net, **kwargs)
+    if bf16_gradient_compression(cfg.runtime.ddp_bf16_compress, ctx.backend):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return model
+
+
+def bf16_gradient_compression(setting: Toggle, backend: str) -> bool:
+    """Whether DDP all-reduces bf16 copies of the gradients. ``auto`` is off: on 4 x H100
+    (NVLink) every preset scaled better without it, xl 94.0 % against 91.5 %
+    (docs/benchmarks.md, multi-GPU scaling); ``on`` is for links where bytes cost more."""
+    if setting == Toggle.ON and backend != "nccl":
+        raise UserError(f"runtime.ddp_bf16_compress on needs CUDA GPUs with NCCL (this run all-reduces with {backend})",
+                        "set runtime.ddp_bf16_compress to auto or off")
+    return setting == Toggle.ON

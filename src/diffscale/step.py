@@ -1,0 +1,145 @@
+"""One optimizer step over a ``Trainer``: draw the global batch, accumulate this rank's rows,
+clip, fused AdamW, EMA -- with no host synchronisation. ``train`` (the loop) and ``bench``
+(the measurements) both drive it."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import LrSchedule, LrScaling, RunConfig
+from .data.device_loader import DeviceBatcher, micro_slice
+from .runtime.distributed import DistContext
+from .runtime.parallelize import trains_in_cuda_graphs
+from .trainer import Trainer
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Seed of every random draw of one optimizer step (noise, timesteps, augmentation)."""
+    return (seed * 1_000_003 + step * 7_919 + 12_345) % (2**63 - 1)
+
+
+def learning_rate(cfg: RunConfig, step: int, effective_batch: int, backoff: float = 1.0) -> float:
+    o = cfg.optim
+    scale = {LrScaling.NONE: 1.0, LrScaling.LINEAR: effective_batch / o.base_batch,
+             LrScaling.SQRT: math.sqrt(effective_batch / o.base_batch)}[o.lr_scaling]
+    peak = o.lr * scale * backoff
+    if o.warmup_steps and step < o.warmup_steps:
+        return peak * (step + 1) / o.warmup_steps
+    if o.schedule == LrSchedule.COSINE:
+        progress = (step - o.warmup_steps) / max(1, cfg.train.steps - o.warmup_steps)
+        return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    return peak
+
+
+@dataclass(frozen=True)
+class WindowMetrics:
+    """Means over the steps since the last drain, across every rank."""
+
+    loss: float
+    grad_norm: float
+    nonfinite: int
+    """Steps skipped for non-finite gradients in the window (this rank's count: all ranks agree)."""
+
+
+class StepRunner:
+    """One optimizer step: draw the global batch, accumulate this rank's rows, clip, update, EMA.
+
+    Nothing here synchronises with the host: loss, gradient norm and non-finite counters
+    stay on the device until ``drain_metrics`` reads them.
+    """
+
+    def __init__(self, trainer: Trainer, model: torch.nn.Module, batcher: DeviceBatcher) -> None:
+        self.trainer = trainer
+        self.model = model
+        self.batcher = batcher
+        device = trainer.device
+        self.generator = torch.Generator(device=device)
+        self._loss_sum = torch.zeros((), device=device)
+        self._norm_sum = torch.zeros((), device=device)
+        self._bad_run = torch.zeros((), device=device)  # consecutive non-finite steps
+        self._bad_total = torch.zeros((), device=device)
+        self._steps = 0
+        cfg = trainer.cfg
+        self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        self.effective = cfg.effective_batch(trainer.ctx.world_size)
+        self.graphs = trains_in_cuda_graphs(cfg, trainer.policy)
+
+    def step(self) -> float:
+        """Run one optimizer step; returns its learning rate."""
+        tr, t = self.trainer, self.trainer.cfg.train
+        lr = learning_rate(tr.cfg, tr.step, self.effective, tr.lr_backoff)
+        for group in tr.opt.param_groups:
+            group["lr"] = lr
+        self.generator.manual_seed(step_seed(t.seed, tr.step))
+        batch = tr.task.draw(self.batcher.next_indices(), self.generator)
+        if self.graphs:  # a new step: the last step's graph outputs (loss, gradients) are consumed
+            torch.compiler.cudagraph_mark_step_begin()
+        self._accumulate(batch)
+        tr.scaler.unscale_(tr.opt)
+        norm = torch.nn.utils.clip_grad_norm_(tr.params, self.clip)
+        bad = (~torch.isfinite(norm)).float()
+        if tr.scaler.is_enabled():
+            tr.scaler.step(tr.opt)  # skips the update itself on inf/NaN gradients
+            tr.scaler.update()
+        elif tr.fused:
+            tr.opt.found_inf = bad  # the fused kernel skips the update: no host sync
+            tr.opt.step()
+        elif not bad.item():
+            tr.opt.step()
+        tr.opt.zero_grad(set_to_none=True)
+        ema_update(tr, bad)
+        self._bad_run = (self._bad_run + 1) * bad
+        self._bad_total += bad
+        self._norm_sum += torch.nan_to_num(norm, nan=0.0, posinf=0.0)
+        self._steps += 1
+        tr.step += 1
+        return lr
+
+    def _accumulate(self, batch: dict[str, torch.Tensor]) -> None:
+        tr, t = self.trainer, self.trainer.cfg.train
+        ctx, policy = tr.ctx, tr.policy
+        for micro in range(t.grad_accum):
+            rows = micro_slice(micro, ctx.rank, ctx.world_size, t.batch_per_gpu)
+            inner = ctx.distributed and micro < t.grad_accum - 1
+            sync = self.model.no_sync() if inner else contextlib.nullcontext()  # no all-reduce on inner steps
+            with sync:
+                with policy.autocast():
+                    loss = tr.task.loss(self.model, batch, rows, channels_last=policy.channels_last)
+                tr.scaler.scale(loss / t.grad_accum).backward()
+            self._loss_sum += loss.detach() / t.grad_accum
+
+    def drain_metrics(self, ctx: DistContext) -> WindowMetrics:
+        """The window's mean loss and gradient norm over every rank, and its skipped steps;
+        starts a new window. The one host synchronisation of the loop."""
+        steps = max(self._steps, 1)
+        packed = ctx.all_mean(torch.stack([self._loss_sum / steps, self._norm_sum / steps]).float())
+        loss, norm = (float(v) for v in packed.tolist())
+        nonfinite = int(self._bad_total.item())
+        self._loss_sum.zero_()
+        self._norm_sum.zero_()
+        self._bad_total.zero_()
+        self._steps = 0
+        return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite)
+
+    def nonfinite_in_a_row(self) -> int:
+        """Consecutive steps ending with non-finite gradients (reads the device: call at log steps)."""
+        return int(self._bad_run.item())
+
+    def restart(self, batcher: DeviceBatcher) -> None:
+        """Continue from a restored trainer's data stream (after a rollback)."""
+        self.batcher = batcher
+        self._bad_run.zero_()
+
+
+@torch.no_grad()
+def ema_update(trainer: Trainer, bad: torch.Tensor) -> None:
+    """ema += (1 - decay) * (param - ema), skipped (weight 0) on a non-finite step; no host sync."""
+    decay = min(trainer.cfg.train.ema_decay, (1 + trainer.step) / (10 + trainer.step))
+    weight = (1.0 - decay) * (1.0 - bad)
+    diff = torch._foreach_sub(trainer.params, trainer.ema_params)
+    torch._foreach_mul_(diff, weight)
+    torch._foreach_add_(trainer.ema_params, diff)
