@@ -1,8 +1,9 @@
 """ESTIMATED resource needs of a diffscale run, for plan's preflight checks and segments.
 
 Nothing here is measured on your cluster. Numbers come from a walk over the UNet's
-levels (parameters, multiply-accumulates, activation sizes) and from vendor peak
-throughputs with an assumed utilisation. Every figure plan prints from this module is
+levels (parameters, multiply-accumulates, activation sizes), from vendor peak
+throughputs with an assumed utilisation, and for host memory from the one model in
+``runtime/resources.py``. Every figure plan prints from this module is
 labelled "estimated". Measured values, once benchmarked (docs/benchmarks.md), go into
 ``MEASURED_SAMPLES_PER_S`` and ``MEASURED_PEAK_GPU_GB`` and then win over the formulas.
 """
@@ -13,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import ModelConfig, RunConfig
-from ..runtime.resources import auto_workers
+from ..runtime import resources
 
 # --------------------------------------------------------------------------- tables
 
@@ -65,10 +66,6 @@ ASSUMED_SCALING_EFFICIENCY = 0.9
 # Start-up (imports, compile, data) and final sampling/checkpoint, per job (estimated).
 STARTUP_S = 180
 
-# Host memory of one training process (torch, CUDA runtime, model copies) and of one
-# data-loader worker (a forked copy that touches the dataset and torch), in GB (estimated).
-HOST_GB_PER_RANK = 3.0
-HOST_GB_PER_WORKER = 1.0
 # CUDA context and allocator slack on the GPU, in GB (estimated).
 GPU_CONTEXT_GB = 1.0
 # Bytes per parameter held on the GPU: fp32 weights, grads, AdamW moments, EMA copy.
@@ -193,32 +190,11 @@ def max_batch_for_gpu(cfg: RunConfig, gpu_type: str | None, gpu_memory_gb_: floa
     return lo
 
 
-def data_workers(cfg: RunConfig, cpus_per_rank: int) -> int:
-    """Workers per rank: the configured count, or what ``-1`` (auto) may pick: one per
-    spare core of the rank, at most 8 (estimated; the runtime decides the real number)."""
-    if cfg.data.workers >= 0:
-        return cfg.data.workers
-    return auto_workers(cpus_per_rank)
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    per_rank_gb: float
-    per_worker_gb: float
-    workers: int
-    """Data-loader workers per rank."""
-    node_gb: float
-    """ranks per node x (one rank + its workers)."""
-
-
-def host_memory(cfg: RunConfig, ranks_per_node: int, cpus_per_rank: int, data_bytes: int = 0) -> HostMemory:
-    """Host memory of a node's processes (estimated). Every rank and each of its data
-    workers holds its own copy of in-memory data (an npz file is loaded whole)."""
-    workers = data_workers(cfg, cpus_per_rank)
-    data_gb = data_bytes / 1e9
-    per_rank = HOST_GB_PER_RANK + data_gb
-    per_worker = HOST_GB_PER_WORKER + data_gb
-    return HostMemory(per_rank, per_worker, workers, ranks_per_node * (per_rank + workers * per_worker))
+def host_memory(ranks_per_node: int, data_bytes: int = 0) -> resources.HostMemory:
+    """Host memory of a node's ``diffscale train`` ranks (estimated). The data stays on the
+    device and no loader workers start, so each rank holds its base and one copy of
+    in-memory data (an npz file is loaded whole) while it loads."""
+    return resources.host_memory(ranks_per_node, workers=0, data_bytes=data_bytes)
 
 
 def samples_per_s_per_rank(cfg: RunConfig, gpu_type: str | None, cpus_per_rank: int, has_gpus: bool) -> Estimate:
