@@ -30,10 +30,6 @@ class DataSpec:
     path: str = ""
     option: str = ""
 
-    @property
-    def label(self) -> str:
-        return ":".join(p for p in (self.kind, self.path, self.option) if p)
-
 
 def parse_spec(spec: str) -> DataSpec:
     kind, _, rest = spec.partition(":")
