@@ -76,10 +76,6 @@ class Telemetry:
             self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
                                f"eta {record.get('eta_s', 0):.0f}s", highlight=False)
 
-    def message(self, text: str) -> None:
-        if self.enabled:
-            self.console.print(text, highlight=False)
-
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()

@@ -7,7 +7,7 @@
 #SBATCH --ntasks-per-node=2
 #SBATCH --gpus-per-node=2
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=25G
+#SBATCH --mem=8G
 #SBATCH --time=11:45:00
 #SBATCH --partition=gpu
 #SBATCH --account=myproject

@@ -7,7 +7,7 @@
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
 #SBATCH --cpus-per-task=4
-#SBATCH --mem=30G
+#SBATCH --mem=15G
 #SBATCH --time=10:00:00
 #SBATCH --account=myproject
 #SBATCH --output=logs/%x-%j.out

@@ -7,7 +7,7 @@
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=50G
+#SBATCH --mem=15G
 #SBATCH --time=11:45:00
 #SBATCH --partition=a100-80gb
 #SBATCH --account=myproject

@@ -7,7 +7,7 @@
 #SBATCH --ntasks-per-node=4
 #SBATCH --gpus-per-node=4
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=50G
+#SBATCH --mem=15G
 #SBATCH --time=10:00:00
 #SBATCH --partition=hcn1-gpu
 #SBATCH --account=myproject

@@ -228,7 +228,7 @@ TINY = ["--preset", "tiny", "--set", "train.steps=4", "--set", "train.batch_per_
         "--set", "model.block_out_channels=[16,32]", "--set", "model.attention=[false,false]",
         "--set", "model.norm_num_groups=8", "--set", "model.sample_size=16",
         "--set", "train.checkpoint_every=2", "--set", "train.sample_count=4", "--set", "train.sample_steps=2",
-        "--set", "train.log_every=1", "--set", "data.workers=0"]
+        "--set", "train.log_every=1"]
 
 
 def test_slurm_two_node_diffscale_training(slurm_profile, tmp_path):

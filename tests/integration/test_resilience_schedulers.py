@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 STEPS = 600  # ~75 s of compute on one core of the test machine: more than a 60 s job can hold
 RUN = ["--preset", "tiny", "--set", f"train.steps={STEPS}", "--set", "train.batch_per_gpu=16",
        "--set", "train.log_every=5", "--set", "train.checkpoint_every=50", "--set", "train.sample_count=4",
-       "--set", "train.sample_steps=2", "--set", "data.workers=0"]
+       "--set", "train.sample_steps=2"]
 
 
 def ds(*argv: str, timeout: float = 300) -> tuple[int, str]:

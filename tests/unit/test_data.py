@@ -60,6 +60,28 @@ def test_npz_layouts(tmp_path, array):
     assert images.shape == (5, channels, 8, 8) and images.dtype == torch.uint8
 
 
+def test_max_items_is_taken_before_the_float_copy_and_keeps_the_full_sets_scaling(tmp_path):
+    # the first two images hold only values in [0, 1]; a later one is negative, so the whole
+    # file is a [-1, 1] set, and the kept images must be scaled as such
+    array = np.random.default_rng(1).random((6, 12, 12), dtype=np.float32)
+    array[4] -= 1.0
+    path = tmp_path / "mixed.npz"
+    np.savez(path, images=array)
+    whole = load_images(f"npz:{path}", 8)
+    first = load_images(f"npz:{path}", 8, max_items=2)
+    assert first.shape == (2, 1, 8, 8) and torch.equal(first, whole[:2])
+    assert first.float().mean() > 150  # [-1, 1] scaling maps [0, 1] to 127.5..255
+
+
+def test_max_items_of_mnist_keeps_the_first_images(tmp_path):
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    digits = np.arange(4 * 28 * 28, dtype=np.int64).reshape(4, 28, 28) % 251
+    _write_idx(raw / "train-images-idx3-ubyte.gz", digits)
+    whole = load_images(f"mnist:{tmp_path}", 14)
+    assert torch.equal(load_images(f"mnist:{tmp_path}", 14, max_items=3), whole[:3])
+
+
 def test_npz_errors(tmp_path):
     path = tmp_path / "bad.npz"
     np.savez(path, images=np.zeros((4, 8, 8), dtype=np.float32) + 3)

@@ -26,7 +26,7 @@ def test_cpu_runs_fp32_eager_contiguous():
 
 def test_cuda_fast_recipe_trains_compiled_nchw_and_samples_channels_last(fake_h100):
     train = resolve_policy(C.RuntimeConfig(), fake_h100)
-    assert train.precision == C.Precision.BF16 and train.compile and train.fused_adamw
+    assert train.precision == C.Precision.BF16 and train.compile
     assert not train.channels_last  # measured faster compiled (docs/benchmarks.md)
     assert inference_policy(C.RuntimeConfig(), fake_h100).channels_last
     eager = resolve_policy(C.RuntimeConfig(compile=C.Toggle.OFF), fake_h100)
@@ -38,7 +38,7 @@ def test_cuda_fast_recipe_trains_compiled_nchw_and_samples_channels_last(fake_h1
 def test_cuda_plain_recipe_is_fp16_with_scaler(fake_h100):
     plain = resolve_policy(C.RuntimeConfig(recipe=C.Recipe.PLAIN), fake_h100)
     assert plain.precision == C.Precision.FP16 and plain.use_grad_scaler
-    assert not plain.compile and not plain.channels_last and not plain.fused_adamw
+    assert not plain.compile and not plain.channels_last
 
 
 def test_layout_optimisation_is_forced_for_compiled_cuda_training_only(fake_h100):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from diffscale.cli import main
+from diffscale.config import RunConfig
 from diffscale.doctor import diagnose, signatures
 from diffscale.doctor.sources import gather
 
@@ -16,8 +19,8 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 # fixture file -> (rule, words the cause must contain, words the fix must contain)
 CASES = {
     "host-oom.log": ("host-oom", "more host RAM than it was given", "--mem"),
-    "slurm-out-of-memory.scontrol": ("host-oom", "oom-kill", "lower data.workers"),
-    "dataloader-killed.log": ("dataloader-killed", "died (Killed)", "data.workers"),
+    "slurm-out-of-memory.scontrol": ("host-oom", "oom-kill", "fewer ranks per node"),
+    "dataloader-killed.log": ("dataloader-killed", "died (Killed)", "num_workers"),
     "cuda-oom.log": ("cuda-oom", "tried to allocate 2.25 GiB", "train.batch_per_gpu"),
     "nccl-timeout.log": ("nccl-timeout", "waited 1800000 ms in a collective (ALLREDUCE, #80452)",
                          "runtime.collective_timeout_s"),
@@ -77,7 +80,8 @@ def test_h_rt_needs_the_killed_exit_status_of_the_same_run(tmp_path):
 def test_run_dir_reads_logs_and_metrics(tmp_path, capsys):
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "diffscale-tiny-12.out").write_text((LOGS / "cuda-oom.log").read_text())
-    (tmp_path / "metrics.jsonl").write_text((LOGS / "nonfinite-skipped.jsonl").read_text() + '{"step": 25')  # cut by a kill
+    cut = '{"step": 25'  # a line cut by a kill
+    (tmp_path / "metrics.jsonl").write_text((LOGS / "nonfinite-skipped.jsonl").read_text() + cut)
     assert main(["doctor", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "(2 sources read)" in out
@@ -88,7 +92,8 @@ def test_run_dir_with_jobs_unknown_to_any_scheduler_says_so(tmp_path, capsys, mo
     monkeypatch.setenv("PATH", str(tmp_path / "nobin"))  # no scontrol/qacct: a laptop with a copied run dir
     (tmp_path / "jobs.json").write_text(json.dumps({"submissions": [{
         "scheduler": "slurm", "cluster": "x", "submitted_at": "now", "run_dir": str(tmp_path), "what": "w",
-        "jobs": [{"job_id": "77", "name": "n", "shape": "1x1", "partition": "cpu", "script": "s", "log": "logs/n-77.out"}]}]}))
+        "jobs": [{"job_id": "77", "name": "n", "shape": "1x1", "partition": "cpu", "script": "s",
+                  "log": "logs/n-77.out"}]}]}))
     assert main(["doctor", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "not read: slurm job 77: no scheduler record here" in out
@@ -98,3 +103,15 @@ def test_a_target_that_is_nothing_is_a_user_error(capsys):
     assert main(["doctor", "no-such-thing"]) == 2
     assert ("error: 'no-such-thing' is neither a run directory, a log file nor a job id -- pass RUN_DIR"
             in capsys.readouterr().err)
+
+
+def test_every_config_field_a_fix_names_exists():
+    # advice must name knobs a user can set: `--set data.workers=2` outlived its field once
+    cfg = RunConfig()
+    rules = [*signatures.TEXT_RULES, *signatures.RECORD_RULES]
+    pattern = re.compile(r"(?<![\w.])(data|train|optim|runtime|diffusion|model)\.(\w+)")
+    named = {m.groups() for r in rules for m in pattern.finditer(f"{r.cause} {r.fix}")}
+    assert ("data", "max_items") in named and ("train", "batch_per_gpu") in named
+    for section, name in sorted(named):
+        assert name in {f.name for f in dataclasses.fields(getattr(cfg, section))}, f"{section}.{name}"
+    assert not any("data.workers" in f"{r.cause} {r.fix}" for r in rules)

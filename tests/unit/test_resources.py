@@ -1,18 +1,35 @@
-from diffscale.runtime.resources import GIB, cpus_for_rank, worker_budget
+from diffscale.runtime.resources import GIB, cpus_for_rank, host_memory, worker_budget
 
 
 def test_auto_workers_follow_the_cpus_of_the_rank():
-    budget = worker_budget(-1, cpus=16, host_memory=512 * GIB, ranks_on_host=4)
+    budget = worker_budget(-1, cpus=16, host_bytes=512 * GIB, ranks_on_host=4)
     assert budget.workers == 8  # capped
-    assert worker_budget(-1, cpus=4, host_memory=512 * GIB, ranks_on_host=4).workers == 3
+    assert worker_budget(-1, cpus=4, host_bytes=512 * GIB, ranks_on_host=4).workers == 3
 
 
 def test_the_oom_killed_job_gets_fewer_workers():
-    # 4 GPUs x 8 workers on a 256 GB node, each process holding a 6 GiB data set
-    budget = worker_budget(8, cpus=16, host_memory=256 * GIB, ranks_on_host=4, data_bytes=6 * GIB)
+    # 4 GPUs x 8 workers on a 256 GiB node, each process holding a 6 GiB data set
+    budget = worker_budget(8, cpus=16, host_bytes=256 * GIB, ranks_on_host=4, data_bytes=6 * GIB)
     assert budget.workers == 7  # (64 - 3 - 6) // 7 = 7 < 8
-    assert "8 requested, 7 fit" in budget.reason
-    assert worker_budget(8, cpus=16, host_memory=64 * GIB, ranks_on_host=4, data_bytes=6 * GIB).workers == 1
+    assert budget.reason == "8 requested, 7 fit: 4 ranks share 256 GiB (~7.0 GiB per worker)"
+    assert worker_budget(8, cpus=16, host_bytes=64 * GIB, ranks_on_host=4, data_bytes=6 * GIB).workers == 1
+    assert worker_budget(8, cpus=16, host_bytes=16 * GIB, ranks_on_host=4, data_bytes=6 * GIB).workers == 0
+
+
+def test_the_node_model_counts_ranks_workers_and_their_copies_of_the_data():
+    # the arithmetic a user command's loader will need: ranks x (rank + workers x worker)
+    node = host_memory(4, workers=8, data_bytes=6 * GIB)
+    assert node.node_bytes == 4 * ((3 + 6) + 8 * (1 + 6)) * GIB
+    assert node.describe() == "4 ranks x (1 rank ~9.0 GiB + 8 loader workers x ~7.0 GiB) = 260 GiB"
+    assert node.workers_that_fit(256 * GIB) == 7
+    assert node.workers_that_fit(30 * GIB) == -1  # not even the ranks alone
+    assert node.ranks_that_fit(256 * GIB) == 3
+
+
+def test_resident_data_ranks_start_no_workers():
+    node = host_memory(4, data_bytes=64 * GIB)
+    assert node.describe() == "4 ranks x ~67.0 GiB = 268 GiB"
+    assert node.ranks_that_fit(256 * GIB) == 3
 
 
 def test_cpus_for_rank_reads_the_scheduler():

@@ -28,7 +28,7 @@ class PlainRunner:
         dataset = reference.dataset
         # The recipe's 4 workers, but never more than the host's CPUs and memory allow.
         local = ctx.info.local_world_size
-        workers = worker_budget(workers, cpus=cpus_for_rank(local), host_memory=host_memory_bytes(),
+        workers = worker_budget(workers, cpus=cpus_for_rank(local), host_bytes=host_memory_bytes(),
                                 ranks_on_host=local, data_bytes=_bytes_of(dataset)).workers
         if ctx.distributed:
             self.sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,

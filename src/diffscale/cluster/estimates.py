@@ -1,10 +1,12 @@
 """ESTIMATED resource needs of a diffscale run, for plan's preflight checks and segments.
 
 Nothing here is measured on your cluster. Numbers come from a walk over the UNet's
-levels (parameters, multiply-accumulates, activation sizes) and from vendor peak
-throughputs with an assumed utilisation. Every figure plan prints from this module is
-labelled "estimated". Measured values, once benchmarked (docs/benchmarks.md), go into
-``MEASURED_SAMPLES_PER_S`` and ``MEASURED_PEAK_GPU_GB`` and then win over the formulas.
+levels (parameters, multiply-accumulates, activation sizes), from vendor peak
+throughputs with an assumed utilisation, and for host memory from the one model in
+``runtime/resources.py``. Every figure plan prints from this module is labelled
+"estimated", except figures measured by ``diffscale bench`` and recorded in
+``measured.yaml`` (with their card, date, command and docs/benchmarks.md section), which
+win over the formulas and are labelled "measured".
 """
 
 from __future__ import annotations
@@ -13,37 +15,10 @@ import math
 from dataclasses import dataclass
 
 from ..config import ModelConfig, RunConfig
-from ..runtime.resources import auto_workers
+from ..runtime import resources
+from . import measured
 
 # --------------------------------------------------------------------------- tables
-
-# Measured training throughput, samples/s per GPU: (preset, GPU key) -> value.
-MEASURED_SAMPLES_PER_S: dict[tuple[str, str], float] = {
-    # The fast recipe as it trains by default, one GPU. H100: CUDA graphs and FlexAttention,
-    # all three presets in one run (docs/benchmarks.md 1, session 5, 2026-11-26). H200: CUDA
-    # graphs with PyTorch's SDPA attention (section 2, session 4), before FlexAttention, which
-    # trained small 15 % and medium 4 % faster on the H100s: it errs on the slow side.
-    ("small", "H100"): 28011.0,
-    ("medium", "H100"): 3512.0,
-    ("xl", "H100"): 581.0,
-    ("small", "H200"): 27758.0,
-    ("medium", "H200"): 3856.0,
-    ("xl", "H200"): 664.0,
-}
-
-# Measured peak GPU memory in GB: (preset, batch_per_gpu, GPU key) -> value.
-MEASURED_PEAK_GPU_GB: dict[tuple[str, int, str], float] = {
-    # The default fast recipe, docs/benchmarks.md 1 (run I, session 6, 4 x H100, 2026-11-26;
-    # DDP without bf16 gradient compression, whose buckets held xl's 4-GPU ranks 0.6 GiB more):
-    # the reserved memory (CUDA-graph pools show only there), the larger of 1 and 4 GPUs.
-    # Memory does not depend on the card, so the H200 rows take the same figures.
-    ("small", 2048, "H100"): 11.80 * 2**30 / 1e9,
-    ("medium", 384, "H100"): 17.62 * 2**30 / 1e9,
-    ("xl", 32, "H100"): 9.49 * 2**30 / 1e9,
-    ("small", 2048, "H200"): 11.80 * 2**30 / 1e9,
-    ("medium", 384, "H200"): 17.62 * 2**30 / 1e9,
-    ("xl", 32, "H200"): 9.49 * 2**30 / 1e9,
-}
 
 # Dense bf16/fp16 tensor-core peak TFLOP/s from NVIDIA's datasheets (no sparsity).
 GPU_PEAK_TFLOPS: dict[str, float] = {
@@ -65,10 +40,6 @@ ASSUMED_SCALING_EFFICIENCY = 0.9
 # Start-up (imports, compile, data) and final sampling/checkpoint, per job (estimated).
 STARTUP_S = 180
 
-# Host memory of one training process (torch, CUDA runtime, model copies) and of one
-# data-loader worker (a forked copy that touches the dataset and torch), in GB (estimated).
-HOST_GB_PER_RANK = 3.0
-HOST_GB_PER_WORKER = 1.0
 # CUDA context and allocator slack on the GPU, in GB (estimated).
 GPU_CONTEXT_GB = 1.0
 # Bytes per parameter held on the GPU: fp32 weights, grads, AdamW moments, EMA copy.
@@ -165,16 +136,15 @@ def model_cost(model: ModelConfig, channels: int = 3) -> ModelCost:
 class Estimate:
     value: float
     source: str
-    """``measured`` (from the tables above) or ``estimated`` (formula)."""
+    """``measured`` (from measured.yaml) or ``estimated`` (formula)."""
 
 
 def gpu_memory_gb(cfg: RunConfig, gpu_type: str | None, batch_per_gpu: int | None = None) -> Estimate:
     """Peak GPU memory of one rank."""
     batch = batch_per_gpu or cfg.train.batch_per_gpu
-    key = gpu_key(gpu_type)
-    measured = MEASURED_PEAK_GPU_GB.get((cfg.preset, batch, key or ""))
-    if measured is not None:
-        return Estimate(measured, "measured")
+    figure = measured.load().peak_memory(cfg.preset, batch, gpu_key(gpu_type))
+    if figure is not None:
+        return Estimate(figure.reserved_gib * resources.GIB / 1e9, "measured")  # GiB as measured -> GB as compared
     cost = model_cost(cfg.model)
     total = BYTES_PER_PARAM * cost.params + batch * cost.activation_bytes_per_sample
     # 1.2: allocator fragmentation and temporaries (estimated)
@@ -193,39 +163,18 @@ def max_batch_for_gpu(cfg: RunConfig, gpu_type: str | None, gpu_memory_gb_: floa
     return lo
 
 
-def data_workers(cfg: RunConfig, cpus_per_rank: int) -> int:
-    """Workers per rank: the configured count, or what ``-1`` (auto) may pick: one per
-    spare core of the rank, at most 8 (estimated; the runtime decides the real number)."""
-    if cfg.data.workers >= 0:
-        return cfg.data.workers
-    return auto_workers(cpus_per_rank)
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    per_rank_gb: float
-    per_worker_gb: float
-    workers: int
-    """Data-loader workers per rank."""
-    node_gb: float
-    """ranks per node x (one rank + its workers)."""
-
-
-def host_memory(cfg: RunConfig, ranks_per_node: int, cpus_per_rank: int, data_bytes: int = 0) -> HostMemory:
-    """Host memory of a node's processes (estimated). Every rank and each of its data
-    workers holds its own copy of in-memory data (an npz file is loaded whole)."""
-    workers = data_workers(cfg, cpus_per_rank)
-    data_gb = data_bytes / 1e9
-    per_rank = HOST_GB_PER_RANK + data_gb
-    per_worker = HOST_GB_PER_WORKER + data_gb
-    return HostMemory(per_rank, per_worker, workers, ranks_per_node * (per_rank + workers * per_worker))
+def host_memory(ranks_per_node: int, data_bytes: int = 0) -> resources.HostMemory:
+    """Host memory of a node's ``diffscale train`` ranks (estimated). The data stays on the
+    device and no loader workers start, so each rank holds its base and one copy of
+    in-memory data (an npz file is loaded whole) while it loads."""
+    return resources.host_memory(ranks_per_node, workers=0, data_bytes=data_bytes)
 
 
 def samples_per_s_per_rank(cfg: RunConfig, gpu_type: str | None, cpus_per_rank: int, has_gpus: bool) -> Estimate:
     key = gpu_key(gpu_type)
-    measured = MEASURED_SAMPLES_PER_S.get((cfg.preset, key or ""))
-    if measured is not None:
-        return Estimate(measured, "measured")
+    figure = measured.load().samples_per_s(cfg.preset, key)
+    if figure is not None:
+        return Estimate(figure.samples_per_s, "measured")
     flops = 6 * model_cost(cfg.model).macs_per_sample  # forward + backward = 3 x 2 FLOPs per MAC
     if has_gpus:
         peak = GPU_PEAK_TFLOPS.get(key or "", 100.0) * 1e12 * ASSUMED_GPU_UTILISATION

@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..runtime import resources
 from . import estimates, preflight
 from .jobspec import Continuation, JobSpec, RaceSpec, job_name
 from .preflight import Check, Resolved
@@ -170,7 +171,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
 
 def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_ranks: bool,
               notes: list[str]) -> tuple[int | None, int | None]:
-    """Training-time estimate (diffscale runs only) and host memory per node to ask for."""
+    """Training-time estimate (diffscale runs only) and host memory per node to ask for (GiB)."""
     estimate_s: int | None = None
     mem = shape.mem_per_node_gb
     if isinstance(workload, DiffscaleRun):
@@ -180,8 +181,9 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
         notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
                      f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
         if mem is None:
-            node = estimates.host_memory(cfg, shape.ranks_per_node, cpus, workload.data_bytes).node_gb
-            mem = math.ceil(node * 1.25)
+            # GiB, as the scheduler reads --mem=NG; a quarter more than the estimate for headroom
+            node = estimates.host_memory(shape.ranks_per_node, workload.data_bytes).node_bytes
+            mem = math.ceil(resources.gib(node) * 1.25)
             if part.mem_per_node_gb is not None:
                 mem = min(mem, int(part.mem_per_node_gb))
     return estimate_s, (int(math.ceil(mem)) if mem is not None else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..runtime import resources
 from . import estimates
 from .profiles import ClusterProfile, Partition, SchedulerKind
 from .timefmt import hms, human
@@ -53,13 +54,16 @@ class Resolved:
 def gpus_per_node(part: Partition, r: Resolved) -> Check:
     name = "GPUs per node"
     if not part.has_gpus:
-        return Check(name, True, f"partition '{part.name}' has no GPUs: {r.ranks_per_node} CPU processes per node (gloo)")
+        return Check(name, True,
+                     f"partition '{part.name}' has no GPUs: {r.ranks_per_node} CPU processes per node (gloo)")
     if not r.use_gpus:
         return Check(name, True, f"{r.ranks_per_node} CPU processes per node (--procs-per-node: no GPUs asked)")
     if part.gpus_per_node is None:
-        return Check(name, None, f"{r.ranks_per_node} asked; the profile does not say how many GPUs a '{part.name}' node has")
+        return Check(name, None,
+                     f"{r.ranks_per_node} asked; the profile does not say how many GPUs a '{part.name}' node has")
     if r.ranks_per_node > part.gpus_per_node:
-        return Check(name, False, f"{r.ranks_per_node} GPUs per node asked, but '{part.name}' nodes have {part.gpus_per_node}",
+        return Check(name, False,
+                     f"{r.ranks_per_node} GPUs per node asked, but '{part.name}' nodes have {part.gpus_per_node}",
                      f"use --gpus-per-node {part.gpus_per_node} (or fewer) and more --nodes")
     return Check(name, True, f"{r.ranks_per_node} of {part.gpus_per_node} GPUs per node ({part.gpu_type or 'GPU'})")
 
@@ -81,32 +85,46 @@ def cpus_per_node(part: Partition, r: Resolved) -> Check:
 
 
 def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
+    """Host RAM per node in GiB: the scheduler's unit (``--mem=NG``), the profile's and the model's."""
     name = "host RAM per node"
     if r.mem_asked and r.mem_per_node_gb is not None and part.mem_per_node_gb is not None \
             and r.mem_per_node_gb > part.mem_per_node_gb:
-        return Check(name, False, f"--mem {r.mem_per_node_gb} GB > {part.mem_per_node_gb:g} GB per '{part.name}' node",
+        return Check(name, False,
+                     f"--mem {r.mem_per_node_gb:g} GiB > {part.mem_per_node_gb:g} GiB per '{part.name}' node",
                      f"ask at most --mem {int(part.mem_per_node_gb)}")
     if not isinstance(workload, DiffscaleRun):
         return Check(name, None, "a user command: its memory needs are not known to diffscale")
-    m = estimates.host_memory(workload.config, r.ranks_per_node, r.cpus_per_rank, workload.data_bytes)
-    what = (f"{r.ranks_per_node} ranks x (1 rank ~{m.per_rank_gb:.1f} GB + {m.workers} data workers "
-            f"x ~{m.per_worker_gb:.1f} GB) = {m.node_gb:.0f} GB (estimated)")
+    m = estimates.host_memory(r.ranks_per_node, workload.data_bytes)
+    what = f"{m.describe()} (estimated)"
     limit = part.mem_per_node_gb
     if r.mem_asked and r.mem_per_node_gb is not None:
         limit = min(limit, r.mem_per_node_gb) if limit is not None else r.mem_per_node_gb
     if limit is None:
         return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' node has")
-    if m.node_gb > limit:
-        # largest worker count that fits: ranks * (rank + w * worker) <= limit
-        fit = math.floor((limit / r.ranks_per_node - m.per_rank_gb) / m.per_worker_gb)
-        if fit >= 0:
-            fix = f"lower data.workers to {fit} (--set data.workers={fit})"
-        else:
-            fix = "use fewer GPUs per node or a partition with more memory per node"
-        if r.mem_asked and part.mem_per_node_gb and r.mem_per_node_gb < part.mem_per_node_gb:
-            fix += f", or ask for more memory (--mem up to {int(part.mem_per_node_gb)})"
-        return Check(name, False, f"{what} > {limit:g} GB per node: the kernel would OOM-kill the job", fix)
-    return Check(name, True, f"{what} of {limit:g} GB")
+    if m.node_bytes > limit * resources.GIB:
+        return Check(name, False, f"{what} > {limit:g} GiB per node: the kernel would OOM-kill the job",
+                     _host_memory_fix(part, r, m, limit))
+    return Check(name, True, f"{what} of {limit:g} GiB")
+
+
+def _host_memory_fix(part: Partition, r: Resolved, m: resources.HostMemory, limit_gib: float) -> str:
+    """What lowers a node's need or raises its limit. ``diffscale train`` starts no loader
+    workers: each rank holds its base and the data it loaded, so fewer ranks per node and
+    more memory are what apply (and a smaller data file, which every rank loads whole)."""
+    fixes = []
+    fit = m.ranks_that_fit(limit_gib * resources.GIB)
+    flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
+    if fit >= 1:
+        fixes.append(f"use at most {fit} ranks per node ({flag} {fit}) and more --nodes")
+    if m.data_bytes:
+        data = resources.gib(m.data_bytes)
+        fixes.append(f"train on a smaller data file (every rank loads all of its ~{data:.1f} GiB)")
+    asked = r.mem_per_node_gb if r.mem_asked else None
+    if asked is not None and part.mem_per_node_gb and asked < part.mem_per_node_gb:
+        fixes.append(f"ask for more memory (--mem up to {int(part.mem_per_node_gb)})")
+    elif fit < 1:
+        fixes.append("use a partition with more memory per node")
+    return ", or ".join(fixes)
 
 
 def wall_time(part: Partition, r: Resolved, workload: Workload, estimate_s: int | None, segments: int) -> Check:
@@ -118,11 +136,13 @@ def wall_time(part: Partition, r: Resolved, workload: Workload, estimate_s: int 
     if limit is not None and r.time_s > limit:
         if r.time_asked:
             fix = (f"ask --time {hms(limit)} or less; leave --time out and plan splits the run into resumable segments"
-                   if workload.resumable else f"ask --time {hms(limit)} or less and make the command resume from its checkpoints")
+                   if workload.resumable
+                   else f"ask --time {hms(limit)} or less and make the command resume from its checkpoints")
             return Check(name, False, f"--time {hms(r.time_s)} > the partition's maximum {hms(limit)}", fix)
     est = f"; training estimated at {human(estimate_s)}" if estimate_s else ""
     if segments > 1:
-        return Check(name, True, f"{segments} segments of {hms(r.time_s)} (max {hms(limit) if limit else 'unlimited'}){est}")
+        most = hms(limit) if limit else "unlimited"
+        return Check(name, True, f"{segments} segments of {hms(r.time_s)} (max {most}){est}")
     if limit is None:
         return Check(name, True, f"{hms(r.time_s)} (the profile documents no maximum){est}")
     return Check(name, True, f"{hms(r.time_s)} of at most {hms(limit)}{est}")
@@ -165,7 +185,8 @@ def global_batch(r: Resolved, workload: Workload) -> Check:
         step = world * t.grad_accum
         if r.global_batch % step:
             return Check(name, False,
-                         f"global batch {r.global_batch} is not divisible by {world} ranks x {t.grad_accum} accumulation steps",
+                         f"global batch {r.global_batch} is not divisible by {world} ranks x {t.grad_accum} "
+                         "accumulation steps",
                          f"use a multiple of {step} (e.g. {_near_multiple(r.global_batch, step)}) or change the shape")
     return Check(name, True, f"{t.batch_per_gpu} per GPU x {world} ranks x {t.grad_accum} accumulation = {effective}")
 

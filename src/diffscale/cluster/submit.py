@@ -12,15 +12,11 @@ from .plan import Plan
 from .scheduler import Scheduler
 
 
-def script_name(plan: Plan) -> str:
-    return plan.spec.script_file
-
-
 def write_scripts(plans: list[Plan], run_dir: Path) -> list[Path]:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     paths = []
     for plan in plans:
-        path = run_dir / script_name(plan)
+        path = run_dir / plan.spec.script_file
         path.write_text(plan.script())
         path.chmod(0o755)
         paths.append(path)

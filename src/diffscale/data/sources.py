@@ -30,10 +30,6 @@ class DataSpec:
     path: str = ""
     option: str = ""
 
-    @property
-    def label(self) -> str:
-        return ":".join(p for p in (self.kind, self.path, self.option) if p)
-
 
 def parse_spec(spec: str) -> DataSpec:
     kind, _, rest = spec.partition(":")
@@ -55,18 +51,21 @@ def parse_spec(spec: str) -> DataSpec:
 
 
 def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
-    """Load a data spec -> uint8 (N, C, size, size), C in {1, 3}."""
+    """Load a data spec -> uint8 (N, C, size, size), C in {1, 3}.
+
+    ``max_items`` (0: all) is applied before any image is converted to float or resized, so
+    the host memory a load needs follows the images kept (a file is still read whole)."""
     parsed = parse_spec(spec)
     if parsed.kind == "builtin":
         images = builtin.load_builtin(parsed.option, size)
     elif parsed.kind == "imagefolder":
         images = _imagefolder(Path(parsed.path), size, max_items)
     elif parsed.kind == "npz":
-        images = _npz(Path(parsed.path), size)
+        images = _npz(Path(parsed.path), size, max_items)
     elif parsed.kind == "emnist":
-        images = _idx_dataset(Path(parsed.path), size, emnist_split=parsed.option)
+        images = _idx_dataset(Path(parsed.path), size, emnist_split=parsed.option, max_items=max_items)
     else:
-        images = _idx_dataset(Path(parsed.path), size, emnist_split=None)
+        images = _idx_dataset(Path(parsed.path), size, emnist_split=None, max_items=max_items)
     if max_items:
         images = images[:max_items]
     if images.shape[0] == 0:
@@ -118,13 +117,14 @@ def _imagefolder(root: Path, size: int, max_items: int) -> torch.Tensor:
     return torch.stack(out).round().clamp(0, 255).to(torch.uint8)
 
 
-def _npz(path: Path, size: int) -> torch.Tensor:
+def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
     if not path.is_file():
         raise UserError(f"array file '{path}' does not exist", "check the path given to --data npz:PATH")
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot read array file '{path}' ({exc})", "save it with numpy.savez(path, images=array)") from exc
+        raise UserError(f"cannot read array file '{path}' ({exc})",
+                        "save it with numpy.savez(path, images=array)") from exc
     if isinstance(archive, np.ndarray):
         array = archive
     else:
@@ -141,23 +141,28 @@ def _npz(path: Path, size: int) -> torch.Tensor:
         raise UserError(f"array in '{path}' has shape {array.shape}", "store images as N x H x W or N x H x W x C")
     if array.shape[1] == 4:
         array = array[:, :3]
-    if array.dtype == np.uint8:
-        data = torch.from_numpy(np.ascontiguousarray(array)).float()
-    elif np.issubdtype(array.dtype, np.floating):
-        data = torch.from_numpy(np.ascontiguousarray(array)).float()
-        if not torch.isfinite(data).all():
+    floating = np.issubdtype(array.dtype, np.floating)
+    if floating:
+        # Checked on the whole array, so that max_items keeps the full set's scaling.
+        if not np.isfinite(array).all():
             raise UserError(f"array in '{path}' holds NaN or infinite values", "clean the array before training")
-        lo, hi = float(data.min()), float(data.max())
+        lo, hi = float(array.min()), float(array.max())
+        if hi > 1.0 + 1e-6 and lo >= 0:
+            raise UserError(f"float array in '{path}' has values up to {hi:g}",
+                            "scale floats to [0, 1] or [-1, 1], or store uint8")
+    elif array.dtype != np.uint8:
+        raise UserError(f"array in '{path}' has dtype {array.dtype}",
+                        "store uint8 (0..255) or float in [0, 1] / [-1, 1]")
+    if max_items:
+        array = array[:max_items]  # before the float copy, which takes 4 bytes a value
+    data = torch.from_numpy(np.ascontiguousarray(array)).float()
+    if floating:
         # Floats are taken as [-1, 1] when negative values occur, else [0, 1].
         data = (data + 1) * 127.5 if lo < 0 else data * 255.0
-        if hi > 1.0 + 1e-6 and lo >= 0:
-            raise UserError(f"float array in '{path}' has values up to {hi:g}", "scale floats to [0, 1] or [-1, 1], or store uint8")
-    else:
-        raise UserError(f"array in '{path}' has dtype {array.dtype}", "store uint8 (0..255) or float in [0, 1] / [-1, 1]")
     return resize_square(data, size).round().clamp(0, 255).to(torch.uint8)
 
 
-def _idx_dataset(root: Path, size: int, *, emnist_split: str | None) -> torch.Tensor:
+def _idx_dataset(root: Path, size: int, *, emnist_split: str | None, max_items: int = 0) -> torch.Tensor:
     """MNIST/EMNIST from files already on disk (torchvision's folder layout)."""
     name = "EMNIST" if emnist_split else "MNIST"
     if emnist_split and emnist_split not in EMNIST_SPLITS:
@@ -179,6 +184,8 @@ def _idx_dataset(root: Path, size: int, *, emnist_split: str | None) -> torch.Te
         images = read_idx_images(found)
         if emnist_split:
             images = images.transpose(1, 2)  # EMNIST is stored transposed
+    if max_items:
+        images = images[:max_items]  # before the float copy
     data = images.unsqueeze(1).float()
     return resize_square(data, size).round().clamp(0, 255).to(torch.uint8)
 

@@ -60,7 +60,8 @@ class TextRule:
             for pattern in self._compiled:
                 m = pattern.search(line)
                 if m:
-                    return Finding(self.name, self.title, _fill(self.cause, m.groupdict()), _fill(self.fix, m.groupdict()),
+                    groups = m.groupdict()
+                    return Finding(self.name, self.title, _fill(self.cause, groups), _fill(self.fix, groups),
                                    origin, line.strip()[:300])
         return None
 
@@ -93,15 +94,17 @@ TEXT_RULES: tuple[TextRule, ...] = (
         (r"Detected (?P<n>\d+) oom[-_]kill event", r"oom[-_]kill event", r"JobState=OUT_OF_MEMORY",
          r"\|OUT_OF_MEMORY\|", r"Out of memory: Killed process", r"Memory cgroup out of memory"),
         "the job used more host RAM than it was given and the kernel killed it (oom-kill)",
-        "ask for more host memory (diffscale submit --mem GB, or #SBATCH --mem), or use less of it: "
-        "lower data.workers (each worker holds a copy of the data) or train.batch_per_gpu",
+        "ask for more host memory (diffscale submit --mem GiB, or #SBATCH --mem), or use less of it: fewer "
+        "ranks per node (--gpus-per-node, with more --nodes; each rank holds its own copy of the data), fewer "
+        "images (--set data.max_items=N), or a smaller preset or train.batch_per_gpu",
     ),
     TextRule(
         "dataloader-killed", "a data-loader worker was killed",
         (r"DataLoader worker \(pid[^)]*\) (?:exited unexpectedly|is killed by signal: (?P<sig>[\w ]+))",),
         "a data-loader worker process died ({sig}); a worker killed by SIGKILL ('Killed') is almost always "
         "the host running out of memory",
-        "lower data.workers (e.g. --set data.workers=2) or ask for more host memory (diffscale submit --mem GB)",
+        "start fewer loader workers (your DataLoader's num_workers; diffscale bench: --plain-workers), each "
+        "of which holds a copy of the data, or ask for more host memory (diffscale submit --mem GiB)",
     ),
     TextRule(
         "cuda-oom", "GPU memory exhausted (CUDA out of memory)",
@@ -241,7 +244,8 @@ RECORD_RULES: tuple[RecordRule, ...] = (
     RecordRule(
         "data-bound", "GPU idle, waiting for data", _data_bound,
         "the GPU was busy only {util}% of the time and {wait} of each step waited for data ({what})",
-        "use --recipe fast (data on the GPU) or raise data.workers; keep the data on a local disk",
+        "use --recipe fast (data on the GPU, as diffscale train keeps it) or, for a CPU loader, more loader "
+        "workers (diffscale bench --plain-workers, your DataLoader's num_workers); keep the data on a local disk",
         "gpu_util={util}%, data_wait_share={wait}",
     ),
 )

@@ -33,7 +33,6 @@ class DevicePolicy:
     use_grad_scaler: bool
     compile: bool
     channels_last: bool
-    fused_adamw: bool
     attention: Attention = Attention.AUTO
     layout_opt: bool = False
     """Force inductor's channels-last layout optimisation in compiled graphs."""
@@ -141,7 +140,6 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         use_grad_scaler=precision == Precision.FP16,
         compile=compile_on,
         channels_last=channels_last,
-        fused_adamw=fast_cuda,
         attention=cfg.attention,
         layout_opt=layout_opt,
         flex_min_rows=flex_min_rows,

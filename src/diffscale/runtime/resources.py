@@ -1,22 +1,91 @@
-"""How many data-loader workers a rank may start: from the CPUs given to the task and
-the host memory shared by every rank on that host. Never more than fit.
+"""Host resources of a rank: the CPUs it may use, the host memory it may use, and the one
+model of how much host memory a node's processes need.
 
+Units: the model counts bytes and reports GiB (2**30 bytes), the unit SLURM's ``--mem=NG``,
+Grid Engine's ``G`` and ``scontrol``'s RealMemory (MiB) all use, so a figure compared with a
+profile's or ``--mem``'s node memory compares like with like. The runtime (the plain recipe's
+loader workers, ``bench/plain.py``) and the cluster planner and preflight (``cluster/``) both
+use it.
+
+The model: every process that holds the training data in host memory holds its own copy
+(an npz file is loaded whole), so a node needs
+
+    ranks x (rank + workers x worker),  rank = RANK_BASE_BYTES + data,  worker = WORKER_BASE_BYTES + data.
+
+``diffscale train`` keeps its data on the device and starts no loader workers (workers = 0);
+the plain recipe of ``diffscale bench`` does, and a user command's DataLoader may.
 (A user's 16-GPU job was OOM-killed: 8 workers per GPU x 4 GPUs per node, each worker
 holding a copy of the data, exhausted 256 GB nodes.)
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 GIB = 2**30
 RANK_BASE_BYTES = 3 * GIB
-"""Host memory of one training process besides its data (CUDA context, PyTorch, buffers)."""
+"""Host memory of one training process besides its data: PyTorch, the CUDA context, model
+copies and buffers (estimated, not measured)."""
 WORKER_BASE_BYTES = 1 * GIB
-"""Host memory of one loader worker besides its copy of the data."""
+"""Host memory of one loader worker besides its copy of the data: a forked process that
+touches torch and the data set (estimated, not measured)."""
 MAX_AUTO_WORKERS = 8
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes -> GiB, the unit every figure of this model is shown in."""
+    return n_bytes / GIB
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """Host memory of the processes on one node (estimated)."""
+
+    ranks: int
+    """Training processes on the node."""
+    workers: int
+    """Loader workers per rank (0 for ``diffscale train``: its data stays on the device)."""
+    data_bytes: int
+    """Training data each process holds in host memory."""
+
+    @property
+    def per_rank_bytes(self) -> int:
+        return RANK_BASE_BYTES + self.data_bytes
+
+    @property
+    def per_worker_bytes(self) -> int:
+        return WORKER_BASE_BYTES + self.data_bytes
+
+    @property
+    def node_bytes(self) -> int:
+        return self.ranks * (self.per_rank_bytes + self.workers * self.per_worker_bytes)
+
+    def workers_that_fit(self, limit_bytes: float) -> int:
+        """Most workers per rank with ranks x (rank + workers x worker) <= limit (-1: not even none)."""
+        share = limit_bytes / max(self.ranks, 1)
+        return max(-1, math.floor((share - self.per_rank_bytes) / self.per_worker_bytes))
+
+    def ranks_that_fit(self, limit_bytes: float) -> int:
+        """Most ranks (each with this many workers) that fit in ``limit_bytes`` (0: not one)."""
+        return int(limit_bytes // (self.per_rank_bytes + self.workers * self.per_worker_bytes))
+
+    def describe(self) -> str:
+        """``4 ranks x ~9.0 GiB = 36 GiB``, with the workers' term when there are workers."""
+        if self.workers:
+            each = (f"(1 rank ~{gib(self.per_rank_bytes):.1f} GiB + {self.workers} loader workers "
+                    f"x ~{gib(self.per_worker_bytes):.1f} GiB)")
+        else:
+            each = f"~{gib(self.per_rank_bytes):.1f} GiB"
+        return f"{self.ranks} ranks x {each} = {gib(self.node_bytes):.0f} GiB"
+
+
+def host_memory(ranks: int, *, workers: int = 0, data_bytes: int = 0) -> HostMemory:
+    """The node's processes: ``ranks`` training processes with ``workers`` loader workers each."""
+    return HostMemory(ranks=ranks, workers=workers, data_bytes=data_bytes)
 
 
 @dataclass(frozen=True)
@@ -29,7 +98,7 @@ class WorkerBudget:
     reason: str
 
 
-def cpus_for_rank(local_world_size: int, env: dict | None = None) -> int:
+def cpus_for_rank(local_world_size: int, env: Mapping[str, str] | None = None) -> int:
     """CPUs this rank may use: the scheduler's allocation (cgroup/affinity, SLURM_CPUS_PER_TASK,
     NSLOTS) shared by the ranks on this host."""
     env = os.environ if env is None else env
@@ -66,20 +135,16 @@ def auto_workers(cpus: int) -> int:
     return max(0, min(cpus - 1, MAX_AUTO_WORKERS))  # one CPU stays with the training process
 
 
-def worker_budget(requested: int, *, cpus: int, host_memory: int, ranks_on_host: int, data_bytes: int = 0) -> WorkerBudget:
-    """Workers per rank. ``requested`` -1 means automatic: one per spare CPU, at most 8.
-
-    Every rank and each of its workers hold their own copy of an in-memory data set, so
-    the memory bound is ranks x (rank + workers x worker) <= host memory.
-    """
-    share = host_memory // max(ranks_on_host, 1)
-    per_worker = WORKER_BASE_BYTES + data_bytes
-    by_memory = max(0, (share - RANK_BASE_BYTES - data_bytes) // per_worker)
+def worker_budget(requested: int, *, cpus: int, host_bytes: int, ranks_on_host: int,
+                  data_bytes: int = 0) -> WorkerBudget:
+    """Loader workers per rank: ``requested`` (-1: one per spare CPU, at most 8), never more
+    than :class:`HostMemory` says fit in ``host_bytes`` beside ``ranks_on_host`` ranks."""
     want = auto_workers(cpus) if requested < 0 else requested
-    workers = int(min(want, by_memory))
+    model = host_memory(ranks_on_host, workers=want, data_bytes=data_bytes)
+    workers = max(0, min(want, model.workers_that_fit(host_bytes)))
     if workers < want:
-        reason = (f"{want} requested, {workers} fit: {ranks_on_host} ranks share {host_memory / GIB:.0f} GiB "
-                  f"(~{per_worker / GIB:.1f} GiB per worker)")
+        reason = (f"{want} requested, {workers} fit: {ranks_on_host} ranks share {gib(host_bytes):.0f} GiB "
+                  f"(~{gib(model.per_worker_bytes):.1f} GiB per worker)")
     else:
         reason = f"{workers} of {cpus} CPUs per rank"
-    return WorkerBudget(workers=workers, cpus=cpus, memory_bytes=share, reason=reason)
+    return WorkerBudget(workers=workers, cpus=cpus, memory_bytes=host_bytes // max(ranks_on_host, 1), reason=reason)

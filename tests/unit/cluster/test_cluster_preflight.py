@@ -10,6 +10,7 @@ from diffscale.cluster.profile_io import load_profile
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge
+from diffscale.runtime.resources import GIB
 
 
 def _run(preset="medium", data_bytes=0, **sections):
@@ -46,25 +47,46 @@ def test_too_many_cores_per_rank_on_four_gpus():
                                        "use --cpus-per-task 16 (64 cores / 4 tasks)")
 
 
-def test_eight_workers_x_four_gpus_oom_on_256_gb_nodes():
-    # the user's OOM-killed job: 4 GPUs x 8 workers on NYU Torch's 256 GB L40S nodes, each
-    # process holding a 6 GB npz dataset
-    run = _run(data_bytes=6_000_000_000, data={"workers": 8})
-    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), run)
+def test_ranks_holding_their_data_oom_on_256_gib_nodes():
+    # 4 GPUs on NYU Torch's 256 GiB L40S nodes, each rank loading a 64 GiB npz file whole:
+    # 4 x (3 GiB + 64 GiB) = 268 GiB
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=64 * GIB))
     c = _check(plan, "host RAM per node")
     assert c.ok is False
-    assert c.detail == ("4 ranks x (1 rank ~9.0 GB + 8 data workers x ~7.0 GB) = 260 GB (estimated) "
-                        "> 256 GB per node: the kernel would OOM-kill the job")
-    assert c.fix == "lower data.workers to 7 (--set data.workers=7)"
+    assert c.detail == ("4 ranks x ~67.0 GiB = 268 GiB (estimated) "
+                        "> 256 GiB per node: the kernel would OOM-kill the job")
+    assert c.fix == ("use at most 3 ranks per node (--gpus-per-node 3) and more --nodes, "
+                     "or train on a smaller data file (every rank loads all of its ~64.0 GiB)")
     # and the fix really fits
-    fixed = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=6_000_000_000, data={"workers": 7}))
+    fixed = make_plan(load_profile("nyu-torch"), Shape(1, 3), _run(data_bytes=64 * GIB))
     assert _check(fixed, "host RAM per node").ok is True
+
+
+def test_diffscale_train_counts_no_loader_workers():
+    # the user's OOM-killed job had 8 loader workers per GPU; diffscale train keeps its data on
+    # the device and starts none, so 4 ranks with a 6 GB data set each need 4 x (3 + 5.6) GiB
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=6_000_000_000))
+    c = _check(plan, "host RAM per node")
+    assert (c.ok, c.detail) == (True, "4 ranks x ~8.6 GiB = 34 GiB (estimated) of 256 GiB")
+    assert plan.spec.mem_per_node_gb == 43  # 34.4 GiB x 1.25 headroom, in the scheduler's G (GiB)
+
+
+def test_fewer_ranks_cannot_help_names_memory_or_a_partition():
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4, mem_per_node_gb=100), _run(data_bytes=200 * GIB))
+    c = _check(plan, "host RAM per node")
+    assert c.ok is False and c.detail.endswith("> 100 GiB per node: the kernel would OOM-kill the job")
+    assert c.fix == ("train on a smaller data file (every rank loads all of its ~200.0 GiB), "
+                     "or ask for more memory (--mem up to 256)")
+    bare = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=300 * GIB))
+    assert _check(bare, "host RAM per node").fix == (
+        "train on a smaller data file (every rank loads all of its ~300.0 GiB), "
+        "or use a partition with more memory per node")
 
 
 def test_mem_above_the_node():
     plan = make_plan(load_profile("nyu-torch"), Shape(1, 4, mem_per_node_gb=300), _run())
     c = _check(plan, "host RAM per node")
-    assert (c.ok, c.detail, c.fix) == (False, "--mem 300 GB > 256 GB per 'l40s' node", "ask at most --mem 256")
+    assert (c.ok, c.detail, c.fix) == (False, "--mem 300 GiB > 256 GiB per 'l40s' node", "ask at most --mem 256")
 
 
 def test_time_above_the_partition_maximum():
