@@ -99,7 +99,6 @@ def _stamp() -> str:
 def _workload(args: argparse.Namespace):
     """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
     from .. import config as cfgmod
-    from ..presets import get_preset
     from .workload import DiffscaleRun, UserCommand
 
     target = list(args.target)
@@ -108,13 +107,8 @@ def _workload(args: argparse.Namespace):
         if args.preset and target:
             raise UserError("both --preset and a positional argument given",
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
-        if args.preset:
-            base = get_preset(args.preset)
-            data: dict = {}
-        else:
-            data = cfgmod.load_yaml(target[0])
-            base = get_preset(str(data.get("preset", "tiny")))
-        cfg = cfgmod.merge(cfgmod.merge(base, data), cfgmod.parse_overrides(args.overrides))
+        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset, config_file=None if args.preset else target[0],
+                                                         overrides=args.overrides or []))
         run_dir = Path(args.out or f"runs/{cfg.preset}-{_stamp()}").expanduser().absolute()
         data_bytes = 0
         if cfg.data.source.startswith("npz:"):

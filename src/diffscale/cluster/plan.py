@@ -119,17 +119,10 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
                         mem_asked=shape.mem_per_node_gb is not None,
                         time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch)
     checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
-
-    if not workload.resumable:
-        continuation = Continuation.NONE
-    elif n_segments > 1 and options.chain:
-        continuation = Continuation.CHAIN
-    else:
-        continuation = Continuation.REQUEUE
+    continuation = _continuation(workload, n_segments, options)
     signal = options.signal
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
-
     title = _printable(
         f"{profile.name} / {part.name}: {shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
@@ -167,6 +160,15 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes))
+
+
+def _continuation(workload: Workload, n_segments: int, options: PlanOptions) -> Continuation:
+    """How a job that meets its wall time goes on: not at all, a chain of segments, or a requeue."""
+    if not workload.resumable:
+        return Continuation.NONE
+    if n_segments > 1 and options.chain:
+        return Continuation.CHAIN
+    return Continuation.REQUEUE
 
 
 def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_ranks: bool,
