@@ -120,6 +120,23 @@ def test_bench_rejects_bad_variants_before_starting(capsys):
     assert "--recipe has no fast" in capsys.readouterr().err
 
 
+def test_gpu_reproduction_script_dry_runs_on_the_cpu(tmp_path):
+    """scripts/gpu/reproduce.sh: the diffscale bench calls behind docs/benchmarks.md's current
+    figures; --dry-run prints them without a GPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu" / "reproduce.sh"), str(tmp_path / "out"), "--dry-run"],
+                          cwd=root, env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "group 1:" in done.stdout and "sampling-xl: " in done.stdout and "--nproc_per_node=4" in done.stdout
+    assert not (tmp_path / "out").exists()
+
+
 def test_profile_kinds_classify_kernel_names():
     from diffscale.bench.profile import kind_of
 
