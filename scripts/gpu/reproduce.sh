@@ -21,6 +21,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 DRY=0; for a in "$@"; do [ "$a" = --dry-run ] && DRY=1; done
+if [ $DRY = 1 ] && [ "$GPUS" = 0 ]; then  # a dry run without GPUs plans for a 4-GPU host
+  export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1,2,3}
+fi
 COMMON=(--preset small medium xl --steps 30 --warmup 10)
 # With 4 GPUs the one-GPU runs compile side by side, one per GPU, and are timed one at a time.
 SIDE=1; { [ "$GPUS" -ge 4 ] || [ $DRY = 1 ]; } && SIDE=4

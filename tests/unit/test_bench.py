@@ -134,6 +134,7 @@ def test_gpu_reproduction_script_dry_runs_on_the_cpu(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "group 1:" in done.stdout and "sampling-xl: " in done.stdout and "--nproc_per_node=4" in done.stdout
+    assert "CUDA_VISIBLE_DEVICES=3 " in done.stdout  # planned as on a 4-GPU host: one-GPU runs spread
     assert not (tmp_path / "out").exists()
 
 

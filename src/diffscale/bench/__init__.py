@@ -142,8 +142,11 @@ def run_bench(args: argparse.Namespace) -> int:
     needed = max(gpus + [2 * args.two_node])
     if torch.cuda.is_available():
         available = torch.cuda.device_count()
-    else:  # a dry run on a machine without GPUs shows a host with as many as asked for
-        available = needed if args.dry_run else os.cpu_count() or 1
+    elif args.dry_run:  # no GPU here: plan for those CUDA_VISIBLE_DEVICES lists, or as many as asked for
+        listed = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        available = max(needed, len(listed))
+    else:
+        available = os.cpu_count() or 1
     if args.device_type == "cuda" and needed > available:
         raise UserError(f"--gpus asks for {needed} GPUs but {available} are visible", f"use --gpus up to {available}")
     jobs = plan_jobs(presets, recipes, variants, gpus, args.two_node)
@@ -205,8 +208,9 @@ def _dry_run(args, jobs: list[Job], samplings: list[tuple[str, Variant]], out_di
     import shlex
 
     parts = groups(jobs, args.concurrent)
+    unit = "GPU" if args.device_type == "cuda" else "process"
     console.print(f"{len(jobs)} runs in {len(parts)} group(s) of at most {args.concurrent}, on {available} "
-                  f"{'GPUs' if args.device_type == 'cuda' else 'processes'}:", highlight=False)
+                  f"{unit}{'' if available == 1 else 'es' if unit == 'process' else 's'}:", highlight=False)
     for k, group in enumerate(parts):
         turns = f"{out_dir / 'turns' / f'PID-{k}'}:{len(group)}" if len(group) > 1 else None
         console.print(f"group {k + 1}:{' compiled side by side, timed one at a time' if turns else ''}",
@@ -307,7 +311,8 @@ def register(sub) -> None:
     p.add_argument("--sampling-steps", type=int, default=50, metavar="N", help="DDIM steps of the sampling comparison")
     p.add_argument("--sampling-repeats", type=int, default=3, metavar="N", help="timed calls of each sampler")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the runs (groups, GPUs, commands) a GPU host would start, and start nothing")
+                   help="print the runs (groups, GPUs, commands) and start nothing; without a GPU here, planned "
+                        "for the GPUs CUDA_VISIBLE_DEVICES lists (e.g. 0,1,2,3), else as many as --gpus needs")
     p.add_argument("--collect", action="store_true",
                    help="only report: rebuild the tables, bench.json, sampling.json and bench.png from the records "
                         "in --out")
