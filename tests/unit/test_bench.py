@@ -18,7 +18,7 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2", "--warmup", "1",
                  "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
                  "--set", "model.block_out_channels=[16,32,32]", "--profile", "1", "--trace"])
-    assert code == 0, (out / "workers.log").read_text()
+    assert code == 0, "\n".join(p.read_text() for p in (out / "logs").glob("*.log"))
     records = json.loads((out / "bench.json").read_text())
     assert {(r["recipe"], r["world_size"]) for r in records} == {("fast", 1), ("fast", 2), ("plain", 1), ("plain", 2)}
     for r in records:
@@ -53,6 +53,89 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     assert (out / "bench.png").is_file()
     assert main(["bench", "--collect", "--out", str(out / "empty")]) == 2
     assert "no worker records" in capsys.readouterr().err
+
+
+def test_bench_variants_side_by_side_then_sampling(tmp_path, capsys):
+    """--variant runs the fast recipe again with its overrides (after --set, so they win),
+    --concurrent starts the runs together but times them one at a time, --sampling times DDIM
+    against DDIMPipeline for the defaults and each variant; every call records its command."""
+    out = tmp_path / "bench"
+    code = main(["bench", "--preset", "tiny", "--recipe", "fast", "--steps", "2", "--warmup", "1", "--out", str(out),
+                 "--set", "train.batch_per_gpu=8", "--set", "model.block_out_channels=[16,32,32]",
+                 "--variant", "b4", "train.batch_per_gpu=4", "--concurrent", "2",
+                 "--sampling", "--sampling-batch", "2", "--sampling-steps", "2", "--sampling-repeats", "1"])
+    assert code == 0, "\n".join(p.read_text() for p in (out / "logs").glob("*.log"))
+    records = {r.get("label"): r for r in json.loads((out / "bench.json").read_text())}
+    assert set(records) == {None, "b4"}
+    assert records[None]["batch_per_gpu"] == 8 and records["b4"]["batch_per_gpu"] == 4
+    (a0, a1), (b0, b1) = sorted(r["measured_window"] for r in records.values())
+    assert a0 < a1 <= b0 < b1  # compiled side by side, timed one after the other
+    assert sorted(p.name for p in (out / "logs").glob("*.log")) == [
+        "sampling-tiny-b4.log", "sampling-tiny.log", "tiny-fast-1gpu.log", "tiny-fast-b4-1gpu.log"]
+    sampled = {r["label"]: r for r in json.loads((out / "sampling.json").read_text())}
+    assert set(sampled) == {None, "b4"} and all(r["batch"] == 2 and r["ddim_steps"] == 2 for r in sampled.values())
+    assert sampled["b4"]["overrides"][-1] == "train.batch_per_gpu=4" and sampled["b4"]["speedup"] > 0
+    info = [json.loads(line) for line in (out / "provenance.jsonl").read_text().splitlines()]
+    assert len(info) == 1 and info[0]["date_utc"] and info[0]["devices"] == ["CPU"]
+    assert "--variant b4 train.batch_per_gpu=4" in info[0]["command"] and "--concurrent 2" in info[0]["command"]
+    printed = capsys.readouterr().out
+    assert "DDIM sampling" in printed and "measured " in printed and "fast (b4)" in printed
+
+    # --collect rebuilds both tables, and says when and how the records were made
+    (out / "sampling.json").unlink()
+    assert main(["bench", "--collect", "--out", str(out)]) == 0
+    assert len(json.loads((out / "sampling.json").read_text())) == 2
+    printed = capsys.readouterr().out
+    assert "DDIM sampling" in printed and info[0]["command"] in printed
+
+
+def test_bench_dry_run_plans_groups_gpus_and_sampling(tmp_path, capsys):
+    out = tmp_path / "plan"
+    assert main(["bench", "--preset", "small", "xl", "--gpus", "1,4", "--recipe", "fast,plain", "--dry-run",
+                 "--variant", "nocompress", "runtime.ddp_bf16_compress=off", "--concurrent", "4", "--sampling",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert not out.exists()  # nothing started, nothing written
+    # 2 presets x (fast, fast nocompress, plain) x (1, 4 GPUs), one-GPU runs first, four at a time
+    assert "12 runs in 3 group(s) of at most 4" in printed
+    first, second = printed.split("group 1:")[1].split("group 2:")
+    assert "small-fast-1gpu" in first and "xl-plain-1gpu" not in first and "-4gpu" not in first
+    gpus = [line.split()[0] for line in first.splitlines() if "CUDA_VISIBLE_DEVICES" in line]
+    assert gpus == [f"CUDA_VISIBLE_DEVICES={i}" for i in range(4)]  # round robin over the GPUs
+    assert first.count("--turns") == 4 and first.count("turns/PID-0:4") == 4
+    assert "--label nocompress" in printed and "--set runtime.ddp_bf16_compress=off" in printed
+    assert "--nproc_per_node=4" in printed.split("group 3:")[1]
+    assert "sampling-xl-nocompress: " in printed and "--batch 16 --steps 50 --repeats 3" in printed
+
+
+def test_bench_rejects_bad_variants_before_starting(capsys):
+    assert main(["bench", "--dry-run", "--variant", "x", "runtime.nope=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown config key 'runtime.nope'" in err and "(variant x)" in err
+    assert main(["bench", "--dry-run", "--variant", "runtime.attention=sdpa"]) == 2
+    assert "is not a name" in capsys.readouterr().err
+    assert main(["bench", "--dry-run", "--variant", "a", "--variant", "a"]) == 2
+    assert "given twice" in capsys.readouterr().err
+    assert main(["bench", "--dry-run", "--recipe", "plain", "--variant", "a"]) == 2
+    assert "--recipe has no fast" in capsys.readouterr().err
+
+
+def test_gpu_reproduction_script_dry_runs_on_the_cpu(tmp_path):
+    """scripts/gpu/reproduce.sh: the diffscale bench calls behind docs/benchmarks.md's current
+    figures; --dry-run prints them without a GPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu" / "reproduce.sh"), str(tmp_path / "out"), "--dry-run"],
+                          cwd=root, env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "group 1:" in done.stdout and "sampling-xl: " in done.stdout and "--nproc_per_node=4" in done.stdout
+    assert "CUDA_VISIBLE_DEVICES=3 " in done.stdout  # planned as on a 4-GPU host: one-GPU runs spread
+    assert not (tmp_path / "out").exists()
 
 
 def test_profile_kinds_classify_kernel_names():

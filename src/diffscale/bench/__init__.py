@@ -1,8 +1,11 @@
 """``diffscale bench``: fast vs plain recipe and scaling efficiency, measured side by side.
 
-The driver starts one worker process group per (preset, recipe, GPU count) -- torchrun
-for several GPUs, and two torchrun "nodes" on one host for the multi-node emulation --
-collects their JSON records and reports a table, ``bench.json`` and ``bench.png``.
+The driver starts one worker process group per (preset, recipe, variant, GPU count) --
+torchrun for several GPUs, and two torchrun "nodes" on one host for the multi-node emulation
+(``bench.runs``) -- one at a time or ``--concurrent`` side by side, optionally times DDIM
+sampling against diffusers' pipeline, collects the JSON records and reports tables,
+``bench.json``, ``sampling.json`` and ``bench.png``, with the date, command and commit of each
+call (``provenance.jsonl``).
 """
 
 from __future__ import annotations
@@ -10,97 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from ..errors import UserError
 from ..presets import PRESETS
 from .comm import describe
 from .profile import render_profile
+from .runs import (Job, Variant, check_configs, comm_check, groups, gpu_slots, launch_plan, parse_variants,
+                   plan_jobs, provenance, run_group, run_sampling, sampling_cmd)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker_cmd(args, preset: str, recipe: str, out: Path) -> list[str]:
-    cmd = ["-m", "diffscale.bench.worker", "--preset", preset, "--recipe", recipe, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--json", str(out), "--plain-workers", str(args.plain_workers)]
-    for item in args.set or []:
-        cmd += ["--set", item]
-    if args.peak:
-        cmd.append("--peak")
-    if args.profile:
-        cmd += ["--profile", str(args.profile)]
-        if args.trace:
-            cmd += ["--trace", str(out.parent / "traces" / out.stem)]
-    return cmd
-
-
-def _env(extra: dict | None = None) -> dict:
-    env = dict(os.environ, DIFFSCALE_BENCH_T0=str(time.time()), PYTHONUNBUFFERED="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    env.update(extra or {})
-    return env
-
-
-def _run_one(args, preset: str, recipe: str, gpus: int, out: Path, log) -> dict | None:
-    base = _worker_cmd(args, preset, recipe, out)
-    if gpus == 1:
-        procs = [subprocess.Popen([sys.executable, *base], env=_env(), stdout=log, stderr=subprocess.STDOUT)]
-    else:
-        procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                   f"--nproc_per_node={gpus}", *base], env=_env(), stdout=log, stderr=subprocess.STDOUT)]
-    return _collect(procs, out, args.timeout)
-
-
-def _run_two_node(args, preset: str, recipe: str, per_node: int, out: Path, log) -> dict | None:
-    """Two torchrun 'nodes' on one host, each with its own GPUs, rendezvousing on localhost."""
-    port = _free_port()
-    procs = []
-    for node in (0, 1):
-        extra = {"DIFFSCALE_BENCH_NODES": "2"}
-        if args.device_type == "cuda":
-            extra["CUDA_VISIBLE_DEVICES"] = ",".join(str(node * per_node + i) for i in range(per_node))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
-               f"--nproc_per_node={per_node}", "--master_addr=127.0.0.1", f"--master_port={port}",
-               *_worker_cmd(args, preset, recipe, out)]
-        procs.append(subprocess.Popen(cmd, env=_env(extra), stdout=log, stderr=subprocess.STDOUT))
-    return _collect(procs, out, args.timeout)
-
-
-def comm_check(gpus: int, out: Path, log, *, mib: tuple[str, ...] = ("8", "50", "100", "256"),
-               repeats: int = 20, timeout: float = 300) -> list[dict]:
-    """All-reduce bus bandwidth between ``gpus`` ranks at gradient-bucket sizes
-    (``bench.comm``), so a scaling loss can be told from a slow interconnect."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-           "-m", "diffscale.bench.comm", "--mib", *mib, "--repeats", str(repeats), "--json", str(out)]
-    out.unlink(missing_ok=True)
-    try:
-        done = subprocess.run(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return []
-    return json.loads(out.read_text()) if done.returncode == 0 and out.is_file() else []
-
-
-def _collect(procs, out: Path, timeout: float) -> dict | None:
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            return None
-    if any(p.returncode for p in procs) or not out.is_file():
-        return None
-    return json.loads(out.read_text())
+__all__ = ["add_derived", "comm_check", "register", "report", "run_bench"]
 
 
 def add_derived(records: list[dict]) -> list[dict]:
@@ -166,12 +89,21 @@ def write_chart(records: list[dict], path: Path) -> Path:
     return path
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def render_sampling(records: list[dict]):
+    from rich.table import Table
 
-    console = Console(soft_wrap=True)
-    if args.collect:  # report only: nothing is run, so nothing else needs checking
-        return report(sorted(Path(args.out).glob("*.json")), Path(args.out), console)
+    table = Table(title="DDIM sampling: diffscale vs diffusers' DDIMPipeline (same UNet, batch and steps)")
+    for col in ("preset", "variant", "batch", "steps", "DDIMPipeline s", "diffscale s", "speed-up", "images/s"):
+        table.add_column(col, no_wrap=True, justify="left" if col in ("preset", "variant") else "right")
+    for r in records:
+        table.add_row(r["preset"], r.get("label") or "default", str(r["batch"]), str(r["ddim_steps"]),
+                      f"{r['ddimpipeline_s']:.4f}", f"{r['diffscale_s']:.4f}", f"{r['speedup']:.2f}",
+                      f"{r['images_per_s']:,.0f}")
+    return table
+
+
+def _options(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], list[Variant]]:
+    """Presets, recipes, GPU counts and variants, each checked before anything starts."""
     presets = args.preset or ["small"]
     for name in presets:
         if name not in PRESETS:
@@ -187,73 +119,161 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.trace and not args.profile:
         raise UserError("--trace writes the timeline of the profiled steps, and none are profiled",
                         "add --profile N (e.g. --profile 5)")
+    variants = parse_variants(args.variant)
+    if variants and "fast" not in recipes:
+        raise UserError("--variant changes the fast recipe, and --recipe has no fast",
+                        "use --recipe fast or fast,plain")
+    if args.concurrent < 1:
+        raise UserError(f"--concurrent {args.concurrent} starts no run", "use 1 (one at a time) or more")
+    check_configs(presets, args.set or [], variants)
+    return presets, recipes, gpus, variants
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    if args.collect:  # report only: nothing is run, so nothing else needs checking
+        return report(sorted(Path(args.out).glob("*.json")), Path(args.out), console)
+    presets, recipes, gpus, variants = _options(args)
     import torch
 
-    args.device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    available = torch.cuda.device_count() if args.device_type == "cuda" else os.cpu_count() or 1
-    if args.device_type == "cuda" and max(gpus) > available:
-        raise UserError(f"--gpus asks for {max(gpus)} GPUs but {available} are visible", f"use --gpus up to {available}")
+    args.device_type = "cuda" if torch.cuda.is_available() or args.dry_run else "cpu"
+    needed = max(gpus + [2 * args.two_node])
+    if torch.cuda.is_available():
+        available = torch.cuda.device_count()
+    elif args.dry_run:  # no GPU here: plan for those CUDA_VISIBLE_DEVICES lists, or as many as asked for
+        listed = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        available = max(needed, len(listed))
+    else:
+        available = os.cpu_count() or 1
+    if args.device_type == "cuda" and needed > available:
+        raise UserError(f"--gpus asks for {needed} GPUs but {available} are visible", f"use --gpus up to {available}")
+    jobs = plan_jobs(presets, recipes, variants, gpus, args.two_node)
+    samplings = [(p, v) for p in presets for v in [Variant(), *variants]] if args.sampling else []
     out_dir = Path(args.out)
+    if args.dry_run:
+        return _dry_run(args, jobs, samplings, out_dir, available, console)
     out_dir.mkdir(parents=True, exist_ok=True)
+    info = provenance(args)
+    with open(out_dir / "provenance.jsonl", "a") as f:
+        f.write(json.dumps(info) + "\n")
+    _comm(args, gpus, out_dir, console)
     records: list[dict] = []
-    with open(out_dir / "workers.log", "a") as log:
-        for count in sorted({g for g in gpus if g > 1} if args.comm else ()):
+    for k, group in enumerate(groups(jobs, args.concurrent)):
+        for job in group:
+            console.print(f"bench {_describe(job, args.device_type)} ...", highlight=False)
+        for job, record in zip(group, run_group(args, group, out_dir, available, f"{os.getpid()}-{k}")):
+            if record is None:
+                console.print(f"[red]failed[/]: {job.name}, see {out_dir / 'logs' / (job.name + '.log')}")
+            else:
+                records.append(record)
+    sampled = []
+    for preset, variant in samplings:
+        console.print(f"sampling {preset}{' ' + variant.label if variant.label else ''} ...", highlight=False)
+        record = run_sampling(args, preset, variant, out_dir)
+        if record is None:
+            console.print(f"[red]failed[/]: sampling {preset}, see {out_dir / 'logs'}")
+        else:
+            sampled.append(record)
+    if not records and not sampled:
+        raise UserError("every benchmark run failed", f"read the logs in {out_dir / 'logs'}")
+    return _report(records, sampled, [info], out_dir, console)
+
+
+def _describe(job: Job, device_type: str) -> str:
+    count = job.gpus * job.nodes
+    unit = ("GPUs" if count > 1 else "GPU") if device_type == "cuda" else ("processes" if count > 1 else "process")
+    label = f" ({job.variant.label})" if job.variant.label else ""
+    return f"{job.preset} {job.recipe}{label} on {count} {unit}{' (2 nodes)' if job.nodes > 1 else ''}"
+
+
+def _comm(args, gpus: list[int], out_dir: Path, console) -> None:
+    if not args.comm:
+        return
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    for count in sorted({g for g in gpus if g > 1}):
+        with open(out_dir / "logs" / f"comm-{count}.log", "a") as log:
             rows = comm_check(count, out_dir / f"comm-{count}.json", log,
                               repeats=20 if args.device_type == "cuda" else 3)
-            for r in rows:
-                console.print(describe(r), highlight=False)
-            if not rows:
-                console.print(f"[red]all-reduce check on {count} failed[/]: see {out_dir / 'workers.log'}")
-        for preset in presets:
-            for recipe in recipes:
-                shapes = [(g, 1) for g in gpus] + ([(args.two_node, 2)] if args.two_node else [])
-                for count, nodes in shapes:
-                    name = f"{preset}-{recipe}-{count}{'x2nodes' if nodes > 1 else 'gpu'}.json"
-                    out = out_dir / name
-                    out.unlink(missing_ok=True)
-                    console.print(f"bench {preset} {recipe} on {count * nodes if nodes > 1 else count} "
-                                  f"{'GPUs' if args.device_type == 'cuda' else 'processes'}"
-                                  f"{' (2 nodes)' if nodes > 1 else ''} ...", highlight=False)
-                    log.flush()
-                    record = (_run_two_node(args, preset, recipe, count, out, log) if nodes > 1
-                              else _run_one(args, preset, recipe, count, out, log))
-                    if record is None:
-                        console.print(f"[red]failed[/]: see {out_dir / 'workers.log'}")
-                        continue
-                    records.append(record)
-    if not records:
-        raise UserError("every benchmark run failed", f"read {out_dir / 'workers.log'}")
-    return _report(records, out_dir, console)
+        for r in rows:
+            console.print(describe(r), highlight=False)
+        if not rows:
+            console.print(f"[red]all-reduce check on {count} failed[/]: see {out_dir / 'logs' / f'comm-{count}.log'}")
+
+
+def _dry_run(args, jobs: list[Job], samplings: list[tuple[str, Variant]], out_dir: Path, available: int,
+             console) -> int:
+    """What a call would start, and where, without starting anything."""
+    import shlex
+
+    parts = groups(jobs, args.concurrent)
+    unit = "GPU" if args.device_type == "cuda" else "process"
+    console.print(f"{len(jobs)} runs in {len(parts)} group(s) of at most {args.concurrent}, on {available} "
+                  f"{unit}{'' if available == 1 else 'es' if unit == 'process' else 's'}:", highlight=False)
+    for k, group in enumerate(parts):
+        turns = f"{out_dir / 'turns' / f'PID-{k}'}:{len(group)}" if len(group) > 1 else None
+        console.print(f"group {k + 1}:{' compiled side by side, timed one at a time' if turns else ''}",
+                      highlight=False)
+        for job, gpu in zip(group, gpu_slots(group, available)):
+            console.print(f"  {job.name}: {_describe(job, args.device_type)}", highlight=False)
+            for extra, cmd in launch_plan(args, job, out_dir / f"{job.name}.json", turns, gpu):
+                env = " ".join(f"{key}={value}" for key, value in extra.items())
+                console.print(f"    {env + ' ' if env else ''}{shlex.join(cmd)}", highlight=False, markup=False)
+    for preset, variant in samplings:
+        name = f"sampling-{preset}{'-' + variant.label if variant.label else ''}"
+        cmd = sampling_cmd(args, preset, variant, out_dir / f"{name}.json")
+        console.print(f"{name}: {shlex.join(cmd)}", highlight=False, markup=False)
+    return 0
 
 
 def report(paths: list[Path], out_dir: Path, console) -> int:
-    """Table, bench.json and bench.png from worker records already in ``out_dir``."""
-    records = []
+    """Tables, bench.json, sampling.json and bench.png from records already in ``out_dir``."""
+    records, sampled = [], []
     for path in paths:
-        if path.name == "bench.json":
+        if path.name in ("bench.json", "sampling.json"):
             continue
         data = json.loads(path.read_text())
         if isinstance(data, dict) and "samples_per_s" in data:
             records.append(data)
-    if not records:
-        raise UserError(f"no worker records (*.json) in {out_dir}", "run diffscale bench first, or point --out at its folder")
+        elif isinstance(data, dict) and "ddimpipeline_s" in data:
+            sampled.append(data)
+    if not records and not sampled:
+        raise UserError(f"no worker records (*.json) in {out_dir}",
+                        "run diffscale bench first, or point --out at its folder")
+    info_path = out_dir / "provenance.jsonl"
+    lines = info_path.read_text().splitlines() if info_path.is_file() else []
+    infos = [json.loads(line) for line in lines if line.strip()]
+    return _report(records, sampled, infos, out_dir, console)
+
+
+def _report(records: list[dict], sampled: list[dict], infos: list[dict], out_dir: Path, console) -> int:
+    from rich.console import Console
+
     order = {"fast": 0, "plain": 1}
     records.sort(key=lambda r: (r["preset"], order.get(r["recipe"], 2), r.get("label") or "", r.get("nodes", 1),
                                 r["world_size"]))
-    return _report(records, out_dir, console)
-
-
-def _report(records: list[dict], out_dir: Path, console) -> int:
-    from rich.console import Console
-
-    add_derived(records)
-    Console(width=None if sys.stdout.isatty() else 250).print(render_table(records))
-    for record in records:
-        if record.get("profile"):
-            console.print(render_profile(record), highlight=False, markup=False)
-    (out_dir / "bench.json").write_text(json.dumps(records, indent=1))
-    chart = write_chart(records, out_dir / "bench.png")
-    console.print(f"wrote {out_dir / 'bench.json'} and {chart}", highlight=False)
+    sampled.sort(key=lambda r: (r["preset"], r.get("label") or ""))
+    wide = Console(width=None if sys.stdout.isatty() else 250)
+    written = []
+    if records:
+        add_derived(records)
+        wide.print(render_table(records))
+        for record in records:
+            if record.get("profile"):
+                console.print(render_profile(record), highlight=False, markup=False)
+        (out_dir / "bench.json").write_text(json.dumps(records, indent=1))
+        written += [out_dir / "bench.json", write_chart(records, out_dir / "bench.png")]
+    if sampled:
+        wide.print(render_sampling(sampled))
+        (out_dir / "sampling.json").write_text(json.dumps(sampled, indent=1))
+        written.append(out_dir / "sampling.json")
+    for info in infos:
+        changes = " with uncommitted changes" if info.get("uncommitted_changes") else ""
+        console.print(f"measured {info['date_utc']} UTC, commit {info.get('commit') or 'unknown'}{changes}, "
+                      f"torch {info['torch']}, {', '.join(dict.fromkeys(info['devices']))}: {info['command']}",
+                      highlight=False, markup=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)}", highlight=False)
     return 0
 
 
@@ -277,8 +297,26 @@ def register(sub) -> None:
                    help="first measure all-reduce bus bandwidth between the GPUs of each count above 1 "
                         "(NVLink: a few hundred GB/s; through host memory: tens at most)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override for every run")
+    p.add_argument("--variant", action="append", nargs="+", metavar=("LABEL", "KEY=VALUE"),
+                   help="also measure the fast recipe with these overrides, labelled LABEL, beside the defaults "
+                        "(repeatable; no overrides: the defaults again, to see the spread)")
+    p.add_argument("--concurrent", type=int, default=1, metavar="N",
+                   help="start N runs at once: they compile side by side and are timed one at a time; one-GPU "
+                        "runs go round robin over the GPUs (80 GiB cards: at most two one-GPU runs per card, "
+                        "four jobs per card in all, while CUDA-graph pools compile)")
+    p.add_argument("--sampling", action="store_true",
+                   help="also time DDIM sampling per preset (and variant) against diffusers' DDIMPipeline")
+    p.add_argument("--sampling-batch", type=int, default=0, metavar="B",
+                   help="sampling batch (default: small 256, medium 64, xl 16, else 16)")
+    p.add_argument("--sampling-steps", type=int, default=50, metavar="N", help="DDIM steps of the sampling comparison")
+    p.add_argument("--sampling-repeats", type=int, default=3, metavar="N", help="timed calls of each sampler")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the runs (groups, GPUs, commands) and start nothing; without a GPU here, planned "
+                        "for the GPUs CUDA_VISIBLE_DEVICES lists (e.g. 0,1,2,3), else as many as --gpus needs")
     p.add_argument("--collect", action="store_true",
-                   help="only report: rebuild the table, bench.json and bench.png from the worker records in --out")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per run before it is killed")
-    p.add_argument("--out", default="bench", help="folder for bench.json, bench.png and worker logs")
+                   help="only report: rebuild the tables, bench.json, sampling.json and bench.png from the records "
+                        "in --out")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds per run (per group with --concurrent) before it is killed")
+    p.add_argument("--out", default="bench", help="folder for bench.json, bench.png, records and logs/")
     p.set_defaults(func=run_bench)
