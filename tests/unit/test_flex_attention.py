@@ -2,7 +2,7 @@
 (inductor generates it; FlexAttention has no backward on the CPU), so the CPU checks what can
 be checked for real: the processor computes diffusers' attention, falls back where it should,
 FLOPs are counted on the model's own math, and a CPU run asking for flex gets a clear message.
-GPU speed: docs/benchmarks.md 1."""
+GPU speed: docs/benchmarks.md, "Attention kernels"."""
 
 import copy
 import warnings

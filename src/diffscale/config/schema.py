@@ -250,7 +250,7 @@ class RuntimeConfig:
     """torch.compile the network (``auto``: on CUDA only)."""
     compile_mode: CompileMode = CompileMode.AUTO
     """torch.compile mode when compiling: ``auto`` (CUDA graphs where a step can replay as one,
-    see docs/benchmarks.md), ``default``, ``reduce-overhead`` or ``max-autotune-no-cudagraphs``."""
+    see docs/benchmarks.md, "Defaults and why"), ``default``, ``reduce-overhead`` or ``max-autotune-no-cudagraphs``."""
     channels_last: Toggle = Toggle.AUTO
     """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md)."""
     layout_opt: Toggle = Toggle.AUTO
@@ -260,11 +260,11 @@ class RuntimeConfig:
     kernel_tuning: Toggle = Toggle.OFF
     """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled
     (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
-    instead of ~190 s (cached after; docs/benchmarks.md 2); xl's DDIM sampling 5.3 % faster on
-    an H100 (section 1)."""
+    instead of ~190 s (cached after); xl's DDIM sampling 5.3 % faster on an H100
+    (docs/benchmarks.md, "Defaults and why")."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
-    (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md 1), else
+    (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md, "Attention kernels"), else
     ``sdpa`` (PyTorch picks a kernel per call); ``flex``: FlexAttention always (compiled CUDA only);
     ``flash``, ``efficient``, ``cudnn``, ``math``: that SDPA kernel only."""
     join_timeout_s: float = 300.0
@@ -279,7 +279,7 @@ class RuntimeConfig:
     adds layout copies and stops fusion, which cost more than NVLink all-reduces take."""
     ddp_bf16_compress: Toggle = Toggle.AUTO
     """Compress gradients to bf16 for the all-reduce (NCCL only). ``auto``: off, which scaled
-    better on NVLink for every preset (docs/benchmarks.md 1); ``on`` halves the bytes moved,
+    better on NVLink for every preset (docs/benchmarks.md, "bf16 gradient compression"); ``on`` halves the bytes moved,
     for slow links between nodes."""
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ class InferenceNetwork(torch.nn.Module):
 
     Compiled, the weights are frozen into the graph (inductor's ``freezing``: the bf16 copies
     autocast would make on every call are made once, constant-folded): xl's 50 DDIM steps took
-    0.430 s instead of 0.474 on one H100 (docs/benchmarks.md, sampling). So weights changed
+    0.430 s instead of 0.474 on one H100 (docs/benchmarks.md, "Sampling speed"). So weights changed
     after the first call are not seen: build a new ``InferenceNetwork`` for new weights
     (training previews sample the EMA network eagerly, so they always see its latest weights)."""
 

@@ -16,7 +16,7 @@ from .resources import host_memory_bytes
 
 FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
-rows. One H100 (docs/benchmarks.md 1): small's calls (16,384 and 32,768 rows of 8-channel heads)
+rows. One H100 (docs/benchmarks.md, "Attention kernels"): small's calls (16,384 and 32,768 rows of 8-channel heads)
 trained 14-15 % faster a step than with cuDNN's kernel; xl's (2,048 rows) ran 4 x slower in the
 kernel benchmark (``python -m diffscale.bench.attention``)."""
 
@@ -116,7 +116,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     compile_on = _toggle(cfg.compile, fast_cuda)
     # channels_last helps cuDNN in eager mode. Compiled, NCHW inputs with inductor's layout
     # optimisation (below) trained fastest: channels_last inputs add strided copies and slower
-    # GroupNorm kernels (docs/benchmarks.md 3 and 7).
+    # GroupNorm kernels (docs/benchmarks.md, "Defaults and why" and "Where a step's time goes").
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     # Compiled, the layout is better left to inductor, forced on: its heuristic skips UNets
     # (convolutions with twice as many input as output channels after each skip concat), yet

@@ -82,7 +82,7 @@ def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: Dev
 def bf16_gradient_compression(setting: Toggle, backend: str) -> bool:
     """Whether DDP all-reduces bf16 copies of the gradients. ``auto`` is off: on 4 x H100
     (NVLink) every preset scaled better without it, xl 94.0 % against 91.5 %
-    (docs/benchmarks.md, multi-GPU scaling); ``on`` is for links where bytes cost more."""
+    (docs/benchmarks.md, "bf16 gradient compression"); ``on`` is for links where bytes cost more."""
     if setting == Toggle.ON and backend != "nccl":
         raise UserError(f"runtime.ddp_bf16_compress on needs CUDA GPUs with NCCL (this run all-reduces with {backend})",
                         "set runtime.ddp_bf16_compress to auto or off")
