@@ -1,5 +1,7 @@
 """The launcher-environment parser on recorded torchrun, SLURM and Grid Engine environments."""
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -9,7 +11,8 @@ from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun
 from diffscale.presets import get_preset
-from diffscale.runtime.distributed import detect_launch, expand_hostlist, port_from_job_id
+from diffscale.errors import UserError
+from diffscale.runtime.distributed import detect_launch, expand_hostlist, port_from_job_id, slurm_hostnames
 
 from diffscale.cluster.profile_io import load_profile
 
@@ -60,13 +63,73 @@ def test_no_launcher_is_a_single_process():
     assert detect_launch({}).world_size == 1
 
 
-@pytest.mark.parametrize("spec, hosts", [
+# SLURM's documented hostlist forms (slurm_hostlist_create(3), Slurm::Hostlist(3pm), slurm.conf(5)
+# NodeName) and what SLURM's hostlist.c makes of them.
+HOSTLISTS = [
     ("n1", ["n1"]),
+    ("linux[1-3,6]", ["linux1", "linux2", "linux3", "linux6"]),
+    ("node1,node[2-5,12]", ["node1", "node2", "node3", "node4", "node5", "node12"]),
+    ("tux[0-2,12,20-21]", ["tux0", "tux1", "tux2", "tux12", "tux20", "tux21"]),
     ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
     ("a[1-2],b3,c[009-010]", ["a1", "a2", "b3", "c009", "c010"]),
-])
+    ("n[8-10]", ["n8", "n9", "n10"]),  # width of the first bound: no padding
+    ("n[08-10]", ["n08", "n09", "n10"]),
+    ("node1 node2\tnode3", ["node1", "node2", "node3"]),  # whitespace separates too
+    # several groups: the product, the first group varying slowest
+    ("a[1-2]-b[01-02]", ["a1-b01", "a1-b02", "a2-b01", "a2-b02"]),
+    ("rack[0-1]_blade[0-1,5]", ["rack0_blade0", "rack0_blade1", "rack0_blade5",
+                                "rack1_blade0", "rack1_blade1", "rack1_blade5"]),
+    ("x[1,3]-y[2],z", ["x1-y2", "x3-y2", "z"]),
+]
+
+
+@pytest.mark.parametrize("spec, hosts", HOSTLISTS)
 def test_slurm_hostlists(spec, hosts):
     assert expand_hostlist(spec) == hosts
+
+
+@pytest.mark.parametrize("spec", ["n[3-1]", "n[x]", "n[1-2", "n1-2]"])
+def test_what_slurm_rejects_is_an_error_not_a_guess(spec):
+    with pytest.raises(ValueError, match="is not a SLURM hostlist"):
+        expand_hostlist(spec)
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="SLURM's scontrol is not installed here")
+@pytest.mark.parametrize("spec, hosts", HOSTLISTS)
+def test_the_parser_agrees_with_scontrol(spec, hosts):
+    out = subprocess.run(["scontrol", "show", "hostnames", spec], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == hosts
+
+
+def _fake_scontrol(tmp_path, monkeypatch, script: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n" + script)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_scontrol_expands_where_slurm_is_installed(tmp_path, monkeypatch):
+    _fake_scontrol(tmp_path, monkeypatch, '[ "$1 $2" = "show hostnames" ] && printf "from-scontrol\\nb\\n"\n')
+    assert slurm_hostnames("whatever[1-2]") == ["from-scontrol", "b"]
+
+
+def test_a_failing_scontrol_falls_back_to_the_parser(tmp_path, monkeypatch):
+    _fake_scontrol(tmp_path, monkeypatch, "echo 'slurm_load_ctl_conf error' >&2; exit 1\n")
+    assert slurm_hostnames("a[1-2]-b[01-02]")[:2] == ["a1-b01", "a1-b02"]
+
+
+def test_master_is_the_first_host_of_a_multi_group_nodelist():
+    env = {k: v for k, v in SLURM_SRUN.items() if k != "SLURM_STEP_NODELIST"}
+    env["SLURM_JOB_NODELIST"] = "a[1-2]-b[01-02]"
+    assert detect_launch(env, hostnames=expand_hostlist).master_addr == "a1-b01"
+
+
+def test_an_unreadable_nodelist_names_the_fix():
+    env = dict(SLURM_SRUN, SLURM_STEP_NODELIST="gpu[9-1]")
+    with pytest.raises(UserError, match="cannot read the job's node list") as info:
+        detect_launch(env, hostnames=expand_hostlist)
+    assert "MASTER_ADDR" in info.value.fix
 
 
 def test_grid_engine_hosts_from_pe_hostfile_with_duplicate_lines(tmp_path):

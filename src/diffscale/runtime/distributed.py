@@ -15,11 +15,14 @@ Model code never imports this module: DDP is applied from the outside by the tra
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -36,23 +39,80 @@ def port_from_job_id(job_id: str | int) -> int:
     return PORT_BASE + int(digits) % PORT_SPAN
 
 
-def expand_hostlist(spec: str) -> list[str]:
-    """Expand a SLURM hostlist (``gpu[01-03,07],login1``) into host names, in order."""
-    hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec):
-        match = re.fullmatch(r"(.*?)\[([^\]]*)\](.*)", part)
-        if not match:
-            hosts.append(part)
+_HOSTLIST_SEPARATORS = ", \t"
+
+
+def _hostlist_tokens(spec: str) -> list[str]:
+    """Split a hostlist at commas and blanks outside brackets, as SLURM's tokenizer does
+    (``a[1,3],b`` is two tokens, not three)."""
+    tokens: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in spec:
+        if ch in _HOSTLIST_SEPARATORS and depth == 0:
+            if current:
+                tokens.append("".join(current))
+                current = []
             continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            if "-" in item:
-                lo, hi = item.split("-", 1)
-                width = len(lo)
-                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
-            else:
-                hosts.append(f"{prefix}{item}{suffix}")
+        depth += (ch == "[") - (ch == "]")
+        current.append(ch)
+    if current:
+        tokens.append("".join(current))
+    return tokens
+
+
+def _range_values(body: str, token: str) -> list[str]:
+    """``01-03,7`` -> ``01 02 03 7``: each number as wide as its range's first bound (SLURM's rule)."""
+    values: list[str] = []
+    for item in body.split(","):
+        lo, dash, hi = item.partition("-")
+        if not lo.isdigit() or (dash and (not hi.isdigit() or int(hi) < int(lo))):
+            raise ValueError(f"'{token}' is not a SLURM hostlist ('{item}' is no number or range)")
+        values += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi if dash else lo) + 1)]
+    return values
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Expand a SLURM hostlist into host names, in SLURM's order.
+
+    The forms SLURM documents: ``node1,node[2-5,12]``, ``tux[0-5,12,20-25]``, zero-padded
+    ``gpu[001-016]``, and several bracket groups in one name (``rack[0-1]_blade[01-02]``,
+    ``a[1-2]-b[01-02]``), which expand as a product with the first group varying slowest --
+    as SLURM's hostlist.c expands the prefix's range around the last group. Raises
+    ValueError on what SLURM would reject (``a[3-1]``, ``a[x]``).
+    """
+    hosts: list[str] = []
+    for token in _hostlist_tokens(spec):
+        parts = re.split(r"\[([^\[\]]*)\]", token)  # literal, range, literal, ..., literal
+        if any(ch in part for part in parts[0::2] for ch in "[]"):
+            raise ValueError(f"'{token}' is not a SLURM hostlist (unbalanced brackets)")
+        choices = [[part] if i % 2 == 0 else _range_values(part, token) for i, part in enumerate(parts)]
+        hosts += ["".join(combo) for combo in itertools.product(*choices)]
     return hosts
+
+
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """Hosts of a SLURM hostlist: ``scontrol show hostnames`` where SLURM is installed (SLURM
+    itself is the authority on its syntax), :func:`expand_hostlist` where it is not."""
+    if shutil.which("scontrol"):
+        try:
+            proc = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            proc = None
+        if proc is not None and proc.returncode == 0 and proc.stdout.split():
+            return proc.stdout.split()
+    return expand_hostlist(nodelist)
+
+
+def _first_host(nodelist: str, hostnames: Callable[[str], list[str]]) -> str:
+    try:
+        hosts = hostnames(nodelist)
+    except ValueError as exc:
+        raise UserError(f"cannot read the job's node list: {exc}",
+                        "export MASTER_ADDR in the job script (diffscale's scripts take the first line of "
+                        "`scontrol show hostnames \"$SLURM_JOB_NODELIST\"`)") from exc
+    return hosts[0] if hosts else "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -75,8 +135,10 @@ class LaunchInfo:
     """torchrun restart count; keys in a reused agent store are namespaced by it."""
 
 
-def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
-    """Read the launcher's environment (pure: pass ``env`` to test recorded ones)."""
+def detect_launch(env: Mapping[str, str] | None = None,
+                  hostnames: Callable[[str], list[str]] = slurm_hostnames) -> LaunchInfo:
+    """Read the launcher's environment (pass ``env`` to test recorded ones). ``hostnames``
+    expands a SLURM node list; it runs only when a SLURM job did not export MASTER_ADDR."""
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         world = int(env["WORLD_SIZE"])
@@ -105,8 +167,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
             addr, source = env["MASTER_ADDR"], "MASTER_ADDR set in the job"
         else:
             nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-            hosts = expand_hostlist(nodelist) if nodelist else []
-            addr, source = (hosts[0] if hosts else "127.0.0.1"), "first host of SLURM_JOB_NODELIST"
+            addr = _first_host(nodelist, hostnames) if nodelist else "127.0.0.1"
+            source = "first host of SLURM_JOB_NODELIST"
         if "MASTER_PORT" in env:
             port = int(env["MASTER_PORT"])
         else:
