@@ -5,11 +5,12 @@
 #SBATCH --job-name=ds-it-s-a-weird-home-date-d-6f2ef2
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
-#SBATCH --gpus-per-node=4
+#SBATCH --gres=gpu:4
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=15G
 #SBATCH --time=10:00:00
 #SBATCH --account=myproject
+#SBATCH --constraint=l40s
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --signal=B:USR2@120

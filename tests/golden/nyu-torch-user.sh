@@ -5,8 +5,9 @@
 #SBATCH --job-name=ds-it-s-a-weird-home-date-d-6f2ef2
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
-#SBATCH --gpus-per-node=4
+#SBATCH --gres=gpu:4
 #SBATCH --cpus-per-task=4
+#SBATCH --constraint=l40s
 #SBATCH --output=logs/%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue

@@ -117,7 +117,8 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     resolved = Resolved(nodes=shape.nodes, ranks_per_node=g, use_gpus=gpu_ranks, cpus_per_rank=cpus,
                         cpus_per_rank_asked=shape.cpus_per_rank is not None, mem_per_node_gb=mem_gb,
                         mem_asked=shape.mem_per_node_gb is not None,
-                        time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch)
+                        time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch,
+                        account=options.account or profile.account, qos=options.qos or part.qos)
     checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
     continuation = _continuation(workload, n_segments, options)
     signal = options.signal

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..runtime import resources
 from . import estimates
-from .profiles import ClusterProfile, Partition, SchedulerKind
+from .profiles import ClusterProfile, Fact, Partition, SchedulerKind
 from .timefmt import hms, human
 from .workload import DiffscaleRun, Workload
 
@@ -49,6 +49,30 @@ class Resolved:
     time_asked: bool
     global_batch: int | None = None
     """Requested global batch (--global-batch), checked for divisibility."""
+    account: str | None = None
+    """Account / project the job is charged to (--account or the profile's)."""
+    qos: str | None = None
+
+
+def _fact_value(fact: Fact, r: Resolved) -> str | None:
+    if fact is Fact.TIME:
+        return hms(r.time_s) if r.time_s is not None else None
+    return (r.account if fact is Fact.ACCOUNT else r.qos) or None
+
+
+def required_facts(profile: ClusterProfile, r: Resolved) -> Check | None:
+    """The facts the profile marks required (an account where the site charges projects):
+    the scheduler would refuse the job at submission without them."""
+    if not profile.required:
+        return None
+    missing = [req for req in profile.required if _fact_value(req.fact, r) is None]
+    if missing:
+        flags = " and ".join(req.fact.flag for req in missing)
+        fixes = "; ".join(f"pass {req.fact.flag} {req.fact.value.upper()}" + (f" ({req.how})" if req.how else "")
+                          for req in missing)
+        return Check("required by the site", False, f"{profile.title} refuses jobs without {flags}", fixes)
+    return Check("required by the site", True,
+                 ", ".join(f"{req.fact.flag} {_fact_value(req.fact, r)}" for req in profile.required))
 
 
 def gpus_per_node(part: Partition, r: Resolved) -> Check:
@@ -249,7 +273,8 @@ def task_executable(profile: ClusterProfile, workload: Workload) -> Check | None
 
 def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Workload,
             estimate_s: int | None, segments: int) -> list[Check]:
-    checks = [
+    checks = [c for c in (required_facts(profile, r),) if c is not None]
+    checks += [
         gpus_per_node(part, r),
         cpus_per_node(part, r),
         host_memory(part, r, workload),

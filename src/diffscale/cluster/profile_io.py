@@ -18,7 +18,8 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import UserError, closest
-from .profiles import SAFE_NAME, ClusterProfile, GpuRequest, GpuScope, Partition, SchedulerKind, SgeSettings
+from .profiles import (SAFE_NAME, ClusterProfile, Fact, GpuRequest, GpuScope, Partition, Requirement, SchedulerKind,
+                       SgeSettings)
 from .timefmt import parse_duration
 
 
@@ -66,7 +67,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
 
 
 _TOP_KEYS = ("name", "title", "scheduler", "docs", "account", "default_partition", "setup", "env",
-             "sets_cuda_visible_devices", "partitions", "sge")
+             "sets_cuda_visible_devices", "partitions", "sge", "required")
 _PART_KEYS = ("submit_name", "gpus_per_node", "gpu_type", "gpu_memory_gb", "cpus_per_node", "mem_per_node_gb",
               "max_time", "max_nodes", "interconnect", "gpu_request", "gres_type", "qos", "constraint",
               "resources", "note")
@@ -187,6 +188,7 @@ def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
     if cvd is not None and not isinstance(cvd, bool):
         r.fail("sets_cuda_visible_devices", f"must be true, false or null, got {cvd!r}", "write true or false")
     env = r.str_map("env", top.get("env"))
+    _check_selectable(r, scheduler, partitions)
     return ClusterProfile(
         name=name,
         title=r.opt_str("title", top.get("title")) or name,
@@ -199,8 +201,42 @@ def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
         sets_cuda_visible_devices=cvd,
         partitions=tuple(partitions),
         sge=sge,
+        required=_required_from(r, top.get("required")),
         source=source,
     )
+
+
+def _required_from(r: _Reader, raw: Any) -> tuple[Requirement, ...]:
+    """``required: [account]`` or ``required: {account: "how to find yours"}``."""
+    if raw is None:
+        return ()
+    items = raw.items() if isinstance(raw, Mapping) else [(name, None) for name in raw] if isinstance(raw, list) else None
+    if items is None:
+        r.fail("required", f"must be a list of facts or a mapping fact: how-to-find-it, got {raw!r}",
+               "write e.g. required: {account: \"`slist` lists your accounts\"}")
+    found = []
+    for name, how in items:
+        fact = r.enum(f"required.{name}", str(name), Fact, None)
+        found.append(Requirement(fact, r.opt_str(f"required.{name}", how)))
+    return tuple(found)
+
+
+def _check_selectable(r: _Reader, scheduler: SchedulerKind, partitions: list[Partition]) -> None:
+    """With several partitions, each must put something into the script that picks it: a job
+    for one that does not could land on any partition's nodes (an H200 plan on an L40S)."""
+    if len(partitions) < 2:
+        return
+    seen: dict[tuple[str, ...], str] = {}
+    for part in partitions:
+        chosen_by = part.selectors(scheduler)
+        what = "submit_name, constraint or gres_type" if scheduler is SchedulerKind.SLURM else "submit_name or resources"
+        if not chosen_by:
+            r.fail(f"partitions.{part.name}", f"sets none of {what}, so a job script could not tell it from "
+                   "the other partitions", f"set {what} to what the site's documentation says selects it")
+        if chosen_by in seen:
+            r.fail(f"partitions.{part.name}", f"is selected exactly like partitions.{seen[chosen_by]} "
+                   f"({', '.join(chosen_by)})", f"give each partition its own {what}")
+        seen[chosen_by] = part.name
 
 
 def _partition_from_dict(r: _Reader, pname: Any, praw: Any) -> Partition:
@@ -285,6 +321,8 @@ def profile_to_dict(profile: ClusterProfile) -> dict[str, Any]:
         "sets_cuda_visible_devices": profile.sets_cuda_visible_devices,
         "partitions": parts,
     }
+    if profile.required:
+        data["required"] = {req.fact.value: req.how for req in profile.required}
     if profile.sge is not None:
         s = profile.sge
         data["sge"] = {

@@ -43,6 +43,29 @@ class GpuScope(str, enum.Enum):
     HOST = "host"
 
 
+class Fact(str, enum.Enum):
+    """A value a site requires on every job, which the user (not the profile) supplies."""
+
+    ACCOUNT = "account"
+    """SLURM --account / Grid Engine -P project."""
+    QOS = "qos"
+    TIME = "time"
+    """An explicit wall time (--time / -l h_rt)."""
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.value}"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A fact the site requires, and how a user finds the value to pass."""
+
+    fact: Fact
+    how: str | None = None
+    """E.g. "`slist` lists the accounts you may use"; None: the site does not say."""
+
+
 # Scheduler-facing names are written into #SBATCH / #$ lines unquoted (those lines are
 # parsed by sbatch/qsub, not by a shell), so they are held to a safe alphabet.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.+:=/@,-]+$")
@@ -79,6 +102,21 @@ class Partition:
     def has_gpus(self) -> bool:
         return bool(self.gpu_type) or bool(self.gpus_per_node)
 
+    def selectors(self, scheduler: SchedulerKind) -> tuple[str, ...]:
+        """What in a job script picks this partition (and its GPU class) from the others:
+        the partition / queue name, a node feature, a typed GPU request, resource requests."""
+        if scheduler is SchedulerKind.SGE:
+            queue = (f"-q {self.submit_name}",) if self.submit_name else ()
+            return queue + tuple(f"-l {name}={value}" for name, value in self.resources)
+        found = []
+        if self.submit_name:
+            found.append(f"--partition={self.submit_name}")
+        if self.constraint:
+            found.append(f"--constraint={self.constraint}")
+        if self.gres_type:
+            found.append(f"GPU type {self.gres_type}")
+        return tuple(found)
+
 
 @dataclass(frozen=True)
 class SgeSettings:
@@ -113,6 +151,9 @@ class ClusterProfile:
     sets_cuda_visible_devices: bool | None = None
     """True where the scheduler sets CUDA_VISIBLE_DEVICES (scripts then never touch it)."""
     sge: SgeSettings | None = None
+    required: tuple[Requirement, ...] = ()
+    """Facts every job must carry (e.g. an account on sites that charge projects); preflight
+    fails with the fix when one is missing."""
     source: str = ""
     """Where this profile was read from (for messages)."""
 

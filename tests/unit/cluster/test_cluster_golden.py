@@ -29,6 +29,7 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Fixed, hostile run directory: golden files must not depend on the machine.
 RUN_DIR = "/scratch/it's a \"weird\" $HOME `date` dir\nline two"
 PYTHON = "/opt/diffscale-venv/bin/python"
+BUNDLED = ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch")
 
 
 def _profile(name: str):
@@ -43,7 +44,7 @@ def _cases():
     user = UserCommand(("python", "train.py", "--name", "it's $x"), RUN_DIR, PYTHON)
     cases = []
     for name in sorted(available()):
-        if name not in ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch"):
+        if name not in BUNDLED:
             continue
         profile = load_profile(name)
         part = profile.partition(None)
@@ -51,6 +52,11 @@ def _cases():
         nodes = 1 if profile.sge else 2
         cases.append((f"{name}-train", name, Shape(nodes, g), run, PlanOptions(account="myproject")))
         cases.append((f"{name}-user", name, Shape(1, g), user, PlanOptions()))
+        for other in profile.partitions:  # every other partition / GPU class: its own golden
+            if other.name != part.name:
+                cases.append((f"{name}-partition-{other.name}", name,
+                              Shape(1, other.gpus_per_node or 2, partition=other.name), run,
+                              PlanOptions(account="myproject")))
     long = DiffscaleRun(config=merge(xl, {"train": {"steps": 2_000_000}}), run_dir=RUN_DIR, python=PYTHON)
     cases.append(("dkrz-levante-chain", "dkrz-levante", Shape(1, 4), long, PlanOptions(account="bb1234")))
     rivals = (job_name(RUN_DIR, "4x1"),)
@@ -78,10 +84,48 @@ def test_golden_script(stem, profile, shape, workload, options):
     assert syntax.returncode == 0, syntax.stderr
 
 
-def test_every_bundled_profile_has_goldens():
+def test_every_bundled_profile_and_partition_has_goldens():
     stems = {c[0] for c in CASES}
-    for name in ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch"):
+    for name in BUNDLED:
         assert f"{name}-train" in stems and f"{name}-user" in stems
+        profile = load_profile(name)
+        default = profile.partition(None).name
+        for part in profile.partitions:
+            assert part.name == default or f"{name}-partition-{part.name}" in stems
+
+
+def _directives(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(("#SBATCH", "#$"))]
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_the_chosen_partition_reaches_the_script(name):
+    """A plan for a partition asks the scheduler for it: its name, node feature, GPU type or
+    resources are directives of the script, so the job cannot land on another partition's GPUs."""
+    profile = load_profile(name)
+    scripts = {}
+    for part in profile.partitions:
+        run = DiffscaleRun(config=presets.get_preset("medium"), run_dir="/runs/r", python=PYTHON)
+        plan = make_plan(profile, Shape(1, part.gpus_per_node or 2, partition=part.name), run,
+                         PlanOptions(account="myproject"))
+        directives = _directives(plan.script())
+        assert part.selectors(profile.scheduler), (name, part.name)
+        for selector in part.selectors(profile.scheduler):
+            if selector.startswith("GPU type "):
+                gres = selector.removeprefix("GPU type ")
+                assert any(f"gpu:{gres}:" in d or f"={gres}:" in d for d in directives), (name, part.name, directives)
+            else:
+                assert f"#SBATCH {selector}" in directives or f"#$ {selector}" in directives, (name, part.name)
+        scripts[part.name] = tuple(directives)
+    assert len(set(scripts.values())) == len(scripts), f"{name}: two partitions give the same directives"
+
+
+def test_nyu_h200_asks_for_h200s_not_any_gpu():
+    # the day-one report: `plan --cluster nyu-torch --partition h200` wrote no GPU type at all
+    run = DiffscaleRun(config=presets.get_preset("xl"), run_dir="/runs/r", python=PYTHON)
+    plan = make_plan(load_profile("nyu-torch"), Shape(1, 4, partition="h200"), run, PlanOptions(account="torch_pr_1"))
+    assert "#SBATCH --constraint=h200" in _directives(plan.script())
+    assert "#SBATCH --gres=gpu:4" in _directives(plan.script())
 
 
 def test_hostile_path_is_one_literal_word_in_every_script():

@@ -155,8 +155,47 @@ def test_unknown_facts_are_reported_unknown_not_passed():
 def test_a_sensible_job_passes_on_every_bundled_cluster(profile):
     p = load_profile(profile)
     g = p.partition(None).gpus_per_node or 1
-    plan = make_plan(p, Shape(1, g), _run("medium"))
+    plan = make_plan(p, Shape(1, g), _run("medium"), PlanOptions(account="mylab"))
     assert plan.ok, [c for c in plan.checks if c.ok is False]
+
+
+@pytest.mark.parametrize("profile, how", [
+    ("purdue-gilbreth", "`slist`"), ("dkrz-levante", "DKRZ project"), ("nyu-torch", "`my_slurm_accounts`")])
+def test_a_site_that_requires_an_account_refuses_a_plan_without_one(profile, how):
+    p = load_profile(profile)
+    plan = make_plan(p, Shape(1, p.partition(None).gpus_per_node or 1), _run())
+    c = _check(plan, "required by the site")
+    assert (c.ok, c.detail) == (False, f"{p.title} refuses jobs without --account")
+    assert c.fix.startswith("pass --account ACCOUNT (") and how in c.fix
+    assert not plan.ok
+    given = make_plan(p, Shape(1, p.partition(None).gpus_per_node or 1), _run(), PlanOptions(account="mylab"))
+    assert (_check(given, "required by the site").ok, _check(given, "required by the site").detail) == (
+        True, "--account mylab")
+
+
+def test_plan_without_the_required_account_exits_2_with_the_fix(capsys):
+    from diffscale.cli import main
+
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--preset", "small", "--out", "/runs/r"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: preflight check 'required by the site' failed: Purdue Gilbreth refuses jobs "
+                          "without --account -- pass --account ACCOUNT (your research group's account: `slist`")
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--preset", "small", "--out", "/runs/r",
+                 "--account", "mylab"]) == 0
+
+
+def test_a_profile_account_satisfies_the_requirement_and_other_facts_can_be_required():
+    from dataclasses import replace
+
+    from diffscale.cluster.profiles import Fact, Requirement
+
+    p = replace(load_profile("purdue-gilbreth"), account="grp",
+                required=(Requirement(Fact.ACCOUNT), Requirement(Fact.QOS, "normal or standby")))
+    c = _check(make_plan(p, Shape(1, 4), _run()), "required by the site")
+    assert (c.ok, c.detail, c.fix) == (False, "Purdue Gilbreth refuses jobs without --qos",
+                                       "pass --qos QOS (normal or standby)")
+    ok = _check(make_plan(p, Shape(1, 4), _run(), PlanOptions(qos="standby")), "required by the site")
+    assert (ok.ok, ok.detail) == (True, "--account grp, --qos standby")
 
 
 def test_grid_engine_refuses_run_dirs_it_cannot_enter():

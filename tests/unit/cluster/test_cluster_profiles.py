@@ -35,6 +35,20 @@ def test_documented_facts():
     nyu = load_profile("nyu-torch")
     assert (nyu.partition("l40s").gpus_per_node, nyu.partition("l40s").mem_per_node_gb) == (4, 256)
     assert nyu.partition("h200").gpu_type == "H200"
+    # Torch routes by request: no partition names, the GPU family as a node feature
+    assert [(p.submit_name, p.constraint) for p in nyu.partitions] == [(None, "l40s"), (None, "h200")]
+
+
+def test_sites_that_charge_projects_require_an_account():
+    required = {name: [req.fact.value for req in load_profile(name).required] for name in BUNDLED}
+    assert required == {"bu-scc": [], "purdue-gilbreth": ["account"], "uchicago-midway3": [],
+                        "dkrz-levante": ["account"], "nyu-torch": ["account"]}
+    assert "`my_slurm_accounts`" in load_profile("nyu-torch").required[0].how
+
+
+def test_required_as_a_plain_list():
+    p = profile_from_dict(_base(required=["account", "time"]))
+    assert [(r.fact.value, r.how) for r in p.required] == [("account", None), ("time", None)]
 
 
 def test_every_bundled_profile_is_listed():
@@ -64,6 +78,18 @@ def _base(**over):
     (_base(default_partition="q"), "cluster profile t.yaml: default_partition 'q' is not one of the partitions"),
     (_base(scheduler="sge"), "cluster profile t.yaml: sge names no parallel environment"),
     (_base(sge={"pe_single_host": "smp"}), "cluster profile t.yaml: sge is only for scheduler: sge"),
+    (_base(partitions={"l40s": {"submit_name": None}, "h200": {"submit_name": None, "constraint": "h200"}}),
+     "cluster profile t.yaml: partitions.l40s sets none of submit_name, constraint or gres_type, so a job script "
+     "could not tell it from the other partitions -- set submit_name, constraint or gres_type to what the site's "
+     "documentation says selects it"),
+    (_base(partitions={"a": {"submit_name": "gpu"}, "b": {"submit_name": "gpu"}}),
+     "cluster profile t.yaml: partitions.b is selected exactly like partitions.a (--partition=gpu)"),
+    (_base(scheduler="sge", sge={"pe_single_host": "smp"}, partitions={"any": {"submit_name": None}, "a40": {
+        "submit_name": None, "resources": {"gpu_type": "A40"}}}),
+     "cluster profile t.yaml: partitions.any sets none of submit_name or resources"),
+    (_base(required=["acount"]), "cluster profile t.yaml: required.acount 'acount' is not one of account, qos, time "
+                                 "(did you mean 'account'?)"),
+    (_base(required="account"), "cluster profile t.yaml: required must be a list of facts or a mapping"),
 ])
 def test_validation_messages_name_file_field_and_fix(data, message):
     with pytest.raises(UserError) as err:
