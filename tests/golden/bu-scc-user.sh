@@ -20,6 +20,10 @@ line two'
 cd "$RUN_DIR" || exit 2
 echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 
+# For the command: a job log is a file, which Python block-buffers; unbuffered, what it
+# prints appears in the log as it happens.
+export PYTHONUNBUFFERED=1
+
 
 got_signal=0
 pids=()

@@ -20,6 +20,10 @@ line two'
 cd "$RUN_DIR" || exit 2
 echo "diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
 
+# For the command: a job log is a file, which Python block-buffers; unbuffered, what it
+# prints appears in the log as it happens.
+export PYTHONUNBUFFERED=1
+
 # Rendezvous of every rank: the first host of the allocation, a port derived from the
 # job id (diffscale, Lightning and torch env:// all read MASTER_ADDR/MASTER_PORT).
 MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"

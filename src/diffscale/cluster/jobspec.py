@@ -58,6 +58,9 @@ class JobSpec:
     resources: tuple[tuple[str, str], ...] = ()
     setup: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    command_env: tuple[tuple[str, str], ...] = ()
+    """Variables what runs needs on every rank (PYTHONUNBUFFERED for a user's command), set
+    before the profile's env, which may override them."""
     argv: tuple[str, ...] = ()
     """Command of one rank (SLURM: started once per rank by srun)."""
     torchrun_args: tuple[str, ...] = ()

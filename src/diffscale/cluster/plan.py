@@ -109,7 +109,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     g = shape.ranks_per_node
     gpu_ranks = part.has_gpus and shape.use_gpus
     cpus = shape.cpus_per_rank or _default_cpus(part, g)
-    notes: list[str] = []
+    notes: list[str] = list(workload.notes)
     estimate_s, mem_gb = _estimate(part, shape, workload, cpus, gpu_ranks, notes)
     time_s, lead, segments = _wall_time(part, shape, workload, options, estimate_s, notes)
     n_segments = max(1, len(segments))
@@ -146,6 +146,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         resources=part.resources,
         setup=profile.setup,
         env=profile.env,
+        command_env=workload.job_env,
         argv=workload.argv(),
         torchrun_args=workload.torchrun_args(),
         python=workload.python,

@@ -210,8 +210,11 @@ def _required_from(r: _Reader, raw: Any) -> tuple[Requirement, ...]:
     """``required: [account]`` or ``required: {account: "how to find yours"}``."""
     if raw is None:
         return ()
-    items = raw.items() if isinstance(raw, Mapping) else [(name, None) for name in raw] if isinstance(raw, list) else None
-    if items is None:
+    if isinstance(raw, Mapping):
+        items = list(raw.items())
+    elif isinstance(raw, list):
+        items = [(name, None) for name in raw]
+    else:
         r.fail("required", f"must be a list of facts or a mapping fact: how-to-find-it, got {raw!r}",
                "write e.g. required: {account: \"`slist` lists your accounts\"}")
     found = []
@@ -229,7 +232,8 @@ def _check_selectable(r: _Reader, scheduler: SchedulerKind, partitions: list[Par
     seen: dict[tuple[str, ...], str] = {}
     for part in partitions:
         chosen_by = part.selectors(scheduler)
-        what = "submit_name, constraint or gres_type" if scheduler is SchedulerKind.SLURM else "submit_name or resources"
+        slurm = scheduler is SchedulerKind.SLURM
+        what = "submit_name, constraint or gres_type" if slurm else "submit_name or resources"
         if not chosen_by:
             r.fail(f"partitions.{part.name}", f"sets none of {what}, so a job script could not tell it from "
                    "the other partitions", f"set {what} to what the site's documentation says selects it")

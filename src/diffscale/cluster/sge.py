@@ -101,7 +101,9 @@ def directives(spec: JobSpec) -> list[str]:
 def render(spec: JobSpec) -> str:
     lines = header(spec.title, "Submit it from the run directory (diffscale submit does): logs/ is relative to it.")
     lines += directives(spec)
-    lines += preamble(spec.run_dir, "echo \"diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})\"", spec.race, "qdel", spec.setup, spec.env, claim_snippet)
+    greeting = "echo \"diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})\""
+    lines += preamble(spec.run_dir, greeting, spec.race, "qdel", spec.setup, spec.env, claim_snippet,
+                      spec.command_env)
     lines += [""]
     signal_env: list[tuple[str, str]] = []
     if spec.signal:
@@ -149,7 +151,7 @@ def _start_per_host(spec: JobSpec, signal_env: list[tuple[str, str]]) -> tuple[l
     launcher = "\n".join([
         f"cd {q(spec.run_dir)} || exit 2",
         *spec.setup,
-        *(f"export {k}={q(v)}" for k, v in list(spec.env) + signal_env),
+        *(f"export {k}={q(v)}" for k, v in list(spec.command_env) + list(spec.env) + signal_env),
         f"exec {q(spec.python)} -m torch.distributed.run --nnodes={spec.nodes} --node_rank=\"$1\" "
         f"--nproc_per_node={spec.ranks_per_node} --master_addr=\"$2\" --master_port=\"$3\" {words(spec.torchrun_args)}",
     ])

@@ -66,10 +66,19 @@ def site_setup(setup: Iterable[str], env: Iterable[tuple[str, str]]) -> list[str
 REQUEUE_NOTE = (f"# Exit {EXIT_REQUEUE}: diffscale checkpointed on the warning signal and is not finished.")
 
 
+def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
+    lines = exports(command_env)
+    if not lines:
+        return []
+    return ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
+            "# prints appears in the log as it happens.", *lines]
+
+
 def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iterable[str],
-             env: Iterable[tuple[str, str]], claim) -> list[str]:
+             env: Iterable[tuple[str, str]], claim, command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
     """The lines every job script starts with after its directives: strict mode, the run
-    directory, a greeting, the race claim (when racing) and the site set-up."""
+    directory, a greeting, the race claim (when racing), the command's variables and the
+    site set-up (whose env may override them)."""
     lines = [
         "",
         "# No `set -e`: the script inspects the training's exit code itself.",
@@ -80,6 +89,9 @@ def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iter
     ]
     if race:
         lines += ["", claim(race.key, race.rivals, cancel_command)]
+    own = command_exports(command_env)
+    if own:
+        lines += [""] + own
     site = site_setup(setup, env)
     if site:
         lines += [""] + site

@@ -57,7 +57,9 @@ def directives(spec: JobSpec) -> list[str]:
 def render(spec: JobSpec) -> str:
     lines = header(spec.title, "Submit it from the run directory (diffscale submit does): logs/ is relative to it.")
     lines += directives(spec)
-    lines += preamble(spec.run_dir, "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\"", spec.race, "scancel --name=", spec.setup, spec.env, claim_snippet)
+    greeting = "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\""
+    lines += preamble(spec.run_dir, greeting, spec.race, "scancel --name=", spec.setup, spec.env, claim_snippet,
+                      spec.command_env)
     lines += [
         "",
         "# Rendezvous of every rank: the first host of the allocation, a port derived from the",

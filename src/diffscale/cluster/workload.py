@@ -14,6 +14,12 @@ from typing import Union
 from ..config import RunConfig
 from ..errors import UserError
 
+Env = tuple[tuple[str, str], ...]
+
+UNBUFFERED: Env = (("PYTHONUNBUFFERED", "1"),)
+"""A job log is a file, and Python block-buffers what it prints to a file: without this a
+user's ``print`` lines appear only when the buffer fills or the command exits."""
+
 
 @dataclass(frozen=True, eq=False)
 class DiffscaleRun:
@@ -41,6 +47,14 @@ class DiffscaleRun:
     @property
     def resumable(self) -> bool:
         return True
+
+    @property
+    def job_env(self) -> Env:
+        return ()  # diffscale's console flushes every line itself
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return ()
 
     @property
     def title(self) -> str:
@@ -71,6 +85,15 @@ class UserCommand:
     def resumable(self) -> bool:
         # We cannot know whether a user's command resumes from its own checkpoints.
         return False
+
+    @property
+    def job_env(self) -> Env:
+        return UNBUFFERED
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return ("the job exports PYTHONUNBUFFERED=1, so what your command prints reaches the job log as it "
+                "happens (Python block-buffers output to a file); the profile's env: can set it to 0",)
 
     @property
     def title(self) -> str:

@@ -65,6 +65,7 @@ def _cases():
     cases.append(("sge-two-host-train", "sge-two-host", Shape(2, 2), DiffscaleRun(config=tiny, run_dir=RUN_DIR, python=PYTHON),
                   PlanOptions(race=RaceSpec("2x2", (job_name(RUN_DIR, "1x2"),)))))
     cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
+    cases.append(("sge-two-host-user", "sge-two-host", Shape(2, 2), user, PlanOptions()))
     return cases
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from diffscale import presets
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import DiffscaleRun
+from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.runtime.signals import EXIT_REQUEUE
 from diffscale.runtime.distributed import port_from_job_id
 
@@ -101,6 +102,27 @@ def test_srun_starts_every_rank_with_rendezvous_in_a_hostile_dir(hostile_dir, st
     # the port formula in the script is the runtime's
     assert f"ENV RANK=0 MASTER_ADDR=n7 MASTER_PORT={port_from_job_id('123457')}" in log
     assert not (hostile_dir.parent / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_a_user_python_command_writes_through_to_the_job_log(tmp_path, stubs):
+    """A job log is a file: the user's Python must not block-buffer its prints (issue: logs
+    stayed empty until the command exited). The real interpreter reports whether it will."""
+    probe = "import sys; print('write_through', sys.stdout.write_through)"
+    command = UserCommand((sys.executable, "-c", probe), str(tmp_path), sys.executable)
+    plan = make_plan(fixture_profile("slurm-test"), Shape(1, 1), command)
+    assert any("PYTHONUNBUFFERED=1" in note for note in plan.notes)
+    script = tmp_path / "job.sh"
+    script.write_text(plan.script())
+    env = {k: v for k, v in stubs.items() if k != "python"}
+    result = subprocess.run(["bash", str(script)], env={**{k: v for k, v in os.environ.items()
+                                                            if k != "PYTHONUNBUFFERED"}, **env},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "write_through True" in result.stdout
+    # and without the script's export, the same command would have buffered
+    bare = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    assert "write_through False" in bare.stdout
 
 
 def test_exit_85_requeues_the_job_and_skips_the_requeue_delay(tmp_path, stubs):
