@@ -170,6 +170,34 @@ def host_memory(ranks_per_node: int, data_bytes: int = 0) -> resources.HostMemor
     return resources.host_memory(ranks_per_node, workers=0, data_bytes=data_bytes)
 
 
+HOST_MEMORY_HEADROOM = 1.25
+"""Asked per node: the estimate and a quarter more (allocator growth, page cache of the data)."""
+
+
+@dataclass(frozen=True)
+class HostMemoryRequest:
+    gib: int
+    """Host memory to ask per node, in GiB (the unit of SLURM's --mem=NG)."""
+    note: str
+    """Where the figure comes from, for the plan."""
+
+
+def host_memory_request(ranks_per_node: int, data_bytes: int, node_limit_gb: float | None) -> HostMemoryRequest:
+    """What a node of ``diffscale train`` ranks asks for, and the plan's note saying how it was
+    reached: no loader workers (none start), and a per-rank figure that is an estimate."""
+    m = host_memory(ranks_per_node, data_bytes)
+    gib = math.ceil(resources.gib(m.node_bytes) * HOST_MEMORY_HEADROOM)
+    capped = node_limit_gb is not None and gib > node_limit_gb
+    if capped:
+        gib = int(node_limit_gb)
+    cap = f", capped at the node's {node_limit_gb:g} GiB" if capped else ""
+    per_rank = resources.gib(resources.RANK_BASE_BYTES)
+    note = (f"host memory {gib} GiB per node: {m.describe()}, plus a quarter for headroom{cap}; no data-loader "
+            "workers counted (diffscale train keeps its data on the device and starts none); the "
+            f"~{per_rank:.0f} GiB per rank is an estimate, not a measured RSS (runtime/resources.py)")
+    return HostMemoryRequest(gib, note)
+
+
 def samples_per_s_per_rank(cfg: RunConfig, gpu_type: str | None, cpus_per_rank: int, has_gpus: bool) -> Estimate:
     key = gpu_key(gpu_type)
     figure = measured.load().samples_per_s(cfg.preset, key)

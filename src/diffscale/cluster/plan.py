@@ -11,7 +11,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ..runtime import resources
 from . import estimates, preflight
 from .jobspec import Continuation, JobSpec, RaceSpec, job_name
 from .preflight import Check, Resolved
@@ -185,11 +184,9 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
         notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
                      f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
         if mem is None:
-            # GiB, as the scheduler reads --mem=NG; a quarter more than the estimate for headroom
-            node = estimates.host_memory(shape.ranks_per_node, workload.data_bytes).node_bytes
-            mem = math.ceil(resources.gib(node) * 1.25)
-            if part.mem_per_node_gb is not None:
-                mem = min(mem, int(part.mem_per_node_gb))
+            request = estimates.host_memory_request(shape.ranks_per_node, workload.data_bytes, part.mem_per_node_gb)
+            mem = request.gib
+            notes.append(request.note)
     return estimate_s, (int(math.ceil(mem)) if mem is not None else None)
 
 

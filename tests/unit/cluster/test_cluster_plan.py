@@ -56,6 +56,25 @@ def test_defaults_resolved_from_the_partition():
     assert plan.spec.continuation is Continuation.REQUEUE and plan.spec.signal == "USR2"
 
 
+def test_host_memory_asks_for_the_ranks_alone_and_says_where_the_figure_comes_from():
+    # the day-one report: --mem=50G for a job whose resident-data ranks start no loader workers
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(1, 4), _run(), PlanOptions(account="a"))
+    assert "#SBATCH --mem=15G" in plan.script()  # 4 ranks x 3 GiB, + a quarter
+    note = next(n for n in plan.notes if n.startswith("host memory"))
+    assert note.startswith("host memory 15 GiB per node: 4 ranks x ~3.0 GiB = 12 GiB, plus a quarter for headroom; "
+                           "no data-loader workers counted")
+    assert "the ~3 GiB per rank is an estimate, not a measured RSS" in note
+    # data each rank loads counts; the node's memory caps the request and the note says so
+    big = DiffscaleRun(config=presets.get_preset("medium"), run_dir="/runs/r", python="python3", data_bytes=100 << 30)
+    capped = make_plan(load_profile("nyu-torch"), Shape(1, 4), big, PlanOptions(account="a"))
+    assert "#SBATCH --mem=256G" in capped.script()
+    assert "4 ranks x ~103.0 GiB = 412 GiB, plus a quarter for headroom, capped at the node's 256 GiB" in \
+        next(n for n in capped.notes if n.startswith("host memory"))
+    # --mem given: no estimate, no note
+    given = make_plan(load_profile("purdue-gilbreth"), Shape(1, 4, mem_per_node_gb=40), _run())
+    assert "#SBATCH --mem=40G" in given.script() and not any(n.startswith("host memory") for n in given.notes)
+
+
 def test_user_command_has_no_continuation_and_no_warning_unless_asked():
     cmd = UserCommand(("python", "train.py"), "/runs/r", "python3")
     plan = make_plan(load_profile("purdue-gilbreth"), Shape(4, 1), cmd)
