@@ -37,13 +37,46 @@ CASES = {
     "nan-loss.log": ("nan-loss", "NaN", "optim.grad_clip"),
     "nonfinite-skipped.jsonl": ("nonfinite-skipped", "5 optimizer steps", "optim.lr"),
     "data-bound.json": ("data-bound", "busy only 31% of the time and 58%", "--recipe fast"),
+    # NCCL, the network, the GPUs
+    "nccl-heartbeat.log": ("nccl-timeout", "until NCCL's watchdog gave up after 480 s", "collective_timeout_s"),
+    "nccl-system-error.log": ("nccl-system-error", "NCCL's last error: socketStartConnect: Connect to "
+                              "10.2.1.17<43611> failed : Software caused connection abort", "NCCL_SOCKET_IFNAME"),
+    "nccl-unhandled-alone.log": ("nccl-system-error", "NCCL_DEBUG=INFO shows which call", "NCCL_DEBUG=INFO"),
+    "nccl-ib-errors.log": ("network-transport", "transport retry counter was exceeded", "--exclude=NODE"),
+    "xid-79.log": ("gpu-hardware", "the GPU has fallen off the bus (Xid 79) on PCI:0000:c1:00", "--exclude=NODE"),
+    "illegal-memory-access.log": ("illegal-memory-access", "touched memory it does not own",
+                                  "CUDA_LAUNCH_BLOCKING=1"),
+    "driver-too-old.log": ("cuda-driver-too-old", "driver (it supports CUDA up to 11.4) is older",
+                           "download.pytorch.org/whl/cu118"),
+    # the job around the training
+    "address-in-use.log": ("address-in-use", "could not listen on port 29500", "20000 + job id % 20000"),
+    "disk-quota.log": ("disk-full", "the disk quota was exceeded (/home/jdoe/.triton/cache/", "TRITON_CACHE_DIR"),
+    "disk-full.log": ("disk-full", "the file system ran out of space (/scratch/jdoe/runs/xl/checkpoints/",
+                      "train.keep_checkpoints=1"),
+    "module-not-found.log": ("python-import", "could not import torch: the job does not run in the environment",
+                             "--python /path/to/env/bin/python"),
+    "shared-library-missing.log": ("shared-library-missing", "could not load libcudart.so.11.0",
+                                   "module load cuda"),
+    "sbatch-invalid-account.txt": ("submit-rejected", "refused it at submission (Invalid account or "
+                                   "account/partition combination specified)", "sacctmgr show assoc"),
+    "sbatch-invalid-partition.txt": ("submit-rejected", "(Invalid partition name specified)", "sinfo -s"),
+    "sbatch-invalid-qos.txt": ("submit-rejected", "(Invalid qos specification)", "pass --qos"),
+    "qsub-unknown-queue.txt": ("submit-rejected", "unknown queue \"gpu.q\"", "qconf -sql"),
+    # the program's own error, when nothing else explains the log
+    "python-traceback.log": ("python-traceback", "RuntimeError: Given groups=1, weight of size [64, 3, 3, 3], "
+                             "expected input[32, 1, 64, 64] to have 3 channels, but got 1 channels instead "
+                             "(raised in _conv_forward, /home/jdoe/.venv/lib/python3.11/site-packages/torch/nn/"
+                             "modules/conv.py:549; last line of the program's own code: /home/jdoe/ddpm/model.py:44, "
+                             "in forward)", "not of the cluster"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_captured_log_is_recognised(name):
     rule, cause, fix = CASES[name]
-    findings = {f.rule: f for f in diagnose(gather(str(LOGS / name)))}
+    findings: dict[str, object] = {}
+    for f in diagnose(gather(str(LOGS / name))):
+        findings.setdefault(f.rule, f)  # a rule's first finding
     assert rule in findings, f"{name}: found {sorted(findings)}"
     assert cause in findings[rule].cause
     assert fix in findings[rule].fix
@@ -51,8 +84,53 @@ def test_each_captured_log_is_recognised(name):
 
 
 def test_every_rule_has_a_captured_log():
-    rules = {r.name for r in signatures.TEXT_RULES} | {r.name for r in signatures.RECORD_RULES}
-    assert rules == {rule for rule, _, _ in CASES.values()}
+    assert signatures.RULE_NAMES == {rule for rule, _, _ in CASES.values()}
+
+
+def _rules(name: str) -> list[str]:
+    return [f.rule for f in diagnose(gather(str(LOGS / name)))]
+
+
+def test_every_network_fault_of_a_job_is_reported_in_log_order():
+    """A job whose InfiniBand link failed: the retry-exceeded error (the cause), the flushed
+    requests it left, the port error and NCCL losing the peer are each reported, first first."""
+    findings = [f for f in diagnose(gather(str(LOGS / "nccl-ib-errors.log"))) if f.rule == "network-transport"]
+    causes = [f.cause for f in findings]
+    assert len(causes) == 4, causes
+    assert "transport retry counter was exceeded" in causes[0]
+    assert "work requests flushed" in causes[1]
+    assert "an InfiniBand port of this node reported 'port error'" in causes[2]
+    assert "NCCL lost a peer" in causes[3]
+    assert [f.line for f in findings] == sorted(f.line for f in findings)
+
+
+def test_an_unhandled_system_error_is_reported_with_the_network_error_behind_it():
+    assert _rules("nccl-system-error.log") == ["nccl-system-error", "network-transport"]
+    transport = next(f for f in diagnose(gather(str(LOGS / "nccl-system-error.log"))) if f.rule == "network-transport")
+    assert "Software caused connection abort" in transport.cause
+
+
+def test_a_gpu_that_fell_off_the_bus_is_a_hardware_fault_before_the_launch_failure():
+    assert _rules("xid-79.log") == ["gpu-hardware", "illegal-memory-access"]
+
+
+def test_a_known_cause_hides_the_traceback_it_raised():
+    # the traceback of a CUDA error or a missing module is explained, not repeated as "an exception"
+    for name in ("illegal-memory-access.log", "module-not-found.log", "address-in-use.log", "disk-full.log"):
+        assert "python-traceback" not in _rules(name), name
+
+
+def test_the_workers_traceback_wins_over_torchruns_summary():
+    (finding,) = diagnose(gather(str(LOGS / "python-traceback.log")))
+    assert "ChildFailedError" not in finding.cause
+    assert finding.evidence.startswith("RuntimeError: Given groups=1")
+
+
+def test_an_address_in_use_without_a_port_still_reads_well(tmp_path):
+    log = tmp_path / "uv.log"
+    log.write_text("torch.distributed.DistNetworkError: failed to listen: EADDRINUSE\n")
+    (finding,) = diagnose(gather(str(log)))
+    assert "could not listen on its port:" in finding.cause
 
 
 def test_cli_prints_cause_fix_and_evidence(capsys):
@@ -68,6 +146,17 @@ def test_nothing_recognised_exits_1_and_says_what_it_read(capsys):
     assert main(["doctor", str(LOGS / "clean.log")]) == 1
     out = capsys.readouterr().out
     assert "no known failure signature found in:" in out and str(LOGS / "clean.log") in out
+
+
+def test_nothing_recognised_shows_the_last_error_and_the_last_lines(capsys):
+    log = LOGS / "unrecognised-error.log"
+    assert main(["doctor", str(log)]) == 1
+    out = capsys.readouterr().out
+    # the program's own error, not srun's echo of the task's exit
+    assert (f"last error in {log}: faces-loader: error: shard 17 of /scratch/jdoe/data/faces is truncated "
+            "(expected 4096 records, found 1210)") in out
+    assert f"last 8 lines of {log}:" in out
+    assert "  | diffscale: command exited with 3" in out and "  | srun: Terminating StepId=4471234.0" in out
 
 
 def test_h_rt_needs_the_killed_exit_status_of_the_same_run(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from .signatures import Finding, match_records, match_text
+from .signatures import EVERY_RULES, Finding, match_records, match_text
 from .sources import Evidence, gather
 
 EXIT_FOUND = 0
@@ -17,15 +17,16 @@ EXIT_NOTHING = 1
 
 
 def diagnose(ev: Evidence) -> list[Finding]:
-    """Findings, one per signature (the first evidence of each), in the table's order."""
+    """Every cause found: one finding per signature (its first evidence), or per distinct cause
+    for signatures that report each (network faults), in the order the sources show them."""
     found: list[Finding] = []
     for origin, text in ev.texts:
         found += match_text(origin, text)
     for origin, records in ev.records:
         found += match_records(origin, records)
-    first: dict[str, Finding] = {}
+    first: dict[tuple[str, str], Finding] = {}
     for f in found:
-        first.setdefault(f.rule, f)
+        first.setdefault((f.rule, f.cause if f.rule in EVERY_RULES else ""), f)
     return list(first.values())
 
 

@@ -1,4 +1,5 @@
-"""The doctor's output: per finding its cause, fix and evidence, or what was read.
+"""The doctor's output: per finding its cause, fix and evidence; when nothing is recognised,
+what was read, each log's last error and its last lines.
 
 A terminal gets a panel per finding; a pipe or file gets the same words as plain
 unwrapped lines, so they can be grepped and pasted into a ticket whole.
@@ -13,6 +14,7 @@ from rich.text import Text
 
 from .signatures import Finding
 from .sources import Evidence
+from .tracebacks import last_error_line, tail
 
 
 def _panel(f: Finding) -> Panel:
@@ -39,5 +41,22 @@ def print_report(target: str, ev: Evidence, findings: list[Finding], console: Co
         out("no known failure signature found in:")
         for origin in read or ["(nothing: no logs, metrics or scheduler records)"]:
             out(f"  {escape(origin) if console.is_terminal else origin}")
+        for line in _unexplained(ev):
+            out(escape(line) if console.is_terminal else line)
     for note in ev.skipped:
         out(f"not read: {note}")
+
+
+def _unexplained(ev: Evidence, lines: int = 15) -> list[str]:
+    """What a user would look for first when nothing is recognised: each log's last error
+    (an exception, an ``error:`` line) and its last lines."""
+    out: list[str] = []
+    for origin, text in ev.texts:
+        last = tail(text, lines)
+        if not last:
+            continue
+        error = last_error_line(text)
+        out.append(f"last error in {origin}: {error}" if error else f"no error line in {origin}")
+        out.append(f"last {len(last)} lines of {origin}:")
+        out += [f"  | {line}" for line in last]
+    return out

@@ -1,0 +1,76 @@
+"""Failure signatures of the training itself: non-finite losses (from diffscale's own
+messages and any trainer's "loss nan" lines) and the records of metrics.jsonl and benchmark
+JSON (non-finite steps skipped, a GPU idle while it waits for data).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from .rules import RecordRule, TextRule
+
+TEXT_RULES: tuple[TextRule, ...] = (
+    TextRule(
+        "nonfinite-stop", "the loss stayed non-finite (NaN/Inf)",
+        (r"the loss stayed non-finite at step (?P<step>\d+)",
+         r"the loss was non-finite for (?P<n>\d+) steps in a row at step (?P<step>\d+)"),
+        "the loss was NaN/Inf at step {step} and rolling back did not help",
+        "lower optim.lr (e.g. --set optim.lr=1e-4), keep optim.grad_clip on (1.0), use --precision bf16 or "
+        "fp32 instead of fp16, and check the data for NaNs",
+    ),
+    TextRule(
+        "nonfinite-rollback", "non-finite loss, rolled back",
+        (r"non-finite loss for (?P<n>\d+) steps in a row at step (?P<step>\d+): rolled back to step (?P<to>\d+)",),
+        "the loss was NaN/Inf for {n} steps in a row at step {step}; the run rolled back to step {to} with "
+        "the learning rate halved",
+        "if it recurs, lower optim.lr and keep optim.grad_clip on; use --precision bf16 instead of fp16",
+    ),
+    TextRule(
+        "nan-loss", "NaN loss",
+        (r"\bloss[ =:]+nan\b", r"Loss is nan", r"loss is NaN"),
+        "the loss became NaN",
+        "lower optim.lr, keep optim.grad_clip on (1.0), use --precision bf16 or fp32 instead of fp16",
+        flags=re.I,
+    ),
+)
+
+
+LOW_GPU_UTIL = 50.0       # percent
+DATA_WAIT_SHARE = 0.3     # share of step time spent waiting for the next batch
+
+
+def _nonfinite(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    counted = [r for r in records if isinstance(r.get("nonfinite_skipped"), (int, float))]
+    if not counted or counted[-1]["nonfinite_skipped"] <= 0:
+        return None
+    first = next(r for r in counted if r["nonfinite_skipped"] > 0)
+    return {"n": int(counted[-1]["nonfinite_skipped"]), "first": first.get("step", "?"),
+            "last": counted[-1].get("step", "?")}
+
+
+def _data_bound(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    for r in records:
+        util, wait = r.get("gpu_util"), r.get("data_wait_share")
+        if isinstance(util, (int, float)) and isinstance(wait, (int, float)) and util < LOW_GPU_UTIL \
+                and wait > DATA_WAIT_SHARE:
+            return {"util": f"{util:.0f}", "wait": f"{wait:.0%}", "what": r.get("recipe") or r.get("preset") or "run"}
+    return None
+
+
+RECORD_RULES: tuple[RecordRule, ...] = (
+    RecordRule(
+        "nonfinite-skipped", "non-finite steps skipped", _nonfinite,
+        "{n} optimizer steps had a non-finite loss or gradient and were skipped (first by step {first})",
+        "a few are harmless with fp16; many mean the learning rate is too high: lower optim.lr, keep "
+        "optim.grad_clip on, prefer --precision bf16",
+        "metrics.jsonl: nonfinite_skipped={n} at step {last}",
+    ),
+    RecordRule(
+        "data-bound", "GPU idle, waiting for data", _data_bound,
+        "the GPU was busy only {util}% of the time and {wait} of each step waited for data ({what})",
+        "use --recipe fast (data on the GPU, as diffscale train keeps it) or, for a CPU loader, more loader "
+        "workers (diffscale bench --plain-workers, your DataLoader's num_workers); keep the data on a local disk",
+        "gpu_util={util}%, data_wait_share={wait}",
+    ),
+)
