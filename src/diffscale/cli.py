@@ -39,7 +39,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from .diffusion.inference import sampling_network
+    from .diffusion.sampler import reporting
+    from .sample import MP4_MISSING, mp4_writer_installed, progress_for
     from .tasks import preview
     from .trained import load_trained
 
@@ -48,10 +52,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
     run = load_trained(Path(args.run_dir), args.device)
     name = f"sample_step{run.step:08d}_seed{args.seed}_{args.sampler}{args.steps}.png"
     out = Path(args.out) if args.out else run.run_dir / "samples" / name
-    written = preview(run.task, sampling_network(run.network, run.cfg.runtime), out, count=args.n, steps=args.steps,
-                      seed=args.seed, sampler=args.sampler, trajectory=args.gif)
+    status = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr: stdout lists the files written
+    with reporting(progress_for(status)):
+        written = preview(run.task, sampling_network(run.network, run.cfg.runtime), out, count=args.n,
+                          steps=args.steps, seed=args.seed, sampler=args.sampler, trajectory=args.gif)
     for path in written:
         print(path)
+    if args.gif and not mp4_writer_installed():
+        status.print(f"note: {MP4_MISSING}", markup=False, highlight=False)
     return 0
 
 
@@ -125,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--sampler", choices=["ddim", "ddpm"], default="ddim", help="--steps applies to both (DDPM strided)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF (and MP4 with ffmpeg)")
+    p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
+                   "imageio-ffmpeg is installed (pip install 'diffscale[video]')")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--out", help="PNG path (default RUN_DIR/samples/...)")
     p.set_defaults(func=cmd_sample)

@@ -1,13 +1,26 @@
-"""Sample grids (PNG) and denoising animations (GIF, MP4 where ffmpeg is installed)."""
+"""Sample grids (PNG), denoising animations (GIF, and MP4 where an ffmpeg writer is
+installed) and how sampling shows its progress (a bar on a terminal, a line per stage in a log).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from .diffusion.sampler import SamplerKind, SamplingProgress
+
+MP4_WRITER = "imageio_ffmpeg"
+"""imageio's MP4 writer; its PyPI package (imageio-ffmpeg, diffscale's ``video`` extra) ships an ffmpeg binary."""
+MP4_MISSING = ("no MP4 writer is installed, so only the GIF was written -- pip install imageio-ffmpeg "
+               "(or diffscale[video]): it ships its own ffmpeg binary")
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -57,10 +70,71 @@ def save_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 12) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)
     written = [path]
-    if importlib.util.find_spec("imageio_ffmpeg") is None:  # no ffmpeg writer: GIF only
+    if not mp4_writer_installed():  # GIF only; `diffscale sample --gif` says so
         return written
     mp4 = path.with_suffix(".mp4")
     rgb = [np.repeat(s[..., None], 3, axis=2) if s.ndim == 2 else s for s in stills]
     imageio.mimsave(mp4, rgb, fps=fps, macro_block_size=1)
     written.append(mp4)
     return written
+
+
+def mp4_writer_installed() -> bool:
+    return importlib.util.find_spec(MP4_WRITER) is not None
+
+
+class LogProgress:
+    """Sampling progress for a log or a pipe: a line when it starts, one per quarter of the
+    steps (a DDPM run of 1,000 steps on a CPU takes minutes), and one if it stops early."""
+
+    STAGES = 4
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self._write = write
+        self._steps = 0
+        self._done = 0
+        self._stage = 0
+        self._t0 = 0.0
+
+    def start(self, kind: SamplerKind, steps: int, count: int) -> None:
+        self._steps, self._done, self._stage, self._t0 = steps, 0, 0, time.perf_counter()
+        self._write(f"sampling: {count} samples, {kind.value}, {steps} steps")
+
+    def advance(self, done: int) -> None:
+        self._done = done
+        reached = done * self.STAGES // max(self._steps, 1)
+        if reached > self._stage:
+            self._stage = reached
+            elapsed = time.perf_counter() - self._t0
+            self._write(f"sampling: step {done}/{self._steps} ({done / max(self._steps, 1):.0%}), {elapsed:.1f} s")
+
+    def finish(self) -> None:
+        if self._done < self._steps:
+            self._write(f"sampling: stopped at step {self._done}/{self._steps}")
+
+
+class TerminalProgress:
+    """Sampling progress on a terminal: a bar with steps done, elapsed and remaining time."""
+
+    def __init__(self, console: Console) -> None:
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+        self._task: int | None = None
+
+    def start(self, kind: SamplerKind, steps: int, count: int) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task(f"sampling {count} ({kind.value})", total=steps)
+
+    def advance(self, done: int) -> None:
+        if self._task is not None:
+            self._progress.update(self._task, completed=done)
+
+    def finish(self) -> None:
+        self._progress.stop()
+
+
+def progress_for(console: Console) -> SamplingProgress:
+    """A bar where a person watches a terminal, lines where the output goes to a log."""
+    if console.is_terminal:
+        return TerminalProgress(console)
+    return LogProgress(lambda line: console.print(line, markup=False, highlight=False))

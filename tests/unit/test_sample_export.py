@@ -1,6 +1,7 @@
 """Sampling from a run and exporting it for diffusers."""
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -25,6 +26,33 @@ def test_sample_writes_reproducible_grids_and_a_gif(tmp_path, capsys):
     assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
     assert Image.open(tmp_path / "a.gif").n_frames > 2
     assert main(["sample", str(run), "--n", "2", "--steps", "3", "--sampler", "ddpm", "--out", str(tmp_path / "c.png")]) == 0
+
+
+def test_sample_shows_progress_on_stderr_and_says_when_it_cannot_write_mp4(tmp_path, capsys, monkeypatch):
+    import diffscale.sample
+
+    run = _trained(tmp_path)
+    capsys.readouterr()
+    monkeypatch.setattr(diffscale.sample, "mp4_writer_installed", lambda: False)
+    out = tmp_path / "d.png"
+    assert main(["sample", str(run), "--n", "2", "--steps", "4", "--sampler", "ddpm", "--gif", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == [str(out), str(out.with_suffix(".gif"))]  # stdout: only the files
+    err = captured.err.splitlines()
+    assert err[0] == "sampling: 2 samples, ddpm, 4 steps"
+    assert any(line.startswith("sampling: step 4/4 (100%)") for line in err)
+    assert err[-1] == ("note: no MP4 writer is installed, so only the GIF was written -- pip install imageio-ffmpeg "
+                       "(or diffscale[video]): it ships its own ffmpeg binary")
+    assert not out.with_suffix(".mp4").exists()
+
+
+def test_sample_writes_an_mp4_where_imageio_ffmpeg_is_installed(tmp_path, capsys):
+    pytest.importorskip("imageio_ffmpeg", reason="imageio-ffmpeg (diffscale[video]) is not installed here")
+    run = _trained(tmp_path)
+    out = tmp_path / "e.png"
+    assert main(["sample", str(run), "--n", "2", "--steps", "3", "--gif", "--out", str(out)]) == 0
+    assert str(out.with_suffix(".mp4")) in capsys.readouterr().out.split()
+    assert out.with_suffix(".mp4").stat().st_size > 0
 
 
 def test_sample_errors(tmp_path, capsys):
