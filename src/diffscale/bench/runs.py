@@ -24,7 +24,6 @@ from pathlib import Path
 
 from .. import config as C
 from ..errors import UserError
-from ..presets import get_preset
 
 SAMPLING_BATCH = {"small": 256, "medium": 64, "xl": 16}
 """Batch of the DDIM sampling comparison per preset (as recorded in docs/benchmarks.md); 16 else."""
@@ -76,7 +75,7 @@ def check_configs(presets: list[str], sets: list[str], variants: list[Variant]) 
     for preset in presets:
         for variant in [Variant(), *variants]:
             try:
-                C.merge(get_preset(preset), C.parse_overrides([*sets, *variant.overrides]))
+                C.resolve_config(C.ConfigSources(preset=preset, overrides=[*sets, *variant.overrides]))
             except UserError as exc:
                 where = f" (variant {variant.label})" if variant.label else ""
                 raise UserError(f"{exc.cause}{where}", exc.fix) from exc
