@@ -44,7 +44,7 @@ class PlainRunner:
         self.model = DDP(trainer.net, device_ids=[device.index] if device.type == "cuda" else None) \
             if ctx.distributed else trainer.net
         self.opt = torch.optim.AdamW(trainer.net.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        self.fp16 = device.type == "cuda"
+        self.fp16 = device.type == "cuda" and reference.fp16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.fp16)
         self.ema = [p.detach().clone() for p in trainer.net.parameters()]
         self.data_wait_s = 0.0

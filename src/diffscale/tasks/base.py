@@ -39,11 +39,13 @@ class Generated:
 @dataclass
 class ReferenceData:
     """The data as the common hand-written loop reads it, for ``diffscale bench``'s plain
-    recipe: a CPU data set, the collate function its loader workers run, and how many
-    examples make one epoch."""
+    recipe: a CPU data set, the collate function its loader workers run, and its precision."""
 
     dataset: Dataset
     collate: Callable[[list[Any]], Any]
+    fp16: bool = True
+    """The loop runs its forward pass under fp16 autocast with a GradScaler on CUDA (the common
+    image recipe); False: fp32 throughout, as the field and policy reference loops do."""
 
 
 class Task(Protocol):
