@@ -1,8 +1,9 @@
 """The common recipe our users copy, reproduced for side-by-side benchmarks.
 
-diffusers UNet2DModel (the same one), fp16 autocast + GradScaler, fp32 AdamW
-(PyTorch's default implementation), a CPU DataLoader with 4 workers and pin_memory,
-DDP with default settings, a per-parameter EMA loop and ``loss.item()`` every step.
+The task's own network (the same one), fp16 autocast + GradScaler where the task's
+reference loop uses it (images) and fp32 elsewhere, fp32 AdamW (PyTorch's default
+implementation), a CPU DataLoader with 4 workers and pin_memory over the task's reference
+data, DDP with default settings, a per-parameter EMA loop and ``loss.item()`` every step.
 It is deliberately *not* tuned: it is the baseline ``diffscale bench`` compares to.
 """
 
