@@ -85,6 +85,8 @@ def score(f: Forecasts, coarse_index: int) -> dict[str, float]:
         "p99_error": P.quantile_error(f.ensemble.flatten(0, 1), f.truth, 0.99),
         "p99_error_mlp": P.quantile_error(f.deterministic, f.truth, 0.99),
         "p99_error_climatology": P.quantile_error(f.climatology.flatten(0, 1), f.truth, 0.99),
+        "roughness_ratio": P.roughness_ratio(f.ensemble.flatten(0, 1), f.truth),
+        "roughness_ratio_mlp": P.roughness_ratio(f.deterministic, f.truth),
     }
     out["crps_skill_vs_climatology"] = 1 - out["crps"] / out["crps_climatology"]
     out["crps_skill_vs_mlp"] = 1 - out["crps"] / out["crps_mlp"]

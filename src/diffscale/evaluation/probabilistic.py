@@ -91,3 +91,15 @@ def conservation_error(fields: torch.Tensor, coarse: torch.Tensor) -> float:
     """Mean |average of a field's D values - its coarse value|. fields (..., D); coarse broadcast
     against (...), e.g. an ensemble (N, M, D) with coarse values (N, 1): every member counts."""
     return float((fields.mean(-1) - coarse).abs().mean())
+
+
+def roughness_ratio(samples: torch.Tensor, truth: torch.Tensor) -> float:
+    """RMS difference of neighbouring values (along D, the second dimension) in ``samples`` over
+    that in ``truth``: 1 where generated fields are as smooth as the data, above 1 where they
+    carry extra small-scale noise. Marginal scores (CRPS, spread) cannot see this: a field of
+    independent values with the right spread scores as well as a correctly correlated one.
+    samples (S, D, ...), truth (N, D, ...), D ordered in space (e.g. a grid flattened row by row)."""
+    def increments(x: torch.Tensor) -> torch.Tensor:
+        return (x[:, 1:] - x[:, :-1]).pow(2).mean().sqrt()
+
+    return float(increments(samples) / increments(truth))
