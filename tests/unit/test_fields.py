@@ -1,22 +1,25 @@
 """Conditional field diffusion: the built-in generator, the npz reader and its messages, the
 network, the task protocol and its state, export, and the quality of a model trained on CPU."""
 
-import copy
+import json
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from diffscale.cli import main
 from diffscale.config import from_dict
 from diffscale.data.fields import FieldGenerator, load_fields, read_npz
 from diffscale.errors import UserError
 from diffscale.evaluation import probabilistic as P
 from diffscale.models import FieldMLP
 from diffscale.presets import get_preset
+from diffscale.runtime import checkpoint as ckpt
 from diffscale.tasks import build_task
 from diffscale.tasks.field_export import load_export
-from diffscale.tasks.fields import FieldTask
+from diffscale.train import train
+from diffscale.trained import load_trained
 
 CPU = torch.device("cpu")
 
@@ -40,29 +43,6 @@ def _npz(tmp_path, name="pairs.npz", n=24, c=3, shape=(10,), **override):
     return path
 
 
-def _train(task: FieldTask, steps: int, *, lr: float, batch: int, ema_decay: float, seed: int = 0) -> torch.nn.Module:
-    """A minimal loop over the protocol (draw -> loss -> AdamW -> EMA); returns the EMA network."""
-    torch.manual_seed(seed)
-    net = task.build_network()
-    ema = copy.deepcopy(net).requires_grad_(False)
-    opt = torch.optim.AdamW(net.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / 50)
-        batch_draw = task.draw(torch.randint(0, task.num_items(), (batch,), generator=gen), gen)
-        loss = task.loss(net, batch_draw, slice(None), channels_last=False)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        decay = min(ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for e, p in zip(ema.parameters(), net.parameters()):
-                e.lerp_(p, 1 - decay)
-    return ema.eval()
-
-
 # -- data ------------------------------------------------------------------------------------
 def test_builtin_generator_is_seeded_conserving_and_its_ideal_forecast_is_right():
     gen = FieldGenerator()
@@ -84,7 +64,7 @@ def test_data_specs_and_their_messages():
     assert load_fields("builtin:fields", max_items=10).cond.shape == (10, 7)
     for spec, message in [("builtin:glyphs", "holds images, not fields -- for task fields use builtin:fields"),
                           ("builtin:fields:ten", "'ten' is not a positive number of pairs"),
-                          ("imagefolder:/data", r"is not field data -- for task fields use builtin:fields\[:N\] or npz:PATH"),
+                          ("imagefolder:/data", r"not field data -- for task fields use builtin:fields\[:N\] or npz"),
                           ("npz:", "has no path -- write npz:PATH")]:
         with pytest.raises(UserError, match=message):
             load_fields(spec)
@@ -115,7 +95,7 @@ def test_npz_reader_names_the_rows_holding_nan(tmp_path):
     x = np.ones((24, 10), dtype=np.float32)
     x[5, 3] = np.nan
     x[9, 0] = np.inf
-    with pytest.raises(UserError, match=r"array 'x' .* NaN or infinite values in 2 rows \(first: row 5\) -- drop or fill"):
+    with pytest.raises(UserError, match=r"array 'x' .* NaN or infinite values in 2 rows \(first: row 5\) -- drop"):
         read_npz(_npz(tmp_path, x=x))
 
 
@@ -213,15 +193,51 @@ def test_field_presets_train_on_builtin_data_by_default():
     assert get_preset("field-large").model.hidden == 1024
 
 
+# -- through the loop and the verbs --------------------------------------------------------------
+MICRO_FIELDS = ["--preset", "field-icon", "--set", "data.source=builtin:fields:256", "--set", "model.hidden=32",
+                "--set", "model.depth=1", "--set", "model.embed_dim=16", "--set", "train.steps=4",
+                "--set", "train.log_every=2", "--set", "train.sample_count=8", "--set", "train.sample_steps=3"]
+
+
+def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *MICRO_FIELDS]) == 0
+    assert "(fields)" in capsys.readouterr().out and (run / "samples" / "latest.png").is_file()
+    assert main(["sample", str(run), "--n", "8", "--steps", "3", "--out", str(tmp_path / "s.png")]) == 0
+    assert Image.open(tmp_path / "s.png").size[0] > 300
+    capsys.readouterr()
+    assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["task"] == "fields" and record["members"] == 4.0 and record["crps"] > 0
+    assert (run / "eval" / "step_00000004" / "evaluation.png").is_file()
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "eval"
+    assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
+    task, network = load_export(tmp_path / "export")
+    assert task.sample_for(network, torch.zeros(2, 7), members=3, steps=3, seed=0).shape == (2, 3, 256)
+
+
+def test_resuming_a_field_run_restores_its_statistics(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--max-steps", "2", *MICRO_FIELDS]) == 0
+    saved = ckpt.load_latest(run).task
+    assert saved["x_std"].shape == (256,) and saved["cond_mean"].shape == (7,)
+    assert main(["train", "--out", str(run), "--resume", "auto", *MICRO_FIELDS]) == 0
+    assert "resumed from step 2" in capsys.readouterr().out
+    assert torch.equal(ckpt.load_latest(run).task["x_std"], saved["x_std"])
+
+
 # -- quality ------------------------------------------------------------------------------------
 def test_diffusion_beats_climatology_and_a_deterministic_mlp_with_calibrated_spread(tmp_path):
     """On the built-in generator (7 -> 256, held-out conditions): CRPS below climatology and below
     a deterministic MLP of the same size trained as long on the same data; spread-skill 0.8-1.2."""
     cfg = _config("builtin:fields", model={"hidden": 256, "depth": 2, "embed_dim": 64},
-                  optim={"lr": 2e-3, "warmup_steps": 50}, train={"steps": 600, "batch_per_gpu": 64, "ema_decay": 0.995})
-    task = build_task(cfg, CPU)
-    ema = _train(task, cfg.train.steps, lr=cfg.optim.lr, batch=cfg.train.batch_per_gpu, ema_decay=cfg.train.ema_decay)
-    scores = task.evaluate(ema, tmp_path, count=16, steps=50, seed=0, cases=64)
+                  optim={"lr": 2e-3, "warmup_steps": 50},
+                  train={"steps": 600, "batch_per_gpu": 64, "ema_decay": 0.995, "log_every": 100,
+                         "checkpoint_every": 600, "sample_count": 8, "sample_steps": 10},
+                  runtime={"device": "cpu"})
+    assert train(cfg, tmp_path / "run").finished
+    trained = load_trained(tmp_path / "run", "cpu")
+    scores = trained.task.evaluate(trained.network, tmp_path, count=16, steps=50, seed=0, cases=64)
     print({k: round(v, 4) for k, v in scores.items()})
     assert scores["crps"] < scores["crps_climatology"]
     assert scores["crps"] < scores["crps_mlp"]

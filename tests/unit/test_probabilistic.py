@@ -27,17 +27,20 @@ def test_crps_matches_the_pairwise_definition():
     gen = torch.Generator().manual_seed(0)
     ensemble, truth = torch.randn((5, 9, 3, 2), generator=gen), torch.randn((5, 3, 2), generator=gen)
     for fair in (True, False):
-        assert torch.allclose(P.crps_ensemble(ensemble, truth, fair=fair), _brute_crps(ensemble, truth, fair), atol=1e-6)
+        measured = P.crps_ensemble(ensemble, truth, fair=fair)
+        assert torch.allclose(measured, _brute_crps(ensemble, truth, fair), atol=1e-6)
 
 
 def test_gaussian_crps_closed_form_against_numerical_integration():
     mean, std, truth = (torch.tensor(v, dtype=torch.float64) for v in (0.3, 1.7, -1.1))
     normal = torch.distributions.Normal(mean, std)
-    below, above = torch.linspace(-20, -1.1, 200_001, dtype=torch.float64), torch.linspace(-1.1, 20, 200_001, dtype=torch.float64)
+    below = torch.linspace(-20, -1.1, 200_001, dtype=torch.float64)
+    above = torch.linspace(-1.1, 20, 200_001, dtype=torch.float64)
     # CRPS = integral of (F(x) - 1{x >= y})^2, split at y where the step is
     integral = torch.trapezoid(normal.cdf(below) ** 2, below) + torch.trapezoid((1 - normal.cdf(above)) ** 2, above)
     assert P.crps_gaussian(mean, std, truth).item() == pytest.approx(integral.item(), rel=1e-6)
-    assert P.crps_gaussian(mean, std, mean).item() == pytest.approx(std.item() * (math.sqrt(2) - 1) / math.sqrt(math.pi))
+    at_mean = std.item() * (math.sqrt(2) - 1) / math.sqrt(math.pi)
+    assert P.crps_gaussian(mean, std, mean).item() == pytest.approx(at_mean)
 
 
 def test_fair_crps_of_a_gaussian_ensemble_estimates_the_closed_form():

@@ -204,7 +204,7 @@ def read_npz(path: Path) -> FieldData:
     if cond.shape[0] == 0 or min(cond.shape[1:] + x.shape[1:]) == 0:
         raise UserError(f"array file '{path}' holds no data (cond {cond.shape}, x {x.shape})", fix)
     tensors = [torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)) for a in (cond, x)]
-    for name, tensor in zip(("cond", "x"), tensors):
+    for name, tensor in zip(("cond", "x"), tensors, strict=True):
         bad = ~torch.isfinite(tensor.reshape(tensor.shape[0], -1)).all(dim=1)
         if bad.any():
             rows = bad.nonzero()[:, 0]

@@ -116,7 +116,7 @@ def train_baseline(task: FieldTask, *, seed: int) -> tuple[torch.nn.Module, int]
     net = task.build_network().to(device)
     decay = cfg.train.ema_decay
 
-    def ema_rule(averaged: torch.Tensor, current: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    def ema_rule(averaged: torch.Tensor, current: torch.Tensor, count: torch.Tensor | int) -> torch.Tensor:
         rate = min(decay, (1 + float(count)) / (10 + float(count)))  # the training loop's EMA warm-up
         return rate * averaged + (1 - rate) * current
 

@@ -55,7 +55,8 @@ def spread_skill_ratio(ensemble: torch.Tensor, truth: torch.Tensor) -> float:
     return float(math.sqrt((members + 1) / members) * spread / rmse)
 
 
-def rank_histogram(ensemble: torch.Tensor, truth: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+def rank_histogram(ensemble: torch.Tensor, truth: torch.Tensor, *,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
     """Counts (M + 1,) of the truth's rank among the members over every case and value.
 
     Flat for a calibrated ensemble; U-shaped when under-dispersed, domed when over-dispersed.

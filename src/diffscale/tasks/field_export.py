@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import from_dict, load_yaml, write_yaml
 from ..errors import UserError
+from ..export import check_export_dir
 
 if TYPE_CHECKING:
     from .fields import FieldTask
@@ -31,15 +32,14 @@ FILES = ("model.safetensors", "state.safetensors", "config.yaml", "signature.jso
 
 def export_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path) -> str:
     """Write ``out_dir`` (new or empty); returns how to load it."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"export folder '{out_dir}' is not empty", "pass a new or empty folder")
+    check_export_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().float().cpu().contiguous() for k, v in copy.deepcopy(network).state_dict().items()}
     save_file(weights, str(out_dir / "model.safetensors"))
     save_file({k: v.contiguous() for k, v in task.state_tensors().items()}, str(out_dir / "state.safetensors"))
     write_yaml(task.cfg, out_dir / "config.yaml")
     (out_dir / "signature.json").write_text(json.dumps(task.signature(), indent=2))
-    task.diffusion.ddim_scheduler().save_config(str(out_dir / "scheduler"))
+    task.diffusion.ddim_scheduler().save_config(str(out_dir / "scheduler"))  # type: ignore[attr-defined]
     return (f"from diffscale.tasks.field_export import load_export; task, net = load_export('{out_dir}'); "
             "task.sample_for(net, cond, members=16, steps=50, seed=0)")
 

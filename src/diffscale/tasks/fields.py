@@ -58,6 +58,10 @@ class Standardiser:
 
 class FieldTask:
     name = "fields"
+    cond: torch.Tensor
+    """(N, C) conditions on the device, in data units (set once the data is read)."""
+    x: torch.Tensor
+    """(N, *x_shape) fields on the device, in data units (set once the data is read)."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:
