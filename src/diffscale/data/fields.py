@@ -14,6 +14,7 @@ covariance. So the CRPS of a perfect model can be computed and a trained model's
 from __future__ import annotations
 
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +192,7 @@ def read_npz(path: Path) -> FieldData:
             cond, x = archive["cond"], archive["x"]
     except UserError:
         raise
-    except (OSError, ValueError, EOFError) as exc:  # not an archive, truncated, or holding pickled objects
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # not an archive, truncated, or pickled objects
         raise UserError(f"cannot read array file '{path}' ({exc})", fix) from exc
     for name, array, dims in (("cond", cond, (2,)), ("x", x, (2, 3))):
         if array.ndim not in dims:

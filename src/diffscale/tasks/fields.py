@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..config import FieldModelConfig, RunConfig
+from ..data.buffer import ReplayBuffer, parse_buffer_spec
 from ..data.fields import FieldData, load_fields
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
@@ -28,6 +29,8 @@ EVAL_MEMBERS = 16
 """Ensemble members ``evaluate`` samples per condition unless told."""
 EVAL_CASES = 512
 """Conditions ``evaluate`` scores."""
+STAT_KEYS = ("cond_mean", "cond_std", "x_mean", "x_std", "preview_cond", "preview_x")
+"""Task state tensors of every field run (a buffer's come on top)."""
 SAMPLE_CHUNK = 16384
 """Rows denoised at once when sampling many conditions x members (bounds memory)."""
 
@@ -75,22 +78,43 @@ class FieldTask:
                             "(the field presets do)")
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.data: FieldData | None = None
-        if load_data:
+        self.buffer: ReplayBuffer | None = None
+        self.stats_fitted = True
+        if cfg.data.source.startswith("online:"):  # fed while training: sizes from the config or checkpoint
+            self.cond_dim, self.x_dim, self.fields = _sizes_of_signature(self.model_cfg, signature)
+            self.buffer = ReplayBuffer(parse_buffer_spec(cfg.data.source), self.cond_dim, self.x_shape, device,
+                                       seed=cfg.train.seed)
+            self.cond, self.x = self.buffer.cond, self.buffer.x
+            self._unfitted()
+        elif load_data:
             self._read_data()
-            self.stats = Standardiser.fit(self.cond, self.x)
-            picks = torch.randperm(len(self.cond), generator=torch.Generator().manual_seed(cfg.train.seed))
-            picks = picks[:PREVIEW_CONDITIONS].to(device)
-            self.preview_cond, self.preview_x = self.cond[picks], self.x[picks]
+            self.fit_statistics()
         else:  # sizes from the checkpoint; statistics and previews come with load_state_tensors
             self.cond_dim, self.x_dim, self.fields = _sizes_of_signature(self.model_cfg, signature)
-            zeros, ones = torch.zeros, torch.ones
-            self.stats = Standardiser(zeros(self.cond_dim, device=device), ones(self.cond_dim, device=device),
-                                      zeros(self.x_shape, device=device), ones(self.x_shape, device=device))
-            self.preview_cond = zeros((PREVIEW_CONDITIONS, self.cond_dim), device=device)
-            self.preview_x = zeros((PREVIEW_CONDITIONS, *self.x_shape), device=device)
+            self._unfitted()
         if self.model_cfg.coarse_index >= self.cond_dim:
             raise UserError(f"config model.coarse_index: {self.model_cfg.coarse_index} is past the condition's "
                             f"{self.cond_dim} values", f"use 0..{self.cond_dim - 1}, or -1 for none")
+
+    def _unfitted(self) -> None:
+        """Identity statistics and empty previews until data or a checkpoint provides them."""
+        zeros, ones, device = torch.zeros, torch.ones, self.device
+        self.stats = Standardiser(zeros(self.cond_dim, device=device), ones(self.cond_dim, device=device),
+                                  zeros(self.x_shape, device=device), ones(self.x_shape, device=device))
+        self.preview_cond = zeros((PREVIEW_CONDITIONS, self.cond_dim), device=device)
+        self.preview_x = zeros((PREVIEW_CONDITIONS, *self.x_shape), device=device)
+        self.stats_fitted = False
+
+    def fit_statistics(self) -> None:
+        """Standardisation statistics and preview conditions from the data held now (at the start
+        of a run; for a buffer, once it is first ready). They stay fixed for the rest of the run."""
+        n = self.num_items()
+        cond, x = self.cond[:n], self.x[:n]
+        self.stats = Standardiser.fit(cond, x)
+        picks = torch.randperm(n, generator=torch.Generator().manual_seed(self.cfg.train.seed))
+        picks = picks[:PREVIEW_CONDITIONS].to(self.device)
+        self.preview_cond, self.preview_x = cond[picks], x[picks]
+        self.stats_fitted = True
 
     def _read_data(self, expected: tuple[int, int, int] | None = None) -> FieldData:
         """Read ``data.source`` (onto the device too); ``expected``: the (C, D, K) it must hold."""
@@ -113,17 +137,21 @@ class FieldTask:
         return (self.x_dim,) if self.fields == 1 else (self.x_dim, self.fields)
 
     def training_data(self) -> FieldData:
-        """The data (CPU tensors), read from ``data.source`` now if the task was built without it."""
+        """The data (CPU tensors): a buffer's contents, or read from ``data.source`` now if the
+        task was built without it."""
+        if self.buffer is not None:
+            size = self.buffer.size
+            return FieldData(self.cond[:size].cpu(), self.x[:size].cpu(), self.buffer.describe())
         if self.data is None:  # built for a trained run: its statistics stay those restored
             return self._read_data(expected=(self.cond_dim, self.x_dim, self.fields))
         return self.data
 
     # -- protocol: data and network ----------------------------------------------------------
     def num_items(self) -> int:
-        return int(self.training_data().cond.shape[0])
+        return self.buffer.size if self.buffer is not None else int(self.training_data().cond.shape[0])
 
     def describe_data(self) -> str:
-        return self.training_data().describe()
+        return self.buffer.describe() if self.buffer is not None else self.training_data().describe()
 
     def build_network(self) -> torch.nn.Module:
         return FieldMLP(self.model_cfg, cond_dim=self.cond_dim, x_dim=self.x_dim)
@@ -234,17 +262,22 @@ class FieldTask:
         s = self.stats
         tensors = {"cond_mean": s.cond_mean, "cond_std": s.cond_std, "x_mean": s.x_mean, "x_std": s.x_std,
                    "preview_cond": self.preview_cond, "preview_x": self.preview_x}
-        return {k: v.detach().cpu().clone() for k, v in tensors.items()}
+        out = {k: v.detach().cpu().clone() for k, v in tensors.items()}
+        out["stats_fitted"] = torch.tensor([int(self.stats_fitted)])
+        return {**out, **(self.buffer.state_tensors() if self.buffer is not None else {})}
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        expected = {k: tuple(v.shape) for k, v in self.state_tensors().items()}
-        found = {k: tuple(v.shape) for k, v in tensors.items() if k in expected}
+        expected = {k: tuple(v.shape) for k, v in self.state_tensors().items() if k in STAT_KEYS}
+        found = {k: tuple(v.shape) for k, v in tensors.items() if k in STAT_KEYS}
         if found != expected:
             raise UserError(f"the checkpoint's field statistics {found} do not fit this task's {expected}",
                             "load a checkpoint written by a fields run with the same data sizes")
-        on = {k: v.to(self.device, torch.float32) for k, v in tensors.items()}
+        on = {k: tensors[k].to(self.device, torch.float32) for k in STAT_KEYS}
         self.stats = Standardiser(on["cond_mean"], on["cond_std"], on["x_mean"], on["x_std"])
         self.preview_cond, self.preview_x = on["preview_cond"], on["preview_x"]
+        self.stats_fitted = bool(tensors.get("stats_fitted", torch.ones(1)).item())
+        if self.buffer is not None and "buffer_counters" in tensors:
+            self.buffer.load_state_tensors(tensors)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         from .field_export import export_fields
