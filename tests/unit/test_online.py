@@ -3,6 +3,7 @@ simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
 from diffscale.presets import get_preset
+from diffscale.runtime import checkpoint as ckpt
 
 CPU = torch.device("cpu")
 
@@ -147,6 +149,21 @@ def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(_weights(resumed), expected, strict=True))
     assert all(torch.equal(resumed.buffer.state_tensors()[k], v) for k, v in expected_buffer.items())
     assert resumed.sample(np.zeros((3, 7)), n_members=4, steps=5).shape == (3, 4, 256)
+
+
+def test_background_training_between_pushes(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
+    trainer.start(steps_per_round=3)
+    for _ in range(4):
+        trainer.push(*sim.output())  # the simulation carries on while the thread trains
+    deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
+    while trainer.trainer.step < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert trainer.sample(np.zeros((2, 7)), n_members=3, steps=4).shape == (2, 3, 256)
+    trainer.stop()
+    assert trainer.trainer.step >= 6 and trainer.buffer.pushes == 4
+    assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
 
 
 def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):

@@ -23,6 +23,13 @@ Example (runs as is on a CPU)::
     fine = trainer.sample(cond[:4], n_members=16, steps=50)   # (4, 16, 256)
     trainer.checkpoint()
 
+Or let it train in a background thread between pushes, so the simulation never waits::
+
+    trainer.start()                              # trains whenever the buffer is ready
+    for step in range(20, 40):
+        trainer.push(rng.normal(size=(80, 7)), rng.normal(size=(80, 256)), sim_time=600.0 * step)
+    trainer.stop()                               # after the round in progress
+
 A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
 EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
 """
@@ -100,7 +107,12 @@ class OnlineTrainer:
         # annotation names the one class it was written for.
         self.runner = StepRunner(self.trainer, model, batcher)  # type: ignore[arg-type]
         self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending only: push holds it for one append
+        self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self.error: BaseException | None = None
+        """What ended background training, if anything did (``stop`` raises it)."""
         self.dropped_rows = 0
         self.spool: SpoolReader | None = None
 
@@ -127,6 +139,10 @@ class OnlineTrainer:
 
     def _ingest(self) -> None:
         """Move pushed and spooled samples into the buffer (on the training device)."""
+        with self._busy:
+            self._ingest_now()
+
+    def _ingest_now(self) -> None:
         with self._lock:
             chunks, self._pending = list(self._pending), deque()
         if self.spool is not None:
@@ -156,6 +172,10 @@ class OnlineTrainer:
         if (steps is None) == (seconds is None):
             raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
                             "train_for(seconds=2.0)")
+        with self._busy:
+            return self._train_round(steps, seconds)
+
+    def _train_round(self, steps: int | None, seconds: float | None) -> dict[str, Any]:
         if not self.ready():
             record = {"kind": "online", "waiting": True, "step": self.trainer.step, "buffer": self.buffer.size,
                       "ready_at": self.ready_at, "pushes": self.buffer.pushes, "time": time.time()}
@@ -188,15 +208,50 @@ class OnlineTrainer:
             raise UserError("sampling was asked for before the model trained on any data",
                             "push data and train (ready() must be true) before sampling")
         c = torch.as_tensor(np.asarray(cond), dtype=torch.float32)
-        fields = self.task.sample_for(self.trainer.ema, c.reshape(-1, self.task.cond_dim), members=n_members,
-                                      steps=steps, seed=seed, autocast=self.trainer.policy.autocast)
+        with self._busy:  # never the weights of half an optimizer step
+            fields = self.task.sample_for(self.trainer.ema, c.reshape(-1, self.task.cond_dim), members=n_members,
+                                          steps=steps, seed=seed, autocast=self.trainer.policy.autocast)
         return fields.numpy()
 
     def checkpoint(self) -> Path:
         """Write a checkpoint now (atomically); returns its folder."""
-        self._ingest()  # pushed samples are kept too
-        self.trainer.save(self.runner.batcher)
-        return ckpt.list_checkpoints(self.run_dir)[-1]
+        with self._busy:
+            self._ingest()  # pushed samples are kept too
+            self.trainer.save(self.runner.batcher)
+            return ckpt.list_checkpoints(self.run_dir)[-1]
+
+    # -- background training -------------------------------------------------------------------
+    def start(self, steps_per_round: int = 20) -> None:
+        """Train in a background thread whenever the buffer is ready, ``steps_per_round`` steps at
+        a time, until ``stop``. ``push`` stays a copy; ``sample`` and ``checkpoint`` wait for the
+        round in progress. An error ends training, not the simulation (``stop`` raises it)."""
+        if self._thread is not None:
+            return
+        self._halt.clear()
+
+        def run() -> None:
+            try:
+                while not self._halt.is_set():
+                    if self.ready():
+                        self.train_for(steps=steps_per_round)
+                    else:
+                        self._halt.wait(0.1)  # nothing to train on yet: poll again soon
+            except BaseException as exc:  # kept for stop(): the simulation's thread decides
+                self.error = exc
+                self._say(f"error: background training stopped: {exc}")
+
+        self._thread = threading.Thread(target=run, name="diffscale-online", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End background training after its current round; raises what ended it early, if anything."""
+        if self._thread is not None:
+            self._halt.set()
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
 
 
 def _check_same_model(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path) -> None:
