@@ -65,7 +65,9 @@ def test_data_specs_and_their_messages():
     for spec, message in [("builtin:glyphs", "holds images, not fields -- for task fields use builtin:fields"),
                           ("builtin:fields:ten", "'ten' is not a positive number of pairs"),
                           ("imagefolder:/data", r"not field data -- for task fields use builtin:fields\[:N\] or npz"),
-                          ("npz:", "has no path -- write npz:PATH")]:
+                          ("npz:", "has no path -- write npz:PATH"),
+                          ("spool:/scratch/spool", r"cannot follow a spool directory yet -- train on it with "
+                                                   r"diffscale.online.OnlineTrainer")]:
         with pytest.raises(UserError, match=message):
             load_fields(spec)
 

@@ -154,6 +154,10 @@ def load_fields(spec: str, *, max_items: int = 0) -> FieldData:
     kind = kind.strip().lower()
     if kind == "builtin":
         data = _builtin(spec, rest)
+    elif kind == "spool":
+        raise UserError(f"data source '{spec}': diffscale train cannot follow a spool directory yet",
+                        "train on it with diffscale.online.OnlineTrainer(RUN_DIR, cfg).follow(DIR), "
+                        "or on a finished spool's files merged into one npz:PATH")
     elif kind == "npz":
         if not rest:
             raise UserError(f"data source '{spec}' has no path", "write npz:PATH")
