@@ -19,7 +19,7 @@ def test_presets_keep_the_reference_widths():
         assert (cfg.model.sample_size, cfg.model.block_out_channels, cfg.model.attention, cfg.train.batch_per_gpu) == (
             px, widths, attention, batch)
         assert cfg.model.layers_per_block == 2
-    assert set(PRESETS) == {"tiny", "small", "medium", "large", "xl"}
+    assert set(PRESETS) == {"tiny", "small", "medium", "large", "xl", "field-icon", "field-large"}
 
 
 def test_yaml_round_trip_is_identity():
@@ -64,7 +64,7 @@ def test_bad_config_values_are_named_with_a_fix(override, message):
 def test_cli_prints_one_line_and_exits_2(capsys):
     assert main(["train", "--preset", "smal"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: tiny, small, medium, large, xl (see `diffscale presets`)"
+    assert err.strip() == "error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: tiny, small, medium, large, xl, field-icon, field-large (see `diffscale presets`)"
     assert "Traceback" not in err
 
 

@@ -92,8 +92,15 @@ class FieldModelConfig:
     """Width of the timestep and condition embeddings."""
     dropout: float = 0.0
     """Dropout inside the residual blocks."""
+    coarse_index: int = 0
+    """Which condition value is the coarse (cell-mean) value of the fine field (of field 0 when
+    there are several): evaluation reports how far the mean of the generated values drifts
+    from it (conservation error). -1: the condition holds none; the metric is left out."""
 
     def __post_init__(self) -> None:
+        if self.coarse_index < -1:
+            _fail("model.coarse_index", f"{self.coarse_index} is below -1",
+                  "use the position of the coarse value in the condition (e.g. 0), or -1 for none")
         for name in ("cond_dim", "x_dim"):
             if getattr(self, name) < 0:
                 _fail(f"model.{name}", f"{getattr(self, name)} is negative", "use 0 (follow the data) or a positive size")

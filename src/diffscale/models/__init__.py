@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .field_mlp import FieldMLP
 from .unet2d import Denoiser, build_unet
 
 
@@ -12,4 +13,4 @@ def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["Denoiser", "build_unet", "count_parameters"]
+__all__ = ["Denoiser", "FieldMLP", "build_unet", "count_parameters"]

@@ -1,0 +1,179 @@
+"""The replay buffer of online training: the newest N samples (FIFO) or a uniform sample of
+everything seen (reservoir), resident on the training device. Its contents, fill, counters
+and the reservoir's random state are task state, so a checkpoint restores it exactly.
+
+Data spec: ``online:fifo:N`` or ``online:reservoir:N`` (``data.source`` of a run that an
+``OnlineTrainer`` or a spool follower feeds).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from .device_loader import DataPosition
+
+
+class BufferPolicy(str, enum.Enum):
+    """Which samples a full buffer keeps: the newest (``fifo``) or a uniform random sample of
+    every sample pushed so far (``reservoir``, Vitter's algorithm R)."""
+
+    FIFO = "fifo"
+    RESERVOIR = "reservoir"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    policy: BufferPolicy
+    capacity: int
+
+    @property
+    def source(self) -> str:
+        return f"online:{self.policy.value}:{self.capacity}"
+
+
+def parse_buffer_spec(spec: str) -> BufferSpec:
+    """``online:fifo:3840`` -> BufferSpec(FIFO, 3840)."""
+    _, _, rest = spec.partition(":")
+    policy, _, capacity = rest.partition(":")
+    choices = ", ".join(p.value for p in BufferPolicy)
+    if policy not in {p.value for p in BufferPolicy} or not capacity.isdigit() or int(capacity) < 1:
+        raise UserError(f"data source '{spec}' is not an online buffer",
+                        f"write online:POLICY:N with POLICY one of {choices} and N the samples it holds, "
+                        "e.g. online:fifo:3840")
+    return BufferSpec(BufferPolicy(policy), int(capacity))
+
+
+class ReplayBuffer:
+    """``capacity`` rows of (cond (C,), x (*x_shape), sim_time) in preallocated device tensors.
+
+    Rows ``[0, size)`` hold data; training indexes them directly (no copy per step).
+    """
+
+    def __init__(self, spec: BufferSpec, cond_dim: int, x_shape: tuple[int, ...], device: torch.device,
+                 seed: int = 0) -> None:
+        self.spec = spec
+        self.cond = torch.zeros((spec.capacity, cond_dim), device=device)
+        self.x = torch.zeros((spec.capacity, *x_shape), device=device)
+        self.sim_time = torch.zeros(spec.capacity, dtype=torch.float64)
+        self.size = 0
+        self.seen = 0
+        """Samples ever added (what the reservoir draws against, and the FIFO's write position)."""
+        self.pushes = 0
+        """Chunks ever added (a simulation's output steps)."""
+        self.cursor = 0
+        """Where the feeding source continues (a spool's next file number), kept with the contents."""
+        self.rng = torch.Generator().manual_seed(seed)  # the reservoir's choices (CPU: same on every device)
+
+    def add(self, cond: torch.Tensor, x: torch.Tensor, sim_time: torch.Tensor) -> None:
+        """Add a chunk: cond (n, C), x (n, *x_shape), sim_time (n,) float64, all checked by the caller."""
+        slots = self._slots(cond.shape[0])
+        keep = slots >= 0
+        if bool(keep.any()):
+            where, rows = slots[keep], keep.nonzero()[:, 0]
+            self.cond[where.to(self.cond.device)] = cond[rows].to(self.cond.device)
+            self.x[where.to(self.x.device)] = x[rows].to(self.x.device)
+            self.sim_time[where] = sim_time[rows]
+        self.seen += cond.shape[0]
+        self.size = min(self.seen, self.spec.capacity)
+        self.pushes += 1
+
+    def _slots(self, n: int) -> torch.Tensor:
+        """The slot of each of ``n`` new samples, -1 where the reservoir drops it."""
+        capacity, number = self.spec.capacity, torch.arange(self.seen, self.seen + n)
+        if self.spec.policy == BufferPolicy.FIFO:
+            slots = number % capacity
+            slots[: max(0, n - capacity)] = -1  # a chunk longer than the buffer: only its newest rows stay
+            return slots
+        # Algorithm R: sample k (0-based) takes slot k while the buffer fills, then replaces a
+        # uniformly drawn slot j <= k when j < capacity; drawn one by one so resumes match exactly.
+        slots = torch.full((n,), -1, dtype=torch.long)
+        for i, k in enumerate(number.tolist()):
+            j = k if k < capacity else int(torch.randint(0, k + 1, (1,), generator=self.rng))
+            slots[i] = j if j < capacity else -1
+        taken: set[int] = set()
+        for i in reversed(range(n)):  # two samples of one chunk drawing one slot: the later one stays
+            if int(slots[i]) in taken:
+                slots[i] = -1
+            elif slots[i] >= 0:
+                taken.add(int(slots[i]))
+        return slots
+
+    def latest_time(self) -> float:
+        return float(self.sim_time[: self.size].max()) if self.size else float("nan")
+
+    def describe(self) -> str:
+        return (f"{self.spec.policy.value} buffer {self.size}/{self.spec.capacity} samples "
+                f"({self.pushes} pushes, {self.seen} seen)")
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Contents and position; float64 times and int64 counters keep resumes exact."""
+        return {"buffer_cond": self.cond[: self.size].detach().cpu().clone(),
+                "buffer_x": self.x[: self.size].detach().cpu().clone(),
+                "buffer_time": self.sim_time[: self.size].clone(),
+                "buffer_counters": torch.tensor([self.size, self.seen, self.pushes, self.cursor], dtype=torch.int64),
+                "buffer_rng": self.rng.get_state()}
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        size, seen, pushes, cursor = (int(v) for v in tensors["buffer_counters"].tolist())
+        if size > self.spec.capacity or tensors["buffer_x"].shape[1:] != self.x.shape[1:]:
+            raise UserError(f"the checkpoint's buffer ({size} rows of {tuple(tensors['buffer_x'].shape[1:])}) does not "
+                            f"fit {self.spec.source} of {tuple(self.x.shape[1:])}",
+                            "resume with the run's own config (RUN_DIR/config.yaml)")
+        self.cond[:size] = tensors["buffer_cond"].to(self.cond.device)
+        self.x[:size] = tensors["buffer_x"].to(self.x.device)
+        self.sim_time[:size] = tensors["buffer_time"]
+        self.size, self.seen, self.pushes, self.cursor = size, seen, pushes, cursor
+        self.rng.set_state(tensors["buffer_rng"])
+
+
+class BufferBatcher:
+    """Global batches drawn uniformly (with replacement) from the rows a buffer holds now.
+
+    The same interface as ``DeviceBatcher``: ``next_indices`` and a checkpointed ``position``
+    (here: batches drawn). Each draw is seeded by (seed, position), so a resumed run draws
+    exactly the batches the uninterrupted one would have.
+    """
+
+    def __init__(self, buffer: ReplayBuffer, global_batch: int, seed: int, device: torch.device,
+                 position: DataPosition | None = None) -> None:
+        self.buffer = buffer
+        self.global_batch = global_batch
+        self.seed = seed
+        self.position = position or DataPosition()
+        self._generator = torch.Generator(device=device)
+        self.device = device
+
+    def next_indices(self) -> torch.Tensor:
+        if self.buffer.size == 0:
+            raise UserError("training was asked for a batch while the buffer is empty",
+                            "push data first; ask OnlineTrainer.ready() before training")
+        self._generator.manual_seed(self.seed * 1_000_003 + self.position.offset)
+        self.position = DataPosition(self.position.epoch, self.position.offset + 1)
+        return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, device=self.device)
+
+
+def as_chunk(cond: object, x: object, sim_time: float, cond_dim: int,
+             x_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """One output step's samples as float32 CPU copies: cond (n, C), x (n, *x_shape), times (n,).
+
+    Rows holding NaN or inf are dropped (their count is returned): one bad cell must not stop
+    the simulation or poison the buffer. Shapes that do not fit the task raise ``UserError``.
+    """
+    c = torch.as_tensor(np.asarray(cond), dtype=torch.float32).detach().cpu().clone()
+    v = torch.as_tensor(np.asarray(x), dtype=torch.float32).detach().cpu().clone()
+    if c.dim() == 1:
+        c = c.unsqueeze(0)
+    if v.dim() == len(x_shape):
+        v = v.unsqueeze(0)
+    if c.dim() != 2 or c.shape[1] != cond_dim or tuple(v.shape[1:]) != tuple(x_shape) or c.shape[0] != v.shape[0]:
+        raise UserError(f"pushed cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
+                        f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})",
+                        "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
+    good = torch.isfinite(c).all(1) & torch.isfinite(v.flatten(1)).all(1)
+    times = torch.full((int(good.sum()),), float(sim_time), dtype=torch.float64)
+    return c[good], v[good], times, int((~good).sum())

@@ -1,0 +1,110 @@
+"""The spool: how a simulation hands samples to a trainer in another job or on another node.
+
+Format (one directory, written by the simulation, only read by the trainer):
+
+* one file per output step, ``NNNNNNNNNN.npz`` (a 10-digit sequence number, counting up from
+  0000000000), holding ``cond`` (n x C, float32), ``x`` (n x D or n x D x K, float32) and
+  ``sim_time`` (a float64 scalar: the simulation time of the step);
+* written atomically: the writer saves ``.NNNNNNNNNN.npz.tmp`` in the same directory, flushes
+  it to disk and renames it into place, so a reader sees a complete file or none. Readers
+  ignore every other name (temporary files, notes, a ``.lock``).
+
+``SpoolWriter`` writes it (any language can: it is plain ``numpy.savez``); ``SpoolReader``
+returns the files that appeared since its last poll, in sequence order. A file that cannot be
+read or does not fit the task is skipped, counted and reported once: the trainer keeps going.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from .buffer import as_chunk
+
+NAME = re.compile(r"^(\d{10})\.npz$")
+
+
+def _sequence(path: Path) -> int:
+    match = NAME.match(path.name)
+    assert match is not None
+    return int(match.group(1))
+
+
+class SpoolWriter:
+    """Writes one file per output step into ``directory`` (created if missing), continuing the
+    numbering after the files already there (a restarted simulation appends)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        existing = [_sequence(p) for p in self.directory.iterdir() if NAME.match(p.name)]
+        self.next = max(existing, default=-1) + 1
+
+    def write(self, cond: np.ndarray, x: np.ndarray, sim_time: float) -> Path:
+        """Save one step's samples (cond n x C, x n x D [x K]) atomically; returns the file."""
+        final = self.directory / f"{self.next:010d}.npz"
+        tmp = self.directory / f".{final.name}.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, cond=np.asarray(cond, dtype=np.float32), x=np.asarray(x, dtype=np.float32),
+                     sim_time=np.float64(sim_time))
+            fh.flush()
+            os.fsync(fh.fileno())  # on disk before the name appears: a reader never sees half a file
+        os.replace(tmp, final)
+        self.next += 1
+        return final
+
+
+@dataclass
+class SpoolChunk:
+    """The samples of one spool file, ready for ``ReplayBuffer.add``."""
+
+    sequence: int
+    cond: torch.Tensor
+    x: torch.Tensor
+    sim_time: torch.Tensor
+    dropped_rows: int
+
+
+@dataclass
+class SpoolReader:
+    """Polls ``directory`` for files with a sequence number at or past ``next``."""
+
+    directory: Path
+    cond_dim: int
+    x_shape: tuple[int, ...]
+    next: int = 0
+    """The first sequence number not read yet (checkpointed with the buffer)."""
+    skipped: list[str] = field(default_factory=list)
+    """Files skipped as unreadable or misshapen, each with the reason."""
+
+    def poll(self) -> list[SpoolChunk]:
+        """The complete files that appeared since the last poll, oldest first (never blocks)."""
+        if not self.directory.is_dir():
+            raise UserError(f"spool directory '{self.directory}' does not exist",
+                            "start the simulation's writer first, or check the path given to --data spool:DIR")
+        found = sorted((p for p in self.directory.iterdir() if NAME.match(p.name) and _sequence(p) >= self.next),
+                       key=_sequence)
+        chunks = []
+        for path in found:
+            chunk = self._read(path)
+            if chunk is not None:
+                chunks.append(chunk)
+            self.next = _sequence(path) + 1
+        return chunks
+
+    def _read(self, path: Path) -> SpoolChunk | None:
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                cond, x, sim_time = archive["cond"], archive["x"], float(archive["sim_time"])
+            c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UserError) as exc:
+            self.skipped.append(f"{path.name}: {exc}")
+            return None
+        return SpoolChunk(_sequence(path), c, v, times, dropped)

@@ -1,0 +1,2 @@
+"""Measuring what a trained model generates: probabilistic scores (probabilistic.py) and each
+task's evaluation report."""

@@ -1,0 +1,262 @@
+"""``OnlineTrainer``: train a field model on samples a running simulation pushes, inside the
+simulation's own process (or, from a spool directory, in another job).
+
+It is diffscale's run state and optimizer step (``Trainer``, ``StepRunner``) fed from a replay
+buffer: the same network, EMA, precision, compilation and checkpoints as ``diffscale train``.
+``push`` only copies the arrays into a host-side queue under a short lock, so the simulation
+never waits on training; ``train_for`` moves what was pushed into the buffer and trains.
+
+Example (runs as is on a CPU)::
+
+    import numpy as np
+    from diffscale.online import OnlineTrainer
+    from diffscale.presets import get_preset
+
+    cfg = get_preset("field-icon")
+    trainer = OnlineTrainer("runs/online", cfg, policy="fifo", capacity=3840, ready_at=800)
+    rng = np.random.default_rng(0)
+    for step in range(20):                      # the simulation's output steps
+        cond, x = rng.normal(size=(80, 7)), rng.normal(size=(80, 256))
+        trainer.push(cond, x, sim_time=600.0 * step)
+        if trainer.ready():
+            trainer.train_for(steps=50)          # or seconds=2.0
+    fine = trainer.sample(cond[:4], n_members=16, steps=50)   # (4, 16, 256)
+    trainer.checkpoint()
+
+Or let it train in a background thread between pushes, so the simulation never waits::
+
+    trainer.start()                              # trains whenever the buffer is ready
+    for step in range(20, 40):
+        trainer.push(rng.normal(size=(80, 7)), rng.normal(size=(80, 256)), sim_time=600.0 * step)
+    trainer.stop()                               # after the round in progress
+
+A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
+EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from ..config import RunConfig, write_yaml
+from ..data.buffer import BufferBatcher, BufferPolicy, BufferSpec, as_chunk
+from ..data.device_loader import DataPosition
+from ..data.spool import SpoolReader
+from ..errors import UserError
+from ..runtime import checkpoint as ckpt
+from ..runtime.device import configure_backends, pick_device, resolve_policy
+from ..runtime.distributed import DistContext, LaunchInfo
+from ..runtime.parallelize import parallelize
+from ..step import StepRunner
+from ..tasks.fields import FieldTask
+from ..trainer import Trainer
+
+
+class OnlineTrainer:
+    """Train ``cfg``'s field model in ``run_dir`` on pushed samples (see the module docstring).
+
+    ``policy``/``capacity``: which samples the buffer keeps and how many. ``ready_at``: samples
+    the buffer must hold before training starts (default: full); the normalisation statistics
+    are taken from the buffer at that moment and kept for the rest of the run.
+    """
+
+    def __init__(self, run_dir: str | Path, cfg: RunConfig, *, policy: str | BufferPolicy = "fifo",
+                 capacity: int = 3840, ready_at: int | None = None, console: Console | None = None) -> None:
+        if cfg.task != "fields":
+            raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
+                            "start from a field preset, e.g. get_preset('field-icon')")
+        spec = BufferSpec(BufferPolicy(policy), capacity)
+        cfg = copy.deepcopy(cfg)
+        cfg.data.source = spec.source
+        self.run_dir = Path(run_dir)
+        self.console = console or Console(stderr=True)
+        device = pick_device(cfg.runtime.device)
+        policy_ = resolve_policy(cfg.runtime, device)
+        configure_backends(policy_)
+        # Always one process, whatever launcher started the simulation around it (srun, mpirun).
+        ctx = DistContext(LaunchInfo(launcher="single"), device)
+        state = ckpt.load_latest(self.run_dir, log=self._say)
+        self.trainer = Trainer(cfg, self.run_dir, ctx, policy_, self.console)
+        task = self.trainer.task
+        assert isinstance(task, FieldTask) and task.buffer is not None
+        self.task, self.buffer = task, task.buffer
+        self.ready_at = min(ready_at or capacity, capacity)
+        if self.ready_at < max(2, cfg.effective_batch(1)):
+            raise UserError(f"ready_at={self.ready_at} is below one batch of {cfg.effective_batch(1)} samples",
+                            "train once the buffer holds at least one batch (raise ready_at)")
+        if state is not None:
+            _check_same_model(state, task.signature(), self.run_dir)
+            self.trainer.restore(state)
+            self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_yaml(cfg, self.run_dir / "config.yaml")
+        model = parallelize(self.trainer.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say)
+        batcher = BufferBatcher(self.buffer, cfg.effective_batch(1), cfg.train.seed, device,
+                                self.trainer.position if state is not None else DataPosition())
+        # A BufferBatcher has DeviceBatcher's interface (next_indices, position): StepRunner's
+        # annotation names the one class it was written for.
+        self.runner = StepRunner(self.trainer, model, batcher)  # type: ignore[arg-type]
+        self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
+        self._lock = threading.Lock()  # guards _pending only: push holds it for one append
+        self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
+        self._thread: threading.Thread | None = None
+        self._halt = threading.Event()
+        self.error: BaseException | None = None
+        """What ended background training, if anything did (``stop`` raises it)."""
+        self.dropped_rows = 0
+        self.spool: SpoolReader | None = None
+
+    def _say(self, text: str) -> None:
+        self.console.print(f"diffscale online: {text}", highlight=False)
+
+    # -- feeding ---------------------------------------------------------------------------
+    def push(self, cond: Any, x: Any, sim_time: float) -> None:
+        """Hand over one output step's samples: cond (n, C), x (n, D) or (n, D, K), numpy or torch.
+
+        Copies and returns at once (training happens in ``train_for``). Rows with NaN or inf are
+        dropped and counted (``dropped_rows``); arrays of the wrong shape raise ``UserError``."""
+        c, v, times, dropped = as_chunk(cond, x, sim_time, self.task.cond_dim, self.task.x_shape)
+        if dropped:
+            self.dropped_rows += dropped
+            self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {sim_time:g} "
+                      f"({self.dropped_rows} so far)")
+        with self._lock:
+            self._pending.append((c, v, times))
+
+    def follow(self, spool_dir: str | Path) -> None:
+        """Also read every file a ``SpoolWriter`` puts in ``spool_dir`` (decoupled mode)."""
+        self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor)
+
+    def _ingest(self) -> None:
+        """Move pushed and spooled samples into the buffer (on the training device)."""
+        with self._busy:
+            self._ingest_now()
+
+    def _ingest_now(self) -> None:
+        with self._lock:
+            chunks, self._pending = list(self._pending), deque()
+        if self.spool is not None:
+            skipped = len(self.spool.skipped)
+            for chunk in self.spool.poll():
+                chunks.append((chunk.cond, chunk.x, chunk.sim_time))
+                self.dropped_rows += chunk.dropped_rows
+            for reason in self.spool.skipped[skipped:]:
+                self._say(f"warning: skipped spool file {reason}")
+            self.buffer.cursor = self.spool.next
+        for c, v, times in chunks:
+            if len(c):
+                self.buffer.add(c, v, times)
+        if not self.task.stats_fitted and self.buffer.size >= self.ready_at:
+            self.task.fit_statistics()
+
+    def ready(self) -> bool:
+        """Whether the buffer holds ``ready_at`` samples (counting what was pushed since the last call)."""
+        self._ingest()
+        return self.task.stats_fitted
+
+    # -- training and sampling ---------------------------------------------------------------
+    def train_for(self, steps: int | None = None, seconds: float | None = None) -> dict[str, Any]:
+        """Train ``steps`` optimizer steps, or for ``seconds`` of wall time (whichever is given);
+        returns the round's metrics (also appended to ``run_dir/metrics.jsonl``). While the buffer
+        is not ready it trains nothing and the record says how full the buffer is."""
+        if (steps is None) == (seconds is None):
+            raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
+                            "train_for(seconds=2.0)")
+        with self._busy:
+            return self._train_round(steps, seconds)
+
+    def _train_round(self, steps: int | None, seconds: float | None) -> dict[str, Any]:
+        if not self.ready():
+            record = {"kind": "online", "waiting": True, "step": self.trainer.step, "buffer": self.buffer.size,
+                      "ready_at": self.ready_at, "pushes": self.buffer.pushes, "time": time.time()}
+            self._say(f"waiting for data: buffer {self.buffer.size}/{self.ready_at} samples "
+                      f"({self.buffer.pushes} pushes)")
+            return self._log(record)
+        started, first, lr = time.perf_counter(), self.trainer.step, float("nan")
+        deadline = started + seconds if seconds is not None else float("inf")
+        while (steps is None or self.trainer.step - first < steps) and time.perf_counter() < deadline:
+            lr = self.runner.step()
+        window = self.runner.drain_metrics(self.trainer.ctx)
+        self.trainer.nonfinite_total += window.nonfinite
+        elapsed = time.perf_counter() - started
+        done = self.trainer.step - first
+        return self._log({"kind": "online", "step": self.trainer.step, "steps": done, "loss": window.loss,
+                          "grad_norm": window.grad_norm, "lr": lr, "seconds": elapsed,
+                          "samples_per_s": done * self.runner.effective / max(elapsed, 1e-9),
+                          "buffer": self.buffer.size, "pushes": self.buffer.pushes,
+                          "sim_time": self.buffer.latest_time(), "nonfinite_skipped": self.trainer.nonfinite_total,
+                          "dropped_rows": self.dropped_rows, "time": time.time()})
+
+    def _log(self, record: dict[str, Any]) -> dict[str, Any]:
+        with open(self.run_dir / "metrics.jsonl", "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        return record
+
+    def sample(self, cond: Any, n_members: int, steps: int, *, seed: int = 0) -> np.ndarray:
+        """Ensembles from the EMA weights: cond (N, C) -> (N, n_members, D[, K]) in data units."""
+        if not self.task.stats_fitted:
+            raise UserError("sampling was asked for before the model trained on any data",
+                            "push data and train (ready() must be true) before sampling")
+        c = torch.as_tensor(np.asarray(cond), dtype=torch.float32)
+        with self._busy:  # never the weights of half an optimizer step
+            fields = self.task.sample_for(self.trainer.ema, c.reshape(-1, self.task.cond_dim), members=n_members,
+                                          steps=steps, seed=seed, autocast=self.trainer.policy.autocast)
+        return fields.numpy()
+
+    def checkpoint(self) -> Path:
+        """Write a checkpoint now (atomically); returns its folder."""
+        with self._busy:
+            self._ingest()  # pushed samples are kept too
+            self.trainer.save(self.runner.batcher)
+            return ckpt.list_checkpoints(self.run_dir)[-1]
+
+    # -- background training -------------------------------------------------------------------
+    def start(self, steps_per_round: int = 20) -> None:
+        """Train in a background thread whenever the buffer is ready, ``steps_per_round`` steps at
+        a time, until ``stop``. ``push`` stays a copy; ``sample`` and ``checkpoint`` wait for the
+        round in progress. An error ends training, not the simulation (``stop`` raises it)."""
+        if self._thread is not None:
+            return
+        self._halt.clear()
+
+        def run() -> None:
+            try:
+                while not self._halt.is_set():
+                    if self.ready():
+                        self.train_for(steps=steps_per_round)
+                    else:
+                        self._halt.wait(0.1)  # nothing to train on yet: poll again soon
+            except BaseException as exc:  # kept for stop(): the simulation's thread decides
+                self.error = exc
+                self._say(f"error: background training stopped: {exc}")
+
+        self._thread = threading.Thread(target=run, name="diffscale-online", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End background training after its current round; raises what ended it early, if anything."""
+        if self._thread is not None:
+            self._halt.set()
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+
+def _check_same_model(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path) -> None:
+    found = state.meta.signature or {}
+    if found != expected:
+        what = f"a '{found.get('task')}' run" if found.get("task") != "fields" else f"another field model ({found})"
+        raise UserError(f"'{run_dir}' holds checkpoints of {what}, not of this config's {expected}",
+                        "pass a new run directory, or the config that run was trained with")

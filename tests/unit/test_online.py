@@ -1,0 +1,218 @@
+"""Online training: the replay buffer, the spool format, and OnlineTrainer driven by a fake
+simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit for bit)."""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import micro_args
+from diffscale.cli import main
+from diffscale.config import deep_merge, from_dict
+from diffscale.data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, as_chunk, parse_buffer_spec
+from diffscale.data.fields import FieldGenerator
+from diffscale.data.spool import SpoolReader, SpoolWriter
+from diffscale.errors import UserError
+from diffscale.online import OnlineTrainer
+from diffscale.presets import get_preset
+from diffscale.runtime import checkpoint as ckpt
+
+CPU = torch.device("cpu")
+
+
+def _cfg(**train):
+    small = {"model": {"hidden": 32, "depth": 1, "embed_dim": 16},
+             "train": {"batch_per_gpu": 16, "seed": 3, **train}, "runtime": {"device": "cpu"}}
+    return from_dict(deep_merge(get_preset("field-icon").to_dict(), small))
+
+
+class FakeSimulation:
+    """Output steps of 80 cells (7 coarse -> 256 fine values), from the built-in generator."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = FieldGenerator()
+        self.seed = seed
+        self.step = 0
+
+    def output(self) -> tuple[np.ndarray, np.ndarray, float]:
+        cond, x = self.generator.sample(80, seed=self.seed * 10_000 + self.step)
+        self.step += 1
+        return cond.numpy(), x.numpy(), 600.0 * self.step
+
+
+def _rows(n: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    values = torch.arange(start, start + n, dtype=torch.float32)
+    return values[:, None].repeat(1, 2), values[:, None].repeat(1, 3), values.double()
+
+
+# -- buffer -----------------------------------------------------------------------------------
+def test_fifo_keeps_the_newest_samples():
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 5), 2, (3,), CPU)
+    buffer.add(*_rows(3))
+    buffer.add(*_rows(3, start=3))
+    assert (buffer.size, buffer.seen, buffer.pushes) == (5, 6, 2)
+    assert sorted(buffer.x[:, 0].tolist()) == [1, 2, 3, 4, 5]
+    buffer.add(*_rows(12, start=6))  # a chunk longer than the buffer: its newest five stay
+    assert sorted(buffer.x[:, 0].tolist()) == [13, 14, 15, 16, 17] and buffer.latest_time() == 17
+
+
+def test_reservoir_keeps_a_uniform_sample_and_resumes_exactly():
+    spec = BufferSpec(BufferPolicy.RESERVOIR, 200)
+    buffer = ReplayBuffer(spec, 2, (3,), CPU, seed=1)
+    for start in range(0, 1000, 10):
+        buffer.add(*_rows(10, start))
+        if start == 500:
+            copy = ReplayBuffer(spec, 2, (3,), CPU)
+            copy.load_state_tensors(buffer.state_tensors())
+    for start in range(510, 1000, 10):
+        copy.add(*_rows(10, start))
+    assert torch.equal(copy.x, buffer.x) and copy.seen == buffer.seen == 1000
+    kept = buffer.x[:, 0]
+    assert len(set(kept.tolist())) == 200
+    assert 400 < kept.mean() < 600 and (kept < 500).sum() > 70  # old and new samples alike, not the newest
+
+
+def test_buffer_specs_chunks_and_batches():
+    assert parse_buffer_spec("online:reservoir:48").capacity == 48
+    with pytest.raises(UserError, match="is not an online buffer -- write online:POLICY:N with POLICY one of fifo, "
+                                        "reservoir"):
+        parse_buffer_spec("online:lifo:48")
+    c, x, t, dropped = as_chunk(np.ones((4, 7)), np.stack([np.ones(256)] * 3 + [np.full(256, np.nan)]), 5.0, 7, (256,))
+    assert (c.shape, x.shape, dropped, t.tolist()) == ((3, 7), (3, 256), 1, [5.0] * 3)
+    with pytest.raises(UserError, match=r"pushed cond \(4, 6\) and x \(4, 256\) do not fit the task \(cond n x 7, x n"):
+        as_chunk(np.ones((4, 6)), np.ones((4, 256)), 0.0, 7, (256,))
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 50), 2, (3,), CPU)
+    batcher = BufferBatcher(buffer, 8, seed=0, device=CPU)
+    with pytest.raises(UserError, match="buffer is empty"):
+        batcher.next_indices()
+    buffer.add(*_rows(20))
+    first = batcher.next_indices()
+    assert first.max() < 20 and batcher.position.offset == 1
+    again = BufferBatcher(buffer, 8, seed=0, device=CPU)
+    assert torch.equal(again.next_indices(), first)  # a batch is a function of (seed, position)
+
+
+# -- spool ------------------------------------------------------------------------------------
+def test_spool_files_are_read_once_in_order_and_bad_ones_skipped(tmp_path):
+    writer = SpoolWriter(tmp_path / "spool")
+    for step in range(3):
+        writer.write(np.full((4, 7), step), np.full((4, 256), step), sim_time=60.0 * step)
+    (tmp_path / "spool" / ".0000000003.npz.tmp").write_bytes(b"half a file")  # a write in progress
+    (tmp_path / "spool" / "notes.txt").write_text("not data")
+    reader = SpoolReader(tmp_path / "spool", 7, (256,))
+    chunks = reader.poll()
+    assert [c.sequence for c in chunks] == [0, 1, 2] and chunks[2].sim_time.tolist() == [120.0] * 4
+    assert reader.poll() == [] and reader.next == 3
+    np.savez(tmp_path / "spool" / "0000000003.npz", cond=np.ones((2, 5)), x=np.ones((2, 256)), sim_time=0.0)
+    (tmp_path / "spool" / "0000000004.npz").write_bytes(b"PK\x03\x04 truncated")
+    assert SpoolWriter(tmp_path / "spool").write(np.ones((1, 7)), np.ones((1, 256)), 1.0).name == "0000000005.npz"
+    assert [c.sequence for c in reader.poll()] == [5]
+    assert [s.split(":")[0] for s in reader.skipped] == ["0000000003.npz", "0000000004.npz"]
+    assert "do not fit the task" in reader.skipped[0]
+    with pytest.raises(UserError, match="spool directory .* does not exist"):
+        SpoolReader(tmp_path / "absent", 7, (256,)).poll()
+
+
+# -- OnlineTrainer ------------------------------------------------------------------------------
+def _weights(trainer: OnlineTrainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in [*trainer.trainer.net.parameters(), *trainer.trainer.ema.parameters()]]
+
+
+def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=240)
+    trainer.push(*sim.output())
+    waiting = trainer.train_for(steps=5)
+    assert waiting["waiting"] and (waiting["buffer"], waiting["ready_at"]) == (80, 240)
+    for _ in range(3):
+        trainer.push(*sim.output())
+    assert trainer.ready()
+    assert trainer.train_for(steps=6)["steps"] == 6
+    fields = trainer.sample(np.zeros((3, 7)), n_members=4, steps=5)
+    assert fields.shape == (3, 4, 256) and np.isfinite(fields).all()
+    trainer.push(*sim.output())  # pushed, not trained on yet: the checkpoint keeps it
+    trainer.checkpoint()
+    later = [sim.output() for _ in range(2)]
+    for chunk in later:
+        trainer.push(*chunk)
+    trainer.train_for(steps=7)
+    expected, expected_buffer = _weights(trainer), trainer.buffer.state_tensors()
+
+    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=240)  # a restarted simulation
+    assert resumed.trainer.step == 6 and resumed.buffer.size == 400 and resumed.buffer.latest_time() == 3000.0
+    for chunk in later:
+        resumed.push(*chunk)
+    resumed.train_for(steps=7)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(resumed), expected, strict=True))
+    assert all(torch.equal(resumed.buffer.state_tensors()[k], v) for k, v in expected_buffer.items())
+    assert resumed.sample(np.zeros((3, 7)), n_members=4, steps=5).shape == (3, 4, 256)
+
+
+def test_background_training_between_pushes(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
+    trainer.start(steps_per_round=3)
+    for _ in range(4):
+        trainer.push(*sim.output())  # the simulation carries on while the thread trains
+    deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
+    while trainer.trainer.step < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert trainer.sample(np.zeros((2, 7)), n_members=3, steps=4).shape == (2, 3, 256)
+    trainer.stop()
+    assert trainer.trainer.step >= 6 and trainer.buffer.pushes == 4
+    assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
+
+
+def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
+    cond, x, _ = FakeSimulation().output()
+    x[:5] = np.inf
+    trainer.push(cond, x, 0.0)
+    assert trainer.dropped_rows == 5 and "dropped 5 pushed rows holding NaN or inf" in capsys.readouterr().err
+    with pytest.raises(UserError, match="do not fit the task"):
+        trainer.push(cond[:, :6], x, 0.0)
+    with pytest.raises(UserError, match="before the model trained on any data"):
+        trainer.sample(cond, n_members=2, steps=3)
+    with pytest.raises(UserError, match="needs steps or seconds"):
+        trainer.train_for()
+    with pytest.raises(UserError, match="ready_at=8 is below one batch of 16 samples"):
+        OnlineTrainer(tmp_path / "other", _cfg(), capacity=160, ready_at=8)
+
+
+def test_a_run_directory_of_another_task_is_refused(tmp_path):
+    run = tmp_path / "images"
+    assert main(["train", "--out", str(run), *micro_args(steps=2)]) == 0
+    with pytest.raises(UserError, match="holds checkpoints of a 'images' run"):
+        OnlineTrainer(run, _cfg(), capacity=160, ready_at=80)
+
+
+WRITER = """
+import sys
+import numpy as np
+from diffscale.data.fields import FieldGenerator
+from diffscale.data.spool import SpoolWriter
+writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
+for step in range(6):
+    cond, x = generator.sample(80, seed=step)
+    writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
+"""
+
+
+def test_a_follower_trains_on_what_a_writer_process_spools(tmp_path):
+    spool = tmp_path / "spool"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(spool)])
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
+    spool.mkdir(exist_ok=True)
+    trainer.follow(spool)
+    while writer.poll() is None or trainer.buffer.pushes < 6:  # trains as the files arrive
+        trainer.train_for(steps=2)
+        assert writer.poll() in (None, 0)
+    assert trainer.buffer.size == 480 and trainer.buffer.latest_time() == 3000.0 and trainer.trainer.step > 0
+    trainer.checkpoint()
+    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
+    resumed.follow(spool)
+    resumed.train_for(steps=1)
+    assert resumed.buffer.pushes == 6  # the spool position came back with the buffer: nothing read twice
