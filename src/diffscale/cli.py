@@ -76,7 +76,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_run
 
-    if args.count is not None and args.count < 1 or args.steps < 1:
+    if args.count is not None and args.count < 1 or args.steps is not None and args.steps < 1:
         raise UserError("--count and --steps must be positive", "e.g. --count 50 --steps 10")
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
                         device=args.device, as_json=args.json)
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="example: diffscale eval runs/policy-tiny --count 50 --json")
     p.add_argument("run_dir")
     p.add_argument("--count", type=int, help="rollouts (policy) or ensemble members (fields); default: the task's")
-    p.add_argument("--steps", type=int, default=10, help="denoising steps per generated sample (default 10)")
+    p.add_argument("--steps", type=int, help="denoising steps per generated sample (default: the run's train.sample_steps)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")

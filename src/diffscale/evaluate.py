@@ -16,9 +16,10 @@ from .diffusion.inference import sampling_network
 from .trained import load_trained
 
 
-def evaluate_run(run_dir: Path, *, count: int | None, steps: int, seed: int, device: str | None,
+def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
                  as_json: bool) -> int:
     run = load_trained(run_dir, device)
+    steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
     out_dir.mkdir(parents=True, exist_ok=True)
     network = sampling_network(run.network, run.cfg.runtime)

@@ -15,3 +15,16 @@ def test_latency_records_percentiles_of_each_call(tmp_path, capsys):
     assert record == json.loads(capsys.readouterr().out)
     assert record["task"] == "images" and record["count"] == 2 and record["repeats"] == 3
     assert 0 < record["p50_ms"] <= record["p99_ms"] and record["device"] == "CPU" and not record["compiled"]
+
+
+def test_online_bench_times_a_round_sampling_and_pushes_during_training(tmp_path):
+    from diffscale.bench import online
+
+    out = tmp_path / "online.json"
+    assert online.main(["--device", "cpu", "--outputs", "2", "--round-steps", "3", "--warmup", "1", "--repeats", "2",
+                        "--pushes", "3", "--push-gap-ms", "1", "--sample-steps", "2", "--members", "2",
+                        "--set", "model.hidden=32", "--set", "model.depth=1", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["round_steps"] == 3 and record["round_s"] > 0 and record["device"] == "CPU"
+    assert record["sampling"]["cells"] == 80 and record["sampling"]["p50_ms"] > 0
+    assert record["push"]["count"] == 3 and 0 < record["push"]["p50_ms"] <= record["push"]["p99_ms"]

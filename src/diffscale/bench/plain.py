@@ -98,4 +98,5 @@ def _to(examples, device: torch.device):
 def _bytes_of(dataset) -> int:
     """Bytes of a data set's tensors (each loader worker holds a copy of an in-memory set)."""
     tensors = [v for v in vars(dataset).values() if torch.is_tensor(v)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    tensors += [t for v in vars(dataset).values() if isinstance(v, tuple) for t in v if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)  # a TensorDataset keeps its tensors in a tuple

@@ -144,8 +144,9 @@ class DiffusionConfig:
 class DataConfig:
     """Where training data comes from and how images are augmented (shift_px, hflip: images only)."""
 
-    source: str = "builtin:glyphs"
-    """Data spec; each task reads its own kinds. Images: builtin[:glyphs|numerals|digits|mix],
+    source: str = "builtin"
+    """Data spec; each task reads its own kinds, and plain ``builtin`` is each task's built-in data
+    (images: glyphs; fields: the coarse -> fine generator; policy: reach2d). Images: builtin[:glyphs|numerals|digits|mix],
     imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT (see the README for fields and policy)."""
     shift_px: int = 1
     """Random translation of up to this many pixels (on the device), 0 to disable."""

@@ -171,7 +171,7 @@ def load_fields(spec: str, *, max_items: int = 0) -> FieldData:
 
 def _builtin(spec: str, rest: str) -> FieldData:
     name, _, count = rest.partition(":")
-    if name != "fields":
+    if name not in ("", "fields"):  # plain ``builtin`` is each task's own built-in data
         raise UserError(f"data source '{spec}' holds images, not fields",
                         "for task fields use builtin:fields[:N] or npz:PATH (data.source, or --data)")
     if count and not (count.isdigit() and int(count) > 0):

@@ -286,7 +286,7 @@ class FieldTask:
 
     def reference_data(self) -> ReferenceData:
         data = self.training_data()
-        return ReferenceData(TensorDataset(data.cond, data.x), _StandardiseCollate(self.stats))
+        return ReferenceData(TensorDataset(data.cond, data.x), _StandardiseCollate(self.stats), fp16=False)
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         x, cond = examples["x"], examples["cond"]

@@ -1,0 +1,99 @@
+"""Online field training as a coupled simulation runs it: one training round, ensemble
+sampling, and ``push`` while training runs in the background thread.
+
+``python -m diffscale.bench.online --preset field-icon --json OUT`` fills the replay buffer
+with the preset's round (48 output steps x 80 cells = 3,840 samples), then times
+``train_for(steps=2400)`` (10 epochs at batch 16, after a compiling warm-up round),
+``sample`` of 80 cells x 16 members x 50 steps, and every ``push`` of 80 samples while
+``start()`` trains in the background. Prints and writes one JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import config as C
+from ..online import OnlineTrainer
+from ..runtime.device import synchronize
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "max_ms": float(ms.max())}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
+    rng = np.random.default_rng(0)
+    cells, fine = 80, cfg.model.x_dim or 256
+    coarse = cfg.model.cond_dim or 7
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = OnlineTrainer(Path(tmp) / "run", cfg, capacity=args.outputs * cells)
+        device = trainer.trainer.device
+        for step in range(args.outputs):
+            trainer.push(rng.normal(size=(cells, coarse)), rng.normal(size=(cells, fine)), sim_time=600.0 * step)
+        assert trainer.ready()
+        trainer.train_for(steps=args.warmup)  # compiles; CUDA graphs recorded
+        synchronize(device)
+        start = time.perf_counter()
+        trainer.train_for(steps=args.round_steps)
+        synchronize(device)
+        round_s = time.perf_counter() - start
+        cond = rng.normal(size=(cells, coarse))
+        trainer.sample(cond, n_members=args.members, steps=args.sample_steps)  # compiles the sampling path
+        sampling = []
+        for seed in range(args.repeats):
+            start = time.perf_counter()
+            trainer.sample(cond, n_members=args.members, steps=args.sample_steps, seed=seed)
+            sampling.append(time.perf_counter() - start)  # sample() returns numpy: synchronised
+        pushes, first = [], trainer.trainer.step
+        trainer.start()
+        for step in range(args.pushes):
+            c, x = rng.normal(size=(cells, coarse)), rng.normal(size=(cells, fine))
+            start = time.perf_counter()
+            trainer.push(c, x, sim_time=600.0 * (args.outputs + step))
+            pushes.append(time.perf_counter() - start)
+            time.sleep(args.push_gap_ms / 1e3)  # the simulation computing its next output step
+        trainer.stop()
+        trained_meanwhile = trainer.trainer.step - first
+    return {"preset": args.preset, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            "threads": torch.get_num_threads(), "round_steps": args.round_steps, "batch": cfg.train.batch_per_gpu,
+            "round_s": round_s, "steps_per_s": args.round_steps / round_s,
+            "sampling": {"cells": cells, "members": args.members, "steps": args.sample_steps, **_percentiles(sampling)},
+            "push": {"rows": cells, "count": args.pushes, "gap_ms": args.push_gap_ms, **_percentiles(pushes),
+                     "steps_trained_meanwhile": trained_meanwhile},
+            "torch": torch.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.online")
+    parser.add_argument("--preset", default="field-icon")
+    parser.add_argument("--outputs", type=int, default=48, help="output steps of 80 cells that fill the buffer")
+    parser.add_argument("--round-steps", type=int, default=2400, help="steps of the timed training round")
+    parser.add_argument("--warmup", type=int, default=100, help="untimed steps first (compilation)")
+    parser.add_argument("--members", type=int, default=16)
+    parser.add_argument("--sample-steps", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=20, help="timed sampling calls")
+    parser.add_argument("--pushes", type=int, default=200, help="timed pushes while training runs")
+    parser.add_argument("--push-gap-ms", type=float, default=5.0)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE")
+    parser.add_argument("--json", help="also write the record here")
+    args = parser.parse_args(argv)
+    record = measure(args)
+    print(json.dumps(record))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
