@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 from .errors import UserError
@@ -84,3 +85,15 @@ def os_error(exc: OSError) -> UserError | None:
     if exc.filename2:
         where = f" ('{exc.filename}' -> '{exc.filename2}')"
     return UserError(f"{cause[0]}{where}", cause[1])
+
+
+def refused(exc: BaseException) -> UserError | None:
+    """:func:`os_error` also for libraries that wrap the system's refusal in their own exception
+    (safetensors' Rust writer says "I/O error: No space left on device (os error 28)")."""
+    if isinstance(exc, OSError):
+        return os_error(exc)
+    wrapped = re.search(r"\(os error (\d+)\)", str(exc))
+    if wrapped is None:
+        return None
+    code = int(wrapped.group(1))
+    return os_error(OSError(code, os.strerror(code)))
