@@ -6,10 +6,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from .config import ConfigSources, resolve_config
 from .errors import EXIT_USER_ERROR, UserError
-from .paths import file_target, folder_target, os_error
+from .paths import file_target, folder_target, refused
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -105,8 +106,16 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own refusals (an unknown flag, a bad choice, a missing argument) in the one-line
+    form every other error has, instead of a usage block and a differently shaped message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diffscale",
         description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster with one config.",
     )
@@ -175,24 +184,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return EXIT_USER_ERROR
     try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_USER_ERROR
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except OSError as exc:  # what the system refused (disk full, permission denied) that no check foresaw
-        refused = os_error(exc)
-        if refused is None:
-            raise
-        print(f"error: {refused.message}", file=sys.stderr)
-        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # what the system refused (disk full, permission denied) that no check foresaw
+        said = refused(exc)
+        if said is None:
+            raise
+        print(f"error: {said.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover
