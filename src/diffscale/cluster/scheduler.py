@@ -119,16 +119,19 @@ def parse_scontrol_line(line: str) -> dict[str, str]:
 _SGE_PRIMARY = (("E", "ERROR"), ("d", "DELETING"), ("s", "SUSPENDED"), ("S", "SUSPENDED"), ("T", "SUSPENDED"),
                 ("r", "RUNNING"), ("t", "STARTING"), ("w", "PENDING"), ("q", "PENDING"), ("z", "FINISHED"))
 _SGE_NOTES = {"h": "held", "R": "restarted", "S": "its queue is suspended", "T": "its queue passed a load threshold",
-              "E": "stuck in error state: see qstat -j ID, then qmod -cj ID or qdel ID",
-              "d": "being deleted", "s": "suspended", "t": "being transferred to its host"}
+              "E": "stuck in error state: see qstat -j ID, then qmod -cj ID or qdel ID", "r": "was running",
+              "t": "being transferred to its host"}
+_SGE_ALWAYS_NOTED = "EST"
+"""Letters whose note says more than their word (which error, which suspension)."""
 
 
 def sge_state_words(code: str) -> str:
     """Grid Engine's letter code in words: ``qw`` -> PENDING, ``hqw`` -> PENDING (held),
     ``Rr`` -> RUNNING (restarted), ``Eqw`` -> ERROR (stuck in error state: ...)."""
-    primary = next((word for letter, word in _SGE_PRIMARY if letter in code), "UNKNOWN")
-    first = next((letter for letter, word in _SGE_PRIMARY if letter in code), "")
-    notes = [_SGE_NOTES[c] for c in dict.fromkeys(code) if c in _SGE_NOTES and c != first]
+    first = next((letter for letter, _ in _SGE_PRIMARY if letter in code), "")
+    primary = dict(_SGE_PRIMARY).get(first, "UNKNOWN")
+    notes = [_SGE_NOTES[c] for c in dict.fromkeys(code)
+             if c in _SGE_NOTES and (c != first or c in _SGE_ALWAYS_NOTED)]
     unknown = [c for c in code if c not in "EdsSTrtwqzhR"]
     if unknown:
         notes.append(f"code letters {''.join(unknown)} unknown to diffscale: see man qstat")
