@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from .config import ConfigSources, resolve_config
 from .errors import EXIT_USER_ERROR, UserError
+from .paths import file_target, folder_target, refused
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -22,13 +24,18 @@ def config_sources(args: argparse.Namespace) -> ConfigSources:
                          recipe=getattr(args, "recipe", None), overrides=getattr(args, "set", None) or [])
 
 
+def at_least(value: int | None, least: int, flag: str, example: str) -> None:
+    """A numeric flag below its range is refused up front, naming the range."""
+    if value is not None and value < least:
+        raise UserError(f"{flag} {value} is out of range (it must be {least} or more)", f"e.g. {flag} {example}")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    at_least(args.max_steps, 1, "--max-steps", "100")
     cfg = resolve_config(config_sources(args))
-    out = Path(args.out or os.path.join("runs", cfg.preset))
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError(f"--max-steps {args.max_steps} is not positive", "pass a step count of 1 or more")
+    out = folder_target(args.out or os.path.join("runs", cfg.preset), "--out")
     if args.dry_run:
         print(cfg.to_yaml(), end="")
         return 0
@@ -47,8 +54,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from .tasks import preview
     from .trained import load_trained
 
-    if args.n < 1 or args.steps < 1:
-        raise UserError("--n and --steps must be positive", "e.g. --n 64 --steps 50")
+    at_least(args.n, 1, "--n", "64")
+    at_least(args.steps, 1, "--steps", "50")
+    if args.out:
+        file_target(args.out, "--out", example="samples.png")
     run = load_trained(Path(args.run_dir), args.device)
     name = f"sample_step{run.step:08d}_seed{args.seed}_{args.sampler}{args.steps}.png"
     out = Path(args.out) if args.out else run.run_dir / "samples" / name
@@ -67,6 +76,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_network
     from .trained import load_trained
 
+    folder_target(args.diffusers, "--diffusers")
     run = load_trained(Path(args.run_dir), "cpu")
     how = export_network(run.task, run.network, Path(args.diffusers))
     print(f"exported EMA weights of step {run.step} to {args.diffusers} (load with {how})")
@@ -76,8 +86,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_run
 
-    if args.count is not None and args.count < 1 or args.steps is not None and args.steps < 1:
-        raise UserError("--count and --steps must be positive", "e.g. --count 50 --steps 10")
+    at_least(args.count, 1, "--count", "50")
+    at_least(args.steps, 1, "--steps", "10")
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
                         device=args.device, as_json=args.json)
 
@@ -104,8 +114,16 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own refusals (an unknown flag, a bad choice, a missing argument) in the one-line
+    form every other error has, instead of a usage block and a differently shaped message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="diffscale",
         description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster with one config.",
     )
@@ -175,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return EXIT_USER_ERROR
     try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_USER_ERROR
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -187,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # what the system refused (disk full, permission denied) that no check foresaw
+        said = refused(exc)
+        if said is None:
+            raise
+        print(f"error: {said.message}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

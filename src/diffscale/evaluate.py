@@ -5,6 +5,7 @@ JSON line, kept in ``RUN_DIR/eval/step_NNNNNNNN/`` and appended to ``metrics.jso
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -21,9 +22,15 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     run = load_trained(run_dir, device)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
+    made = next((p for p in (*reversed(out_dir.parents), out_dir) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     network = sampling_network(run.network, run.cfg.runtime)
-    scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed)
+    try:
+        scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed)
+    except BaseException:
+        if made is not None:  # a task that cannot evaluate (or an interrupted one) leaves no empty folders
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     record = {"kind": "eval", "step": run.step, "task": run.cfg.task, "steps": steps, "seed": seed, **scores,
               "time": time.time()}
     (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))

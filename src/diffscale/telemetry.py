@@ -1,12 +1,21 @@
-"""Progress, metrics (JSON lines + TensorBoard) and the throughput meter. Rank 0 only."""
+"""Progress, metrics (JSON lines + TensorBoard) and the throughput meter. Rank 0 only.
+
+One record per step, also across a kill: a run killed after its last checkpoint logged steps
+it will train again on resume, so opening the metrics at ``start_step`` drops the training
+records after it from metrics.jsonl and has TensorBoard purge them (``purge_step``). A
+rollback within a run (:meth:`Telemetry.log` of a step already logged) does the same.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from .errors import UserError
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -38,20 +47,17 @@ class Telemetry:
                  console: Console | None = None, tensorboard: bool = True) -> None:
         self.enabled = enabled
         self.console = console or Console(stderr=False)
+        self._path = Path(run_dir) / "metrics.jsonl"
+        self._tb_dir = Path(run_dir) / "tb"
         self._jsonl = None
         self._tb = None
+        self._tensorboard = tensorboard
+        self._last_step = start_step
         self._progress: Progress | None = None
         self._task = None
         if not enabled:
             return
-        self._jsonl = open(Path(run_dir) / "metrics.jsonl", "a", buffering=1)
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
-            except Exception as exc:  # TensorBoard missing or broken: metrics.jsonl still has everything
-                self.console.print(f"[yellow]warning: TensorBoard disabled ({exc})[/]")
+        self._open(start_step)
         if self.console.is_terminal and sys.stdout.isatty():
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -60,15 +66,37 @@ class Telemetry:
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
             self._progress.start()
 
+    def _open(self, after_step: int) -> None:
+        """Open metrics.jsonl and TensorBoard with nothing logged after ``after_step``."""
+        _truncate_after(self._path, after_step)
+        self._jsonl = open(self._path, "a", buffering=1)
+        if self._tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                # purge_step hides the events at and after it that an earlier writer left
+                self._tb = SummaryWriter(log_dir=str(self._tb_dir), purge_step=after_step + 1)
+            except Exception as exc:  # TensorBoard missing or broken: metrics.jsonl still has everything
+                self.console.print(f"[yellow]warning: TensorBoard disabled ({exc})[/]")
+
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        step = record["step"]
+        if step <= self._last_step:  # rolled back to an earlier checkpoint: those steps are trained again
+            self._close_files()
+            self._open(step - 1)
+        self._last_step = step
         assert self._jsonl is not None
-        self._jsonl.write(json.dumps(record) + "\n")
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            raise UserError(f"could not write {self._path} at step {step} ({exc.strerror})",
+                            "free space there (df -h), then continue with --resume auto from the newest checkpoint") from exc
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"train/{key}", value, record["step"])
+                    self._tb.add_scalar(f"train/{key}", value, step)
         info = f"loss {record['loss']:.4f}  {record['samples_per_s']:.0f} samples/s"
         if self._progress is not None:
             self._progress.update(self._task, completed=record["step"], info=info)
@@ -76,13 +104,44 @@ class Telemetry:
             self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
                                f"eta {record.get('eta_s', 0):.0f}s", highlight=False)
 
+    def _close_files(self) -> None:
+        """Close both writers; a flush the disk refuses (full) is a warning, not a second error
+        that would hide the first one (close runs in the loop's ``finally``)."""
+        for name in ("_tb", "_jsonl"):
+            writer = getattr(self, name)
+            setattr(self, name, None)
+            if writer is None:
+                continue
+            try:
+                writer.close()
+            except OSError as exc:
+                self.console.print(f"warning: metrics not completely written ({exc.strerror})", highlight=False)
+
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        self._close_files()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Drop the training records after ``step`` (and a line cut by a kill) from a JSON-lines
+    file, atomically; records of other kinds (``diffscale eval``) are kept."""
+    if not path.is_file():
+        return
+    kept, dropped = [], False
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            dropped = True
+            continue
+        if isinstance(record, dict) and "kind" not in record and isinstance(record.get("step"), int) \
+                and record["step"] > step:
+            dropped = True
+            continue
+        kept.append(line)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, path)

@@ -212,12 +212,17 @@ sys.exit(3)
     while not all((run_dir / f"started.{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert all((run_dir / f"started.{r}").exists() for r in (0, 1)), "the ranks never started"
-    time.sleep(1)  # srun forwards signals to tasks it has fully launched
-    # what --signal=B:USR2@LEAD does at the time limit: signal the batch shell only
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    # What --signal=B:USR2@LEAD does at the time limit: signal the batch shell only. srun passes a
+    # signal on only to tasks it has finished launching, which takes longer on a busy machine:
+    # signal again until every rank says it checkpointed (no sleep tuned to an idle machine).
+    log_file = run_dir / submissions(run_dir)[-1]["jobs"][0]["log"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(f"rank {r} checkpointed" in log_file.read_text() for r in (0, 1)):
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+        time.sleep(2)
     states = wait_done(run_dir, timeout=120)
     assert states[0]["state"] == "COMPLETED" and "restarts 1" in states[0]["detail"], states
-    log = (run_dir / submissions(run_dir)[-1]["jobs"][0]["log"]).read_text()
+    log = log_file.read_text()
     assert "rank 0 checkpointed" in log and "rank 1 checkpointed" in log
     assert "requeueing job" in log and "rank 0 finished" in log and "rank 1 finished" in log
 

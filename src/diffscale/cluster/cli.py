@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..paths import file_target, folder_target
+
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A discovered profile's name: also its file name and what --cluster is given."""
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -109,7 +114,7 @@ def _workload(args: argparse.Namespace):
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
         cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset, config_file=None if args.preset else target[0],
                                                          overrides=args.overrides or []))
-        run_dir = Path(args.out or f"runs/{cfg.preset}-{_stamp()}").expanduser().absolute()
+        run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
         data_bytes = 0
         if cfg.data.source.startswith("npz:"):
             npz = Path(cfg.data.source[4:]).expanduser()
@@ -119,47 +124,49 @@ def _workload(args: argparse.Namespace):
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     if args.overrides:
         raise UserError("--set applies to diffscale runs, not to a user command", "drop --set, or pass the options to your command")
-    run_dir = Path(args.out or f"runs/job-{_stamp()}").expanduser().absolute()
+    run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
     return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
 
 
 def _plans(args: argparse.Namespace):
+    from .flags import check_numbers, check_signal_lead, warning_signal
     from .jobspec import RaceSpec, job_name
     from .plan import PlanOptions, make_plan
     from .profile_io import load_profile
     from .profiles import SAFE_NAME
     from .shape import Shape, parse_race
-    from .timefmt import parse_duration
+    from .timefmt import parse_time_limit
+    from .workload import DiffscaleRun
 
+    check_numbers(args)
     for flag in ("account", "qos"):
         value = getattr(args, flag)
         if value is not None and not SAFE_NAME.match(value):
             raise UserError(f"--{flag} '{value}' has characters a scheduler option cannot carry",
                             "use letters, digits and _ . + : = / @ , - only")
+    time_s = parse_time_limit(args.time) if args.time is not None else None
+    race = getattr(args, "race", None)
+    shapes = parse_race(race) if race else None
     profile = load_profile(args.cluster)
     workload, run_dir, cfg = _workload(args)
+    signal = warning_signal(args.signal, diffscale_run=isinstance(workload, DiffscaleRun))
     part = profile.partition(args.partition)
     use_gpus = args.procs_per_node is None
-    per_node = args.gpus_per_node or args.procs_per_node or part.gpus_per_node or 1
-    time_s = parse_duration(args.time, what="--time") if args.time else None
-    signal = None if str(args.signal).lower() == "none" else str(args.signal).upper().removeprefix("SIG")
-    if signal == "AUTO":
-        signal = "auto"
-    shapes = [(args.nodes, per_node)]
-    race = getattr(args, "race", None)
-    if race:
-        shapes = parse_race(race)
+    per_node = next((n for n in (args.gpus_per_node, args.procs_per_node, part.gpus_per_node) if n), 1)
     plans = []
-    for nodes, g in shapes:
+    for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
         race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}") for n, k in shapes if (n, k) != (nodes, g))) \
-            if race else None
+            if shapes else None
         shape = Shape(nodes=nodes, ranks_per_node=g, partition=args.partition, time_s=time_s,
                       cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=use_gpus)
         options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
                               signal_lead_s=args.signal_lead, signal=signal, global_batch=args.global_batch,
                               race=race_spec, chain=not args.no_chain)
-        plans.append(make_plan(profile, shape, workload, options))
+        plan = make_plan(profile, shape, workload, options)
+        if args.signal_lead is not None:
+            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
+        plans.append(plan)
     return profile, workload, run_dir, cfg, plans
 
 
@@ -180,7 +187,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     _, _, _, _, plans = _plans(args)
     for plan in plans:
-        report.print_plan(plan)
+        report.print_plan(plan, time_asked=args.time is not None)
     _refuse_failed(plans, args.force)
     return 0
 
@@ -193,7 +200,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     profile, workload, run_dir, cfg, plans = _plans(args)
     for plan in plans:
-        report.print_checks(plan)
+        report.print_checks(plan, time_asked=args.time is not None)
     _refuse_failed(plans, args.force)
     run_dir.mkdir(parents=True, exist_ok=True)
     if len(plans) > 1 and racemod.owner(run_dir) is not None:
@@ -206,13 +213,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from . import jobs, report
-    from .scheduler import for_kind
+def _checked_states(run_dir: str):
+    """(submission, scheduler, states): the ids of jobs.json checked against the scheduler's
+    names and users, ended jobs diffscale cancelled shown as cancelled."""
+    from . import jobs, race
     from .profiles import SchedulerKind
+    from .scheduler import for_kind
 
-    sub = jobs.latest(args.run_dir)
-    states = for_kind(SchedulerKind(sub.scheduler)).states([j.job_id for j in sub.jobs])
+    sub = jobs.latest(run_dir)
+    sched = for_kind(SchedulerKind(sub.scheduler))
+    states = sched.states([j.job_id for j in sub.jobs])
+    jobs.check_ours(sub, states, run_dir)
+    owner = race.owner(Path(run_dir)) if sub.race else None
+    return sub, sched, jobs.with_cancellations(sub, states, run_dir, owner)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from . import report
+
+    sub, _, states = _checked_states(args.run_dir)
     report.print_status(sub, states, Path(args.run_dir))
     return 0
 
@@ -220,6 +239,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from . import jobs
 
+    if args.lines < 0:
+        raise UserError(f"-n {args.lines} is out of range: the number of last lines is 0 (all) or more",
+                        "pass e.g. -n 50, or leave -n out for the whole log")
     sub = jobs.latest(args.run_dir)
     candidates = [j for j in sub.jobs if args.job in (None, j.job_id)]
     if not candidates:
@@ -240,16 +262,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from . import jobs
-    from .profiles import SchedulerKind
-    from .scheduler import for_kind
 
-    sub = jobs.latest(args.run_dir)
-    sched = for_kind(SchedulerKind(sub.scheduler))
-    active = [s.job_id for s in sched.states([j.job_id for j in sub.jobs]) if s.active]
+    _, sched, states = _checked_states(args.run_dir)
+    active = [s.job_id for s in states if s.active]
     if not active:
         print("nothing to cancel: no job of this run is pending or running")
         return 0
     sched.cancel(active)
+    jobs.record_cancelled(args.run_dir, active)
     print(f"cancelled {len(active)} job(s): {', '.join(active)}")
     return 0
 
@@ -278,6 +298,10 @@ def cmd_cluster_discover(args: argparse.Namespace) -> int:
     from .profiles import SchedulerKind
     from .scheduler import run
 
+    if not PROFILE_NAME.fullmatch(args.name):
+        raise UserError(f"--name '{args.name}' is not a usable profile name",
+                        "use letters, digits and _ . - (starting with a letter or digit), e.g. --name mycluster")
+    out = file_target(args.out if args.out else user_dir() / f"{args.name}.yaml", "--out", example="cluster.yaml")
     kind = args.scheduler
     if kind is None:
         if shutil.which("scontrol") and run(["scontrol", "ping"], check=False).returncode == 0:
@@ -291,7 +315,6 @@ def cmd_cluster_discover(args: argparse.Namespace) -> int:
     # round-trip through the loader: what we write is exactly what plan will accept
     text = dump_profile(profile)
     profile_from_dict(profile_to_dict(profile), source="discovered profile")
-    out = Path(args.out) if args.out else user_dir() / f"{args.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# Discovered from the live {kind} scheduler by `diffscale cluster discover`.\n"
                    "# Check it: unknown facts are null; add setup lines (module load ...) and NCCL env.\n" + text)

@@ -25,7 +25,25 @@ def _u(value: object, unit: str = "") -> str:
     return "unknown" if value is None else f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
 
 
-def print_plan(plan: Plan) -> None:
+def time_limit(plan: Plan, asked: bool) -> str:
+    """The wall time the job will run under, and where that figure comes from."""
+    from .plan import SEGMENT_MARGIN_S
+
+    t, part = plan.spec.time_s, plan.partition
+    if t is None:
+        return (f"none passed to the scheduler: partition '{part.name}''s default applies, which the profile does not "
+                "document (on a partition without a maximum the job may run unlimited); pass --time to set one")
+    if asked:
+        return f"{hms(t)} (--time)"
+    if plan.estimate_s is None:
+        return f"{hms(t)}: the partition's maximum (diffscale cannot estimate a user command's time; pass --time)"
+    if part.max_time_s is not None and t == part.max_time_s:
+        return f"{hms(t)}: the partition's maximum (estimated training ~{human(plan.estimate_s)} needs no less)"
+    return (f"{hms(t)}: estimated training ~{human(plan.estimate_s)} x 1.2 + {SEGMENT_MARGIN_S // 60} min margin, "
+            "rounded up to 15 min")
+
+
+def print_plan(plan: Plan, *, time_asked: bool) -> None:
     console = _console()
     console.rule(f"job script ({plan.shape.label})")
     # the script verbatim: no markup, no highlighting, so it can be copied as is
@@ -45,12 +63,12 @@ def print_plan(plan: Plan) -> None:
         for s in plan.segments:
             seg.add_row(str(s.index), hms(s.time_s), s.steps)
         console.print(seg)
-    print_checks(plan)
+    print_checks(plan, time_asked=time_asked)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
 
 
-def print_checks(plan: Plan) -> None:
+def print_checks(plan: Plan, *, time_asked: bool) -> None:
     console = _console()
     table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, shape {plan.shape.label}")
     for col in ("check", "result", "detail", "fix"):
@@ -59,6 +77,7 @@ def print_checks(plan: Plan) -> None:
     for c in plan.checks:
         table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
     console.print(table)
+    console.print(f"time limit ({plan.shape.label}): {time_limit(plan, time_asked)}", markup=False)
 
 
 def print_submission(sub: Submission) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 from ..errors import UserError
 from . import sge, slurm
+from .jobs import JobState
 from .profiles import SchedulerKind
 
 
@@ -33,15 +33,11 @@ def run(argv: Sequence[str], *, cwd: str | Path | None = None, check: bool = Tru
     return proc
 
 
-@dataclass(frozen=True)
-class JobState:
-    job_id: str
-    state: str
-    """Scheduler's word (PENDING, RUNNING, COMPLETED, ... / qw, r, ... / finished)."""
-    detail: str = ""
-    """Reason, nodes, exit code -- whatever the scheduler tells."""
-    active: bool = False
-    """Pending or running (cancel would act on it)."""
+SLURM_FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                         "BOOT_FAIL", "DEADLINE"})
+"""SLURM job states after which a job never runs again by itself. Every other state -- PENDING,
+RUNNING, and also SIGNALING, STOPPED, SPECIAL_EXIT, STAGE_OUT, RESIZING, REVOKED or one a
+later SLURM adds -- is active: the job may still hold nodes, and cancel must act on it."""
 
 
 class Scheduler(Protocol):
@@ -77,23 +73,14 @@ class Slurm:
         result = []
         for job_id in job_ids:
             proc = run(["scontrol", "show", "job", "-o", job_id], check=False)
-            if proc.returncode != 0 or "JobId=" not in proc.stdout:
+            if proc.returncode == 0 and "JobId=" in proc.stdout:
+                result.append(slurm_state(job_id, parse_scontrol_line(proc.stdout.splitlines()[0])))
+            elif "invalid job id" in proc.stderr.lower() or proc.returncode == 0:
                 result.append(JobState(job_id, "GONE", "no longer known to slurmctld (ended a while ago); see its log"))
-                continue
-            fields = parse_scontrol_line(proc.stdout.splitlines()[0])
-            state = fields.get("JobState", "?")
-            bits = []
-            if fields.get("Reason") not in (None, "None"):
-                bits.append(f"reason {fields['Reason']}")
-            if fields.get("NodeList") not in (None, "(null)", ""):
-                bits.append(f"nodes {fields['NodeList']}")
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED"):
-                bits.append(f"exit {fields.get('ExitCode', '?')}")
-            if fields.get("Restarts", "0") != "0":
-                bits.append(f"restarts {fields['Restarts']}")
-            result.append(JobState(job_id, state, ", ".join(bits),
-                                   active=state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED",
-                                                    "COMPLETING", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")))
+            else:  # slurmctld down or unreachable: not a fact about the job
+                said = proc.stderr.strip().splitlines()
+                raise UserError(f"`scontrol show job {job_id}` failed: {said[-1] if said else proc.returncode}",
+                                "check that slurmctld answers (scontrol ping), then ask again")
         return result
 
     def cancel(self, job_ids: Sequence[str]) -> None:
@@ -104,12 +91,70 @@ class Slurm:
         return slurm.log_path(job_name, job_id)
 
 
+def slurm_state(job_id: str, fields: dict[str, str]) -> JobState:
+    """One ``scontrol show job -o`` record as a JobState: final only in :data:`SLURM_FINAL`."""
+    state = (fields.get("JobState") or "?").split()[0]
+    final = state in SLURM_FINAL
+    bits = []
+    if fields.get("Reason") not in (None, "None"):
+        bits.append(f"reason {fields['Reason']}")
+    if fields.get("NodeList") not in (None, "(null)", ""):
+        bits.append(f"nodes {fields['NodeList']}")
+    if final:  # an exit code is only a result once the job has one
+        bits.append(f"exit {fields.get('ExitCode', '?')}")
+    if fields.get("Restarts", "0") != "0":
+        bits.append(f"restarts {fields['Restarts']}")
+    user = fields.get("UserId", "").split("(", 1)[0] or None  # UserId=alice(1000)
+    return JobState(job_id, state, ", ".join(bits), active=not final, name=fields.get("JobName"), user=user)
+
+
 def parse_scontrol_line(line: str) -> dict[str, str]:
     """``Key=Value Key=Value`` (``scontrol show ... -o``); values never contain '=' + space."""
     fields: dict[str, str] = {}
     for match in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|$)", line.strip()):
         fields[match.group(1)] = match.group(2).strip()
     return fields
+
+
+_SGE_PRIMARY = (("E", "ERROR"), ("d", "DELETING"), ("s", "SUSPENDED"), ("S", "SUSPENDED"), ("T", "SUSPENDED"),
+                ("r", "RUNNING"), ("t", "STARTING"), ("w", "PENDING"), ("q", "PENDING"), ("z", "FINISHED"))
+_SGE_NOTES = {"h": "held", "R": "restarted", "S": "its queue is suspended", "T": "its queue passed a load threshold",
+              "E": "stuck in error state: see qstat -j ID, then qmod -cj ID or qdel ID", "r": "was running",
+              "t": "being transferred to its host"}
+_SGE_ALWAYS_NOTED = "EST"
+"""Letters whose note says more than their word (which error, which suspension)."""
+
+
+def sge_state_words(code: str) -> str:
+    """Grid Engine's letter code in words: ``qw`` -> PENDING, ``hqw`` -> PENDING (held),
+    ``Rr`` -> RUNNING (restarted), ``Eqw`` -> ERROR (stuck in error state: ...)."""
+    first = next((letter for letter, _ in _SGE_PRIMARY if letter in code), "")
+    primary = dict(_SGE_PRIMARY).get(first, "UNKNOWN")
+    notes = [_SGE_NOTES[c] for c in dict.fromkeys(code)
+             if c in _SGE_NOTES and (c != first or c in _SGE_ALWAYS_NOTED)]
+    unknown = [c for c in code if c not in "EdsSTrtwqzhR"]
+    if unknown:
+        notes.append(f"code letters {''.join(unknown)} unknown to diffscale: see man qstat")
+    return primary + (f" ({', '.join(notes)})" if notes else "")
+
+
+def parse_qstat_xml(text: str) -> dict[str, dict[str, str]]:
+    """``qstat -xml -u '*'`` -> job id -> {state, name, owner, queue} (names are not cut
+    to 10 characters as in the plain listing)."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise UserError(f"qstat -xml answered something that is not XML ({exc})",
+                        "check that `qstat -xml` works here, then ask again") from exc
+    jobs: dict[str, dict[str, str]] = {}
+    for item in root.iter("job_list"):
+        values = {child.tag: (child.text or "").strip() for child in item}
+        if values.get("JB_job_number"):
+            jobs[values["JB_job_number"]] = {"state": values.get("state", "?"), "name": values.get("JB_name", ""),
+                                             "owner": values.get("JB_owner", ""), "queue": values.get("queue_name", "")}
+    return jobs
 
 
 class GridEngine:
@@ -126,31 +171,21 @@ class GridEngine:
         return job_id
 
     def states(self, job_ids: Sequence[str]) -> list[JobState]:
-        listing = run(["qstat", "-u", "*"], check=False).stdout
-        live: dict[str, tuple[str, str]] = {}
-        for line in listing.splitlines()[2:]:
-            cols = line.split()
-            if len(cols) >= 5 and cols[0].isdigit():
-                queue = cols[7] if len(cols) > 8 and "@" in cols[7] else ""
-                live[cols[0]] = (cols[4], queue)
+        live = parse_qstat_xml(run(["qstat", "-xml", "-u", "*"]).stdout)
         result = []
         for job_id in job_ids:
             if job_id in live:
-                state, queue = live[job_id]
-                words = {"qw": "PENDING", "hqw": "HELD", "r": "RUNNING", "t": "STARTING", "Rr": "RUNNING (rescheduled)",
-                         "Rq": "PENDING (rescheduled)", "dr": "DELETING", "Eqw": "ERROR"}
-                result.append(JobState(job_id, words.get(state, state), f"state {state}" + (f", {queue}" if queue else ""),
-                                       active=True))
+                job = live[job_id]
+                where = f", {job['queue']}" if job["queue"] else ""
+                result.append(JobState(job_id, sge_state_words(job["state"]), f"state {job['state']}{where}",
+                                       active=True, name=job["name"] or None, user=job["owner"] or None))
                 continue
             acct = run(["qacct", "-j", job_id], check=False)
             if acct.returncode != 0:
-                result.append(JobState(job_id, "GONE", "not in qstat, not yet in qacct (accounting flushes late)"))
+                result.append(JobState(job_id, "GONE", "not in qstat, not in qacct (a job deleted while pending "
+                                                       "leaves no record; accounting may also flush late)"))
                 continue
-            fields = parse_qacct(acct.stdout)
-            failed = fields.get("failed", "0").split()[0]
-            exit_status = fields.get("exit_status", "?").split()[0]
-            state = "COMPLETED" if failed == "0" and exit_status == "0" else "FAILED"
-            result.append(JobState(job_id, state, f"exit {exit_status}, failed {fields.get('failed', '?')}"))
+            result.append(sge_finished_state(job_id, parse_qacct(acct.stdout)))
         return result
 
     def cancel(self, job_ids: Sequence[str]) -> None:
@@ -159,6 +194,19 @@ class GridEngine:
 
     def log_path(self, job_name: str, job_id: str) -> str:
         return sge.log_path(job_name, job_id)
+
+
+def sge_finished_state(job_id: str, fields: dict[str, str]) -> JobState:
+    """A job's last ``qacct`` record as a JobState: COMPLETED, CANCELLED (qdel) or FAILED."""
+    failed = fields.get("failed", "0").split()[0]
+    exit_status = fields.get("exit_status", "?").split()[0]
+    deleted_by = fields.get("deleted_by", "NONE")
+    detail = f"exit {exit_status}, failed {fields.get('failed', '?')}"
+    if deleted_by not in ("NONE", ""):
+        state, detail = "CANCELLED", f"deleted by {deleted_by}; {detail}"
+    else:
+        state = "COMPLETED" if failed == "0" and exit_status == "0" else "FAILED"
+    return JobState(job_id, state, detail, name=fields.get("jobname"), user=fields.get("owner"))
 
 
 def parse_qacct(text: str) -> dict[str, str]:

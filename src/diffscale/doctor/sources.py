@@ -126,27 +126,49 @@ def from_log(path: Path, ev: Evidence) -> None:
         ev.texts.append((str(path), read_tail(path)))
 
 
+def _readable(path: Path, ev: Evidence, read) -> None:
+    """Read one file of a run directory; one the user may not read is skipped with the reason
+    (the rest of the run still tells what happened)."""
+    try:
+        read(path, ev)
+    except OSError as exc:
+        ev.skipped.append(f"{path}: not readable ({exc.strerror})")
+
+
+def _metrics(path: Path, ev: Evidence) -> None:
+    ev.records.append((str(path), _jsonl(path)))
+
+
+def _scheduler_records(run_dir: Path, ev: Evidence) -> None:
+    from ..cluster import jobs
+
+    try:
+        submissions = jobs.load(run_dir)
+    except UserError as exc:
+        ev.skipped.append(exc.cause)
+        return
+    for sub in submissions:
+        reader = slurm_job if sub.scheduler == "slurm" else sge_job
+        for job in sub.jobs:
+            if not reader(job.job_id, ev):
+                ev.skipped.append(f"{sub.scheduler} job {job.job_id}: no scheduler record here")
+
+
 def from_run_dir(run_dir: Path, ev: Evidence) -> None:
     logs = run_dir / "logs"
     for path in sorted(logs.rglob("*")) if logs.is_dir() else []:
         if path.is_file():
-            from_log(path, ev)
+            _readable(path, ev, from_log)
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
-        ev.records.append((str(metrics), _jsonl(metrics)))
+        _readable(metrics, ev, _metrics)
     for path in sorted(run_dir.glob("*.json")):
         if path.name != "jobs.json":
             records = _json_records(path)
             if records:
                 ev.records.append((str(path), records))
     if (run_dir / "jobs.json").is_file():
-        from ..cluster import jobs
-
-        for sub in jobs.load(run_dir):
-            reader = slurm_job if sub.scheduler == "slurm" else sge_job
-            for job in sub.jobs:
-                if not reader(job.job_id, ev):
-                    ev.skipped.append(f"{sub.scheduler} job {job.job_id}: no scheduler record here")
+        _scheduler_records(run_dir, ev)
 
 
 def from_job_id(job_id: str, ev: Evidence) -> None:
@@ -161,7 +183,11 @@ def gather(target: str) -> Evidence:
     if path.is_dir():
         from_run_dir(path, ev)
     elif path.is_file():
-        from_log(path, ev)
+        try:
+            from_log(path, ev)
+        except OSError as exc:
+            raise UserError(f"cannot read the log '{target}' ({exc.strerror})",
+                            "check its permissions (ls -l), or run the doctor as a user who may read it") from exc
     elif target.isdigit():
         from_job_id(target, ev)
     else:

@@ -164,15 +164,8 @@ def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
 
 
-def save_checkpoint(run_dir: Path, state: TrainingState, *, keep: int) -> Path:
-    """Write atomically (temporary folder, fsync, rename), then prune to the newest ``keep``."""
-    root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{state.step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+def _write_files(tmp: Path, state: TrainingState) -> None:
+    """Every file of one checkpoint, fsynced, the manifest last."""
     opt_tensors, opt_info = _flatten_optimizer(state.optimizer)
     files = {
         "model.safetensors": _cpu(state.model),
@@ -198,6 +191,34 @@ def save_checkpoint(run_dir: Path, state: TrainingState, *, keep: int) -> Path:
     with open(manifest_path, "rb+") as fh:
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
+
+
+def _write_failed(exc: Exception, root: Path, name: str) -> UserError:
+    """A checkpoint the disk refused (full, quota, permissions): what is left, and how to go on."""
+    newest = list_checkpoints(root.parent)
+    kept = f"the newest complete checkpoint, {newest[-1].name}, is intact" if newest else "no checkpoint was written yet"
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return UserError(f"could not write checkpoint {name} in '{root}' ({reason}); {kept}",
+                     "free space there (df -h) or fix its permissions, then continue with --resume auto")
+
+
+def save_checkpoint(run_dir: Path, state: TrainingState, *, keep: int) -> Path:
+    """Write atomically (temporary folder, fsync, rename), then prune to the newest ``keep``.
+    A write the disk refuses removes the partial folder and leaves every earlier checkpoint."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{state.step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        _write_files(tmp, state)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint only takes the space a retry needs
+        if isinstance(exc, (OSError, SafetensorError)):
+            raise _write_failed(exc, root, final.name) from exc
+        raise
     if final.exists():  # the same step saved again (e.g. after a rollback): replace it
         old = root / f".old-{final.name}-{os.getpid()}"
         final.rename(old)
@@ -233,7 +254,16 @@ def _alive(pid: int) -> bool:
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """Check the manifest against the files; returns the manifest or raises CorruptCheckpoint."""
+    """Check the manifest against the files; returns the manifest or raises CorruptCheckpoint
+    (also for a file the user may not read: it cannot be resumed from either)."""
+    try:
+        return _verify(path)
+    except OSError as exc:
+        where = Path(exc.filename).name if exc.filename else "a file"
+        raise CorruptCheckpoint(f"{path.name}: {where} is not readable ({exc.strerror})") from exc
+
+
+def _verify(path: Path) -> dict[str, Any]:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise CorruptCheckpoint(f"{path.name}: manifest.json is missing")
@@ -275,23 +305,25 @@ def load_checkpoint(path: Path) -> TrainingState:
 
 
 def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
-    """Newest checkpoint that verifies; damaged ones are skipped with a warning."""
+    """Newest checkpoint that verifies; damaged or unreadable ones are skipped with a warning.
+    None when the run has no checkpoint; a UserError naming each one when none is usable."""
+    damaged = []
     for path in reversed(list_checkpoints(run_dir)):
         try:
             return load_checkpoint(path)
         except CorruptCheckpoint as exc:
+            damaged.append(str(exc))
             log(f"warning: checkpoint {exc}; falling back to the previous one")
+    if damaged:
+        raise UserError(f"every checkpoint in '{checkpoint_root(run_dir)}' is damaged or unreadable: {'; '.join(damaged)}",
+                        "restore one from a backup (or make it readable), or start a new run with another --out")
     return None
 
 
 def load_resume(run_dir: Path, resume: str, *, log=print) -> TrainingState | None:
     """``auto``: newest good checkpoint (None when the run dir has none); else a checkpoint path."""
     if resume == "auto":
-        state = load_latest(run_dir, log=log)
-        if state is None and list_checkpoints(run_dir):
-            raise UserError(f"every checkpoint in '{checkpoint_root(run_dir)}' is damaged",
-                            "restore one from a backup, or start a new run with another --out")
-        return state
+        return load_latest(run_dir, log=log)
     path = Path(resume)
     if not path.is_dir():
         raise UserError(f"checkpoint '{resume}' does not exist", "pass --resume auto or an existing checkpoints/step_NNNNNNNN folder")

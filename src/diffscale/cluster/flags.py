@@ -1,0 +1,67 @@
+"""Range checks of the job flags of plan and submit, each message naming the flag and its range.
+
+argparse checks that a value is a number; these check that it is a usable one, before a
+profile is read or anything is written. Without them ``--gpus-per-node 0`` silently meant
+"all of a node's", ``--max-restarts -1`` "never requeue", ``--mem -5`` an OOM warning, and
+``--signal BOGUS`` or ``--signal-lead -5`` reached sbatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal as signals
+
+from ..errors import UserError, closest
+from ..runtime.signals import STOP_SIGNALS
+
+MAX_SIGNAL_LEAD_S = 65535
+"""SLURM's --signal=...@LEAD takes at most 65535 seconds."""
+TRAINER_SIGNALS = tuple(s.name.removeprefix("SIG") for s in STOP_SIGNALS)
+"""Signals a diffscale run checkpoints on."""
+COMMAND_SIGNALS = tuple(name for name in ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "CONT", "URG", "XCPU",
+                                          "WINCH") if hasattr(signals, f"SIG{name}"))
+"""Signals a user command may trap (KILL and STOP cannot be caught: no warning at all)."""
+
+
+def _at_least(value: int | float | None, least: int | float, flag: str, what: str) -> None:
+    if value is not None and value < least:
+        raise UserError(f"{flag} {value:g} is out of range: {what}", f"pass {flag} {least:g} or more")
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every numeric job flag within its range (argparse already checked the types)."""
+    _at_least(args.nodes, 1, "--nodes", "a job needs at least 1 node")
+    _at_least(args.gpus_per_node, 1, "--gpus-per-node", "at least 1 GPU (rank) per node; leave it out for all of a node's")
+    _at_least(args.procs_per_node, 1, "--procs-per-node", "at least 1 process per node")
+    _at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
+    if args.mem is not None and not (args.mem > 0 and math.isfinite(args.mem)):
+        raise UserError(f"--mem {args.mem:g} is out of range: host memory per node is a positive number of GB",
+                        "pass e.g. --mem 64, or leave --mem out for the estimate")
+    _at_least(args.global_batch, 1, "--global-batch", "a batch of at least 1 example")
+    _at_least(args.max_restarts, 0, "--max-restarts", "0 (never requeue) or more requeues")
+    lead = args.signal_lead
+    if lead is not None and not 1 <= lead <= MAX_SIGNAL_LEAD_S:
+        raise UserError(f"--signal-lead {lead} is out of range: the warning comes 1 to {MAX_SIGNAL_LEAD_S} s before "
+                        "the time limit", "pass e.g. --signal-lead 120, or leave it out for the default")
+
+
+def warning_signal(text: str | None, *, diffscale_run: bool) -> str | None:
+    """``--signal`` as the job scripts take it: ``auto``, a signal name without SIG, or None (``none``)."""
+    value = "auto" if text is None else str(text).strip()
+    if value.lower() in ("auto", "none"):
+        return None if value.lower() == "none" else "auto"
+    name = value.upper().removeprefix("SIG")
+    valid = TRAINER_SIGNALS if diffscale_run else COMMAND_SIGNALS
+    if name not in valid:
+        who = "a diffscale run checkpoints on" if diffscale_run else "a job can trap"
+        raise UserError(f"--signal '{text}' is not a signal {who}{closest(name, valid)}",
+                        f"use one of: {', '.join(valid)}, none (no warning) or auto")
+    return name
+
+
+def check_signal_lead(lead_s: int, time_s: int | None, signal: str | None) -> None:
+    """The warning must come after the job starts: a lead as long as the limit fires at once."""
+    if signal and time_s is not None and lead_s >= time_s:
+        raise UserError(f"--signal-lead {lead_s} s is not shorter than the job's time limit ({time_s} s)",
+                        f"pass --signal-lead below {time_s} (e.g. {max(1, time_s // 4)}), or a longer --time")
