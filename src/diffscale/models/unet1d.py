@@ -1,0 +1,146 @@
+"""ConditionalUnet1D: the temporal convolutional UNet of diffusion policy (Chi et al., 2023).
+
+An action chunk (B, T, A) is treated as A channels over T time steps. Every residual block
+is modulated by FiLM (a per-channel scale and bias) computed from one global condition:
+the diffusion-step embedding concatenated with the flattened observation history. The
+down path halves T at every level but the last, the up path doubles it back.
+
+Module and parameter names follow the reference implementation
+(``diffusion_policy/model/diffusion/conditional_unet1d.py``), so its ``ConditionalUnet1D``
+loads a state dict exported from here and the other way round. Single-device code:
+parallelism and compilation are applied from outside.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import PolicyModelConfig
+
+
+class SinusoidalPosEmb(nn.Module):
+    """Diffusion step (B,) -> (B, dim) sinusoidal features."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device) * -(math.log(10000) / (half - 1)))
+        angles = t.float()[:, None] * freqs[None, :]
+        return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+
+class Conv1dBlock(nn.Module):
+    """Conv1d -> GroupNorm -> Mish, keeping the length: (B, C_in, T) -> (B, C_out, T)."""
+
+    def __init__(self, inp: int, out: int, kernel_size: int, n_groups: int) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv1d(inp, out, kernel_size, padding=kernel_size // 2),
+                                   nn.GroupNorm(n_groups, out), nn.Mish())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class ConditionalResidualBlock1D(nn.Module):
+    """Two conv blocks with FiLM between them and a residual connection.
+    x (B, C_in, T), cond (B, cond_dim) -> (B, C_out, T)."""
+
+    def __init__(self, inp: int, out: int, cond_dim: int, kernel_size: int, n_groups: int) -> None:
+        super().__init__()
+        self.out_channels = out
+        self.blocks = nn.ModuleList([Conv1dBlock(inp, out, kernel_size, n_groups),
+                                     Conv1dBlock(out, out, kernel_size, n_groups)])
+        # One scale and one bias per output channel, broadcast over time.
+        self.cond_encoder = nn.Sequential(nn.Mish(), nn.Linear(cond_dim, 2 * out), nn.Unflatten(-1, (-1, 1)))
+        self.residual_conv = nn.Conv1d(inp, out, 1) if inp != out else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.blocks[0](x)
+        film = self.cond_encoder(cond).reshape(x.shape[0], 2, self.out_channels, 1)
+        h = film[:, 0] * h + film[:, 1]
+        h = self.blocks[1](h)
+        return h + self.residual_conv(x)
+
+
+class Downsample1d(nn.Module):
+    """Halve the length: (B, C, T) -> (B, C, T / 2)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, 3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Upsample1d(nn.Module):
+    """Double the length: (B, C, T) -> (B, C, 2 T)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(dim, dim, 4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class ConditionalUnet1D(nn.Module):
+    """Noise (or sample) prediction for action chunks.
+
+    ``forward(x_t, t, obs_cond)``: x_t (B, T, A) noised actions, t (B,) integer diffusion
+    steps, obs_cond (B, To * O) the flattened observation history. Returns (B, T, A).
+    """
+
+    def __init__(self, input_dim: int, global_cond_dim: int, *, step_embed_dim: int = 256,
+                 down_dims: tuple[int, ...] = (256, 512, 1024), kernel_size: int = 5, n_groups: int = 8) -> None:
+        super().__init__()
+        all_dims = [input_dim, *down_dims]
+        self.diffusion_step_encoder = nn.Sequential(
+            SinusoidalPosEmb(step_embed_dim), nn.Linear(step_embed_dim, step_embed_dim * 4), nn.Mish(),
+            nn.Linear(step_embed_dim * 4, step_embed_dim))
+        cond_dim = step_embed_dim + global_cond_dim
+        in_out = list(zip(all_dims[:-1], all_dims[1:]))
+
+        def block(inp: int, out: int) -> ConditionalResidualBlock1D:
+            return ConditionalResidualBlock1D(inp, out, cond_dim, kernel_size, n_groups)
+
+        self.down_modules = nn.ModuleList([
+            nn.ModuleList([block(dim_in, dim_out), block(dim_out, dim_out),
+                           Downsample1d(dim_out) if i < len(in_out) - 1 else nn.Identity()])
+            for i, (dim_in, dim_out) in enumerate(in_out)])
+        self.mid_modules = nn.ModuleList([block(all_dims[-1], all_dims[-1]), block(all_dims[-1], all_dims[-1])])
+        # The up path mirrors the down path without its first level: the skip input of the
+        # highest resolution stays unused, as in the reference (so checkpoints load both ways).
+        self.up_modules = nn.ModuleList([
+            nn.ModuleList([block(dim_out * 2, dim_in), block(dim_in, dim_in), Upsample1d(dim_in)])
+            for dim_in, dim_out in reversed(in_out[1:])])
+        self.final_conv = nn.Sequential(Conv1dBlock(down_dims[0], down_dims[0], kernel_size, n_groups),
+                                        nn.Conv1d(down_dims[0], input_dim, 1))
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, obs_cond: torch.Tensor) -> torch.Tensor:
+        step = self.diffusion_step_encoder(t.expand(x_t.shape[0]))
+        cond = torch.cat([step, obs_cond.to(step.dtype)], dim=-1)
+        x = x_t.transpose(1, 2)  # (B, A, T): actions are channels, time is the convolved axis
+        skips = []
+        for res1, res2, down in self.down_modules:  # type: ignore[misc]
+            x = res2(res1(x, cond), cond)
+            skips.append(x)
+            x = down(x)
+        for mid in self.mid_modules:
+            x = mid(x, cond)
+        for res1, res2, up in self.up_modules:  # type: ignore[misc]
+            x = torch.cat((x, skips.pop()), dim=1)
+            x = up(res2(res1(x, cond), cond))
+        return self.final_conv(x).transpose(1, 2)
+
+
+def build_unet1d(cfg: PolicyModelConfig, obs_dim: int, action_dim: int) -> ConditionalUnet1D:
+    """The network ``cfg`` describes for observations of ``obs_dim`` and actions of ``action_dim`` values."""
+    return ConditionalUnet1D(action_dim, obs_dim * cfg.obs_horizon, step_embed_dim=cfg.step_embed_dim,
+                             down_dims=cfg.down_dims, kernel_size=cfg.kernel_size, n_groups=cfg.n_groups)
