@@ -1,10 +1,12 @@
 """``reach2d``: a 2-D point robot that must reach a goal past a round obstacle (pure numpy).
 
-The robot starts below the obstacle and the goal lies above it, both near the vertical
-centre line, so there are two equally good ways round: left or right. The scripted
-demonstrations take each about half of the time. A policy that regresses the mean
-action heads straight up into the obstacle; one that models the action distribution
-(a diffusion policy) commits to one side. That is what this environment tests.
+The robot starts just below the obstacle and the goal lies above it, both near the
+vertical centre line, so there are two equally good ways round: left or right. The
+scripted demonstrations come in pairs from one start, one each way. A policy that
+regresses the mean action chunk heads straight up and hits the obstacle within its
+first chunk (before closed-loop feedback could break the tie); one that models the
+action distribution (a diffusion policy) commits to one side. That is what this
+environment tests.
 
 Coordinates lie in the square [-1, 1]^2. An observation is (robot x, robot y, goal x,
 goal y); an action is the position the robot should move to next (absolute, as the
@@ -24,14 +26,14 @@ ACTION_DIM = 2
 """Action values per step: the target position x, y."""
 OBSTACLE = np.array([0.0, 0.0])
 """Centre of the obstacle."""
-RADIUS = 0.3
+RADIUS = 0.35
 """Obstacle radius; touching it ends the episode as a failure."""
 MAX_STEP = 0.08
 """Farthest the robot moves in one step (actions farther away are approached at this speed)."""
 GOAL_TOLERANCE = 0.06
 """Distance to the goal that counts as reached."""
 MAX_STEPS = 100
-"""Steps before an episode is cut off (a demonstration needs about 40)."""
+"""Steps before an episode is cut off (a demonstration needs 28-43)."""
 MODES = ("left", "right")
 """The two ways round the obstacle, as ``Reach2D.mode`` reports them."""
 
@@ -65,8 +67,8 @@ class Reach2D:
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Start a new episode (start and goal jittered by ``seed``); returns the first observation (4,)."""
         rng = np.random.default_rng(seed)
-        self.position = np.array([rng.uniform(-0.1, 0.1), -0.75])
-        self.goal = np.array([rng.uniform(-0.1, 0.1), 0.75])
+        self.position = np.array([rng.uniform(-0.1, 0.1), -0.6])
+        self.goal = np.array([rng.uniform(-0.1, 0.1), 0.8])
         self.path = [self.position.copy()]
         self.steps, self.crashed, self.success, self.mode = 0, False, False, None
         return self.observation()
@@ -111,20 +113,21 @@ class Reach2D:
         return image
 
 
-def demonstration(rng: np.random.Generator, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """One scripted episode passing the obstacle on ``side`` (-1 left, +1 right).
+def demonstration(rng: np.random.Generator, side: int, start_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One scripted episode from the start and goal of ``reset(start_seed)``, passing the obstacle
+    on ``side`` (-1 left, +1 right).
 
     The robot follows start -> two jittered waypoints beside the obstacle -> goal at a
     jittered constant speed; each action is the next position on that path. Returns
     obs (T, 4) and action (T, 2), float32.
     """
     env = Reach2D()
-    env.reset(int(rng.integers(2**31)))
+    env.reset(start_seed)
     clearance = RADIUS + rng.uniform(0.12, 0.2)
     waypoints = np.array([
         env.position,
-        [side * clearance, -0.2 + rng.uniform(-0.05, 0.05)],
-        [side * clearance, 0.2 + rng.uniform(-0.05, 0.05)],
+        [side * clearance, -0.1 + rng.uniform(-0.05, 0.05)],
+        [side * clearance, 0.25 + rng.uniform(-0.05, 0.05)],
         env.goal,
     ])
     lengths = np.linalg.norm(np.diff(waypoints, axis=0), axis=1)
@@ -144,6 +147,13 @@ def demonstration(rng: np.random.Generator, side: int) -> tuple[np.ndarray, np.n
 
 
 def demonstrations(count: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``count`` scripted episodes, each going left or right with probability 1/2 (seeded)."""
+    """``count`` scripted episodes (seeded), in pairs that share a start and a goal: one goes
+    left, the other right. So every start is seen with both modes, and no observation tells
+    which one a demonstrator took (a regression policy cannot learn to pick one)."""
     rng = np.random.default_rng(seed)
-    return [demonstration(rng, int(rng.choice([-1, 1]))) for _ in range(count)]
+    episodes = []
+    while len(episodes) < count:
+        start_seed = int(rng.integers(2**31))
+        for side in rng.permutation([-1, 1])[: count - len(episodes)]:
+            episodes.append(demonstration(rng, int(side), start_seed))
+    return episodes
