@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import (BetaSchedule, DataConfig, DiffusionConfig, FieldModelConfig, LrSchedule, ModelConfig, OptimConfig,
-                     Prediction, RunConfig, TrainConfig)
+                     PolicyModelConfig, Prediction, RunConfig, TrainConfig)
+from .envs.reach2d import ACTION_DIM as REACH2D_ACTION_DIM
+from .envs.reach2d import OBS_DIM as REACH2D_OBS_DIM
 from .errors import UserError, closest
 
 
@@ -126,6 +128,45 @@ def field_large() -> RunConfig:
     )
 
 
+def _policy_diffusion() -> DiffusionConfig:
+    """Diffusion policy's process: DDPM with 100 squared-cosine steps, epsilon prediction."""
+    return DiffusionConfig(num_train_timesteps=100, beta_schedule=BetaSchedule.COSINE, prediction_type=Prediction.EPSILON)
+
+
+def policy() -> RunConfig:
+    """Diffusion policy's state-based model: ConditionalUnet1D of widths 256/512/1024 (65.35 M
+    parameters at PushT's state sizes, 5 observation and 2 action values), To 2, T 16, Ta 8;
+    AdamW 1e-4 (beta1 0.95, weight decay 1e-6) with 500 warm-up steps and cosine decay, EMA.
+    Sized for the built-in reach2d; for other data set model.obs_dim/action_dim (0 follows the data)."""
+    return RunConfig(
+        preset="policy", task="policy",
+        model=PolicyModelConfig(obs_dim=REACH2D_OBS_DIM, action_dim=REACH2D_ACTION_DIM, obs_horizon=2, pred_horizon=16,
+                                action_horizon=8, down_dims=(256, 512, 1024), kernel_size=5, n_groups=8,
+                                step_embed_dim=256),
+        diffusion=_policy_diffusion(),
+        data=DataConfig(source="builtin:reach2d", shift_px=0),
+        optim=OptimConfig(lr=1e-4, beta1=0.95, weight_decay=1e-6, warmup_steps=500, schedule=LrSchedule.COSINE),
+        train=TrainConfig(steps=20_000, batch_per_gpu=256, ema_decay=0.999, log_every=50, checkpoint_every=2000,
+                          sample_every=5000, sample_count=16, sample_steps=10),
+    )
+
+
+def policy_tiny() -> RunConfig:
+    """CPU demo of a diffusion policy: the built-in reach2d, a 2-level ConditionalUnet1D of widths
+    32/64 (0.27 M parameters), 600 steps of batch 64 (about 45 s on one core). Its rollouts
+    reach the goal in 97-98 % of episodes, passing left and right about equally often."""
+    return RunConfig(
+        preset="policy-tiny", task="policy",
+        model=PolicyModelConfig(obs_dim=REACH2D_OBS_DIM, action_dim=REACH2D_ACTION_DIM, obs_horizon=2, pred_horizon=16,
+                                action_horizon=8, down_dims=(32, 64), kernel_size=5, n_groups=8, step_embed_dim=32),
+        diffusion=_policy_diffusion(),
+        data=DataConfig(source="builtin:reach2d", shift_px=0),
+        optim=OptimConfig(lr=2e-3, warmup_steps=50, schedule=LrSchedule.COSINE),
+        train=TrainConfig(steps=600, batch_per_gpu=64, ema_decay=0.99, log_every=50, checkpoint_every=200,
+                          sample_every=0, sample_count=16, sample_steps=10),
+    )
+
+
 PRESETS: dict[str, PresetInfo] = {
     "tiny": PresetInfo("tiny", "CPU demo (minutes on a laptop)", tiny),
     "small": PresetInfo("small", "EMNIST-size letters/digits on one GPU", small),
@@ -134,6 +175,9 @@ PRESETS: dict[str, PresetInfo] = {
     "xl": PresetInfo("xl", "128 px images; multi-node", xl),
     "field-icon": PresetInfo("field-icon", "fields: the ICON coupling model (7 -> 256), CPU or one GPU", field_icon),
     "field-large": PresetInfo("field-large", "fields: a larger MLP for one or more GPUs", field_large),
+    "policy": PresetInfo("policy", "diffusion policy, the reference's state-based model; one GPU or more", policy),
+    "policy-tiny": PresetInfo("policy-tiny", "diffusion policy CPU demo on builtin:reach2d (about a minute)",
+                              policy_tiny),
 }
 
 

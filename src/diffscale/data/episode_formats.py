@@ -5,6 +5,7 @@ end here in a ``UserError`` naming the file and the fix."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,8 +65,8 @@ def read_zarr(path: Path, option: str) -> list[RawEpisode]:
     """The diffusion-policy replay buffer: ``data/<key>`` and ``meta/episode_ends`` (zarr v2 or v3)."""
     import zarr
 
-    try:
-        root = zarr.open_group(str(path), mode="r")
+    try:  # Any: zarr's types say little about what a group holds
+        root: Any = zarr.open_group(str(path), mode="r")
     except Exception as exc:  # zarr raises several types for "not a group"; each means the same to a user
         raise UserError(f"'{path}' is not a zarr group ({type(exc).__name__})",
                         "point zarr:PATH at a replay buffer folder holding data/ and meta/") from exc
@@ -87,7 +88,7 @@ def read_zarr(path: Path, option: str) -> list[RawEpisode]:
     return _split(f"'{path}'", obs, np.asarray(data["action"][:]), np.asarray(meta["episode_ends"][:]))
 
 
-def _column(table, name: str) -> np.ndarray:
+def _column(table: Any, name: str) -> np.ndarray:
     """A Parquet column of numbers or of fixed-length lists -> (N, D)."""
     import pyarrow as pa
 

@@ -114,8 +114,10 @@ def assemble(raw: list[RawEpisode], source: str, *, min_length: int) -> Episodes
     """Check the episodes and concatenate them: no episodes, mismatched lengths or dimensions,
     NaN/inf and too-short episodes each end in a ``UserError`` naming the episode's file."""
     if not raw:
-        raise UserError(f"'{source}' holds no episodes", "point data.source at demonstrations with at least one episode")
-    obs, action = [], []
+        raise UserError(f"'{source}' holds no episodes",
+                        "point data.source at demonstrations with at least one episode")
+    obs: list[np.ndarray] = []
+    action: list[np.ndarray] = []
     for episode in raw:
         o, a = _as_steps(episode.obs, episode.where, "obs"), _as_steps(episode.action, episode.where, "action")
         if len(o) != len(a):

@@ -151,7 +151,7 @@ def demonstrations(count: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarr
     left, the other right. So every start is seen with both modes, and no observation tells
     which one a demonstrator took (a regression policy cannot learn to pick one)."""
     rng = np.random.default_rng(seed)
-    episodes = []
+    episodes: list[tuple[np.ndarray, np.ndarray]] = []
     while len(episodes) < count:
         start_seed = int(rng.integers(2**31))
         for side in rng.permutation([-1, 1])[: count - len(episodes)]:

@@ -14,6 +14,7 @@ parallelism and compilation are applied from outside.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 from torch import nn
@@ -128,13 +129,15 @@ class ConditionalUnet1D(nn.Module):
         cond = torch.cat([step, obs_cond.to(step.dtype)], dim=-1)
         x = x_t.transpose(1, 2)  # (B, A, T): actions are channels, time is the convolved axis
         skips = []
-        for res1, res2, down in self.down_modules:  # type: ignore[misc]
+        for level in self.down_modules:
+            res1, res2, down = cast(nn.ModuleList, level)
             x = res2(res1(x, cond), cond)
             skips.append(x)
             x = down(x)
         for mid in self.mid_modules:
             x = mid(x, cond)
-        for res1, res2, up in self.up_modules:  # type: ignore[misc]
+        for level in self.up_modules:
+            res1, res2, up = cast(nn.ModuleList, level)
             x = torch.cat((x, skips.pop()), dim=1)
             x = up(res2(res1(x, cond), cond))
         return self.final_conv(x).transpose(1, 2)
