@@ -63,12 +63,14 @@ def save_chunk_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 8
     """The denoising of the chunks, one picture per trajectory frame (each (count, T, A)), as a GIF."""
     import imageio.v2 as imageio
     import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     stills: list[npt.ArrayLike] = []
     for i, frame in enumerate(frames):
         fig = _figure(frame, f"denoising {i + 1}/{len(frames)}")
-        fig.canvas.draw()
-        stills.append(np.asarray(fig.canvas.buffer_rgba())[..., :3].copy())
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        stills.append(np.asarray(canvas.buffer_rgba())[..., :3].copy())
         plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(path, [*stills, *[stills[-1]] * fps], duration=1.0 / fps, loop=0)  # hold the end a second

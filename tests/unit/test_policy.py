@@ -1,0 +1,365 @@
+"""Diffusion policy: the built-in environment, episode readers on small files written here,
+training windows, the network, the task's protocol methods, and the quality test (a
+trained policy-tiny passes the obstacle on both sides; a regression policy does not)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from diffscale.config import merge
+from diffscale.data.device_loader import DeviceBatcher
+from diffscale.data.episodes import MinMax, load_episodes, window_positions
+from diffscale.envs.reach2d import MODES, Reach2D, demonstrations
+from diffscale.envs.rollout import rollouts, summarize
+from diffscale.errors import UserError
+from diffscale.models import ConditionalUnet1D, count_parameters
+from diffscale.presets import get_preset
+from diffscale.tasks import build_task
+
+CPU = torch.device("cpu")
+
+
+# -- environment ---------------------------------------------------------------------------------
+def _replay_mode(obs: np.ndarray, action: np.ndarray) -> tuple[bool, str | None]:
+    env = Reach2D()
+    env.reset()
+    env.position, env.goal = obs[0, :2].astype(np.float64), obs[0, 2:].astype(np.float64)
+    for a in action:
+        env.step(a)
+    return env.success, env.mode
+
+
+def test_reach2d_demonstrations_take_both_sides_from_each_start():
+    demos = demonstrations(40, seed=3)
+    replays = [_replay_mode(obs, action) for obs, action in demos]
+    assert all(success for success, _ in replays)
+    modes = [mode for _, mode in replays]
+    assert modes.count("left") == modes.count("right") == 20
+    for (first, _), (second, _), pair in zip(demos[::2], demos[1::2], zip(modes[::2], modes[1::2])):
+        assert np.array_equal(first[0], second[0]) and set(pair) == {"left", "right"}  # one start, both ways
+
+
+def test_reach2d_straight_line_crashes_and_render_shows_it():
+    env = Reach2D()
+    env.reset(seed=5)
+    terminated = truncated = False
+    info: dict = {}
+    while not (terminated or truncated):
+        _, reward, terminated, truncated, info = env.step(env.goal)
+    assert info["crashed"] and not info["success"] and reward == 0.0 and info["mode"] is None
+    image = env.render(64)
+    assert image.shape == (64, 64, 3) and image.dtype == np.uint8
+    assert (image == (220, 40, 40)).all(axis=-1).any()  # the crashed robot is drawn red
+
+
+# -- readers --------------------------------------------------------------------------------------
+def _episodes(lengths=(20, 30), obs_dim=3, action_dim=2, seed=0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(n, obs_dim)).astype(np.float32), rng.normal(size=(n, action_dim)).astype(np.float32))
+            for n in lengths]
+
+
+def _concat(episodes):
+    obs = np.concatenate([o for o, _ in episodes])
+    action = np.concatenate([a for _, a in episodes])
+    return obs, action, np.cumsum([len(o) for o, _ in episodes])
+
+
+def _write_zarr(path: Path, data: dict[str, np.ndarray], episode_ends: np.ndarray | None) -> None:
+    import zarr
+
+    v3 = zarr.__version__.startswith("3")
+    root = zarr.open_group(str(path), mode="w", **({"zarr_format": 2} if v3 else {}))  # the reference's format
+    create = root.create_array if v3 else root.create_dataset  # zarr 3 renamed it
+    for key, values in data.items():
+        create(f"data/{key}", data=values)
+    if episode_ends is not None:
+        create("meta/episode_ends", data=episode_ends)
+
+
+def _write_lerobot(path: Path, episodes) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chunk = path / "data" / "chunk-000"
+    chunk.mkdir(parents=True)
+    for index, (obs, action) in reversed(list(enumerate(episodes))):  # files out of order on purpose
+        frames = np.arange(len(obs))[::-1]  # rows out of order too: the reader sorts by frame_index
+        table = pa.table({
+            "observation.state": pa.array([list(r) for r in obs[frames]], pa.list_(pa.float32())),
+            "action": pa.array([list(r) for r in action[frames]], pa.list_(pa.float32(), action.shape[1])),
+            "episode_index": np.full(len(obs), index), "frame_index": frames, "timestamp": frames / 10.0})
+        pq.write_table(table, chunk / f"episode_{index:06d}.parquet")
+
+
+def test_readers_load_the_same_episodes_from_every_format(tmp_path):
+    episodes = _episodes()
+    obs, action, ends = _concat(episodes)
+    np.savez(tmp_path / "one.npz", obs=obs, action=action, episode_ends=ends)
+    (tmp_path / "folder").mkdir()
+    for i, (o, a) in enumerate(episodes):
+        np.savez(tmp_path / "folder" / f"ep{i}.npz", obs=o, action=a)
+    _write_zarr(tmp_path / "buffer.zarr", {"state": obs, "action": action}, ends)
+    _write_lerobot(tmp_path / "lerobot", episodes)
+    for spec in (f"npz:{tmp_path / 'one.npz'}", f"npz:{tmp_path / 'folder'}", f"zarr:{tmp_path / 'buffer.zarr'}",
+                 f"lerobot:{tmp_path / 'lerobot'}"):
+        loaded = load_episodes(spec, min_length=16)
+        assert np.array_equal(loaded.obs, obs) and np.array_equal(loaded.action, action), spec
+        assert loaded.ends.tolist() == ends.tolist(), spec
+        assert "2 episodes of 20-30 steps, obs 3, action 2" in loaded.describe()
+
+
+def test_zarr_observation_keys_are_concatenated_per_step(tmp_path):
+    obs, action, ends = _concat(_episodes())
+    keypoints = np.arange(len(obs) * 9 * 2, dtype=np.float32).reshape(len(obs), 9, 2)
+    _write_zarr(tmp_path / "pusht.zarr", {"keypoint": keypoints, "state": obs, "action": action}, ends)
+    loaded = load_episodes(f"zarr:{tmp_path / 'pusht.zarr'}:keypoint+state", min_length=16)
+    assert loaded.obs.shape == (50, 18 + 3)
+    assert np.array_equal(loaded.obs[:, :18], keypoints.reshape(50, 18)) and np.array_equal(loaded.obs[:, 18:], obs)
+
+
+def test_builtin_reach2d_and_max_episodes():
+    loaded = load_episodes("builtin:reach2d", min_length=16, max_episodes=6)
+    assert len(loaded.ends) == 6 and loaded.obs.shape[1] == 4 and loaded.action.shape[1] == 2
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[str, str]]:
+    """(spec, expected message) for each kind of bad input, the files written to ``tmp``."""
+    (short_obs, short_action), = _episodes(lengths=(10,))
+    np.savez(tmp / "short.npz", obs=short_obs, action=short_action)
+    (tmp / "mixed").mkdir()
+    for i, (o, a) in enumerate(_episodes(lengths=(20,)) + _episodes(lengths=(20,), obs_dim=4)):
+        np.savez(tmp / "mixed" / f"ep{i}.npz", obs=o, action=a)
+    obs, action, ends = _concat(_episodes())
+    action[33, 1] = np.nan
+    np.savez(tmp / "nan.npz", obs=obs, action=action, episode_ends=ends)
+    np.savez(tmp / "empty.npz", obs=np.zeros((0, 3)), action=np.zeros((0, 2)), episode_ends=np.zeros(0, int))
+    np.savez(tmp / "nokey.npz", state=obs, action=action)
+    np.savez(tmp / "badends.npz", obs=obs, action=np.nan_to_num(action), episode_ends=np.array([30, 20]))
+    _write_zarr(tmp / "noends.zarr", {"state": obs, "action": np.nan_to_num(action)}, None)
+    return [
+        (f"npz:{tmp}/short.npz", "short.npz' episode 0: 10 steps, fewer than the prediction horizon "
+                                 "model.pred_horizon=16 -- drop episodes that short"),
+        (f"npz:{tmp}/mixed", "ep1.npz' episode 0: 'obs' has 4 values per step but"),
+        (f"npz:{tmp}/nan.npz", "nan.npz' episode 1: 'action' holds NaN or infinite values (first at step 13) "
+                               "-- fix or drop that episode"),
+        (f"npz:{tmp}/empty.npz", "holds no episodes -- point data.source at demonstrations"),
+        (f"npz:{tmp}/nokey.npz", "nokey.npz' has no 'obs' array (it holds: state, action) -- save the episodes"),
+        (f"npz:{tmp}/badends.npz", "episode_ends [30, 20] do not rise strictly to the 50 stored steps"),
+        (f"zarr:{tmp}/noends.zarr", "noends.zarr' has no meta/episode_ends, so its episodes cannot be told apart "
+                                    "-- store each episode's exclusive end row in meta/episode_ends"),
+        (f"zarr:{tmp}/noends.zarr:keypoint", "has no meta/episode_ends"),
+        (f"npz:{tmp}/missing.npz", "missing.npz' does not exist -- check the path"),
+        (f"lerobot:{tmp}/mixed", "holds no .parquet files"),
+        ("hdf5:demo.h5", "unknown episode source 'hdf5:demo.h5'"),
+    ]
+
+
+def test_bad_input_is_one_error_naming_the_file_and_the_fix(tmp_path):
+    for spec, message in _bad_inputs(tmp_path):
+        with pytest.raises(UserError) as caught:
+            load_episodes(spec, min_length=16)
+        assert message in str(caught.value), (spec, str(caught.value))
+
+
+def test_data_dimensions_must_match_the_model_section():
+    cfg = merge(get_preset("policy-tiny"), {"model": {"obs_dim": 6}})
+    with pytest.raises(UserError, match=r"builtin:reach2d has 4 values per step where model.obs_dim=6 -- "
+                                        r"set model.obs_dim=4 \(or 0 to follow the data\)"):
+        build_task(cfg, CPU)
+
+
+# -- windows and normalisation --------------------------------------------------------------------
+def test_windows_are_padded_at_episode_edges_and_never_cross_episodes():
+    ends = np.array([20, 50])
+    windows = window_positions(ends, 16, pad_before=1, pad_after=7)
+    # per episode of L steps: L - T + pad_after + pad_before + 1 windows (SequenceSampler's count)
+    assert len(windows) == (20 - 16 + 7 + 1 + 1) + (30 - 16 + 7 + 1 + 1)
+    assert windows[0].tolist() == [0, 0, *range(1, 15)]  # the first observation repeated before the start
+    last_of_first = windows[12]
+    assert last_of_first.tolist() == [*range(11, 20), *[19] * 7]  # the last action repeated after the end
+    assert windows[13].tolist() == [20, 20, *range(21, 35)]  # the next episode starts afresh
+    assert windows[-1].tolist() == [*range(41, 50), *[49] * 7]
+    episode = np.searchsorted(ends, windows, side="right")
+    assert (episode == episode[:, :1]).all()
+
+
+def test_min_max_maps_the_data_to_unit_range_and_back():
+    values = torch.tensor([[0.0, 5.0, 3.0], [10.0, 7.0, 3.0], [5.0, 6.0, 3.0]])
+    norm = MinMax.fit(values)
+    scaled = norm.normalize(values)
+    assert torch.allclose(scaled[:, :2].amin(0), torch.tensor([-1.0, -1.0]))
+    assert torch.allclose(scaled[:, :2].amax(0), torch.tensor([1.0, 1.0]))
+    assert torch.equal(scaled[:, 2], torch.zeros(3))  # a constant dimension maps to 0, not to inf
+    assert torch.allclose(norm.unnormalize(scaled), values)
+
+
+# -- network --------------------------------------------------------------------------------------
+def test_reference_size_network_has_the_reference_parameter_count():
+    cfg = get_preset("policy").model
+    with torch.device("meta"):
+        pusht_state = ConditionalUnet1D(2, 5 * cfg.obs_horizon, step_embed_dim=cfg.step_embed_dim,
+                                        down_dims=cfg.down_dims, kernel_size=cfg.kernel_size, n_groups=cfg.n_groups)
+        preset = build_task(get_preset("policy"), CPU, load_data=False).build_network()
+    # diffusion policy's state-based PushT notebook reports 6.535322e+07 parameters
+    assert count_parameters(pusht_state) == 65_353_218
+    assert 65e6 < count_parameters(preset) < 66e6
+
+
+def test_network_maps_noised_chunks_to_their_shape():
+    net = ConditionalUnet1D(3, 2 * 5, step_embed_dim=16, down_dims=(16, 32, 64), n_groups=4)
+    x = torch.randn(7, 16, 3)
+    out = net(x, torch.randint(0, 100, (7,)), torch.randn(7, 10))
+    assert out.shape == (7, 16, 3)
+    assert net(x, torch.tensor(5), torch.randn(7, 10)).shape == (7, 16, 3)  # one timestep for the batch
+
+
+# -- the task -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_task():
+    return build_task(get_preset("policy-tiny"), CPU)
+
+
+def test_task_draws_normalised_windows_and_a_finite_loss(tiny_task):
+    task = tiny_task
+    torch.manual_seed(0)
+    net = task.build_network()
+    batch = task.draw(torch.arange(10), torch.Generator().manual_seed(1))
+    examples = task.examples(batch, slice(2, 6))
+    assert examples["action"].shape == (4, 16, 2) and examples["obs"].shape == (4, 2 * 4)
+    assert examples["action"].abs().max() <= 1.0 + 1e-6 and examples["obs"].abs().max() <= 1.0 + 1e-6
+    loss = task.loss(net, batch, slice(2, 6), channels_last=False)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert net(*task.example_inputs(3)).shape == (3, 16, 2)
+    assert task.signature() == {"task": "policy", "obs_dim": 4, "action_dim": 2, "obs_horizon": 2, "pred_horizon": 16,
+                                "down_dims": [32, 64], "kernel_size": 5, "n_groups": 8, "step_embed_dim": 32}
+
+
+def test_generation_from_a_checkpoint_without_data(tiny_task, tmp_path):
+    task = tiny_task
+    net = task.build_network()
+    full = task.generate(net, count=6, steps=4, seed=3, trajectory=True)
+    assert full.samples.shape == (6, 16, 2) and len(full.frames) == 4
+    part = task.generate(net, count=6, steps=4, seed=3, rows=slice(2, 5))
+    assert torch.allclose(part.samples, full.samples[2:5], atol=1e-6)  # ranks sharing a preview agree
+    # a process without the data (diffscale sample) rebuilds the task from the checkpoint
+    bare = build_task(get_preset("policy-tiny"), CPU, load_data=False, signature=task.signature())
+    with pytest.raises(UserError, match="load a checkpoint of the run first"):
+        bare.generate(net, count=1, steps=2, seed=0)
+    bare.load_state_tensors(task.state_tensors())
+    assert torch.allclose(bare.generate(net, count=6, steps=4, seed=3).samples, full.samples, atol=1e-6)
+    written = task.write_samples(full, tmp_path / "preview.png")
+    assert [p.name for p in written] == ["preview.png", "preview.gif"] and all(p.stat().st_size > 1000 for p in written)
+
+
+def test_checkpoint_statistics_of_other_data_are_refused(tiny_task):
+    state = tiny_task.state_tensors()
+    state["obs_min"] = torch.zeros(6)
+    with pytest.raises(UserError, match="the checkpoint normalises 6 obs values per step, this run's data has 4"):
+        tiny_task.load_state_tensors(state)
+
+
+def test_export_loads_into_a_fresh_network(tiny_task, tmp_path):
+    from safetensors.torch import load_file
+
+    net = tiny_task.build_network()
+    how = tiny_task.export(net, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    fresh = ConditionalUnet1D(config["unet"].pop("input_dim"), config["unet"].pop("global_cond_dim"),
+                              step_embed_dim=config["unet"].pop("diffusion_step_embed_dim"), **config["unet"])
+    fresh.load_state_dict(load_file(tmp_path / "unet.safetensors"))
+    inputs = tiny_task.example_inputs(2)
+    assert torch.equal(fresh(*inputs), net(*inputs)) and "ConditionalUnet1D" in how
+    assert set(load_file(tmp_path / "normalizer.safetensors")) >= {"obs_min", "obs_max", "action_min", "action_max"}
+
+
+def test_evaluation_needs_the_environment_of_the_data(tmp_path):
+    obs, action, ends = _concat(_episodes())
+    np.savez(tmp_path / "demo.npz", obs=obs, action=action, episode_ends=ends)
+    cfg = merge(get_preset("policy-tiny"), {"data": {"source": f"npz:{tmp_path / 'demo.npz'}"},
+                                            "model": {"obs_dim": 0, "action_dim": 0}})
+    task = build_task(cfg, CPU)
+    with pytest.raises(UserError, match="no environment to roll out a policy trained on 'npz:"):
+        task.evaluate(task.build_network(), tmp_path / "eval", episodes=2, steps=2, seed=0)
+
+
+# -- quality --------------------------------------------------------------------------------------
+@pytest.fixture
+def one_thread():
+    """policy-tiny's kernels are too small to gain from intra-op threads, and threads spinning on a
+    busy CI machine cost several times the work (measured: 57 ms a step on one thread, 450 ms on
+    two, with other jobs running). One thread keeps the test's cost that of one core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _fit(task, steps: int, lr: float, ema_decay: float, batch: int, loss) -> torch.nn.Module:
+    """A minimal loop over the protocol: seeded global batch -> loss -> AdamW -> EMA. Returns the EMA network."""
+    torch.manual_seed(0)
+    net = task.build_network()
+    ema = copy.deepcopy(net).requires_grad_(False)
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, fused=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=50 / steps,
+                                                anneal_strategy="cos", div_factor=50, final_div_factor=0.2)
+    batcher = DeviceBatcher(task.num_items(), batch, 0, CPU)
+    generator = torch.Generator()
+    for step in range(steps):
+        drawn = task.draw(batcher.next_indices(), generator.manual_seed(step))
+        opt.zero_grad(set_to_none=True)
+        loss(net, drawn).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        decay = min(ema_decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            torch._foreach_lerp_(list(ema.parameters()), list(net.parameters()), 1 - decay)
+    return ema.eval()
+
+
+def test_policy_tiny_passes_on_both_sides_where_regression_crashes(tmp_path, one_thread):
+    """The issue's quality bar on the built-in task (CPU, seeded). A deterministic regression
+    policy of the same network and data predicts the mean chunk, which drives into the obstacle."""
+    cfg = get_preset("policy-tiny")
+    task = build_task(cfg, CPU)
+    start, cpu = time.perf_counter(), time.process_time()
+    rows = slice(0, cfg.train.batch_per_gpu)
+    opts = dict(steps=cfg.train.steps, lr=cfg.optim.lr, ema_decay=cfg.train.ema_decay, batch=cfg.train.batch_per_gpu)
+    policy = _fit(task, **opts, loss=lambda net, drawn: task.loss(net, drawn, rows, channels_last=False))
+    trained = time.perf_counter()
+    metrics = task.evaluate(policy, tmp_path / "eval", episodes=100, steps=10, seed=1000, gifs=2)
+    evaluated = time.perf_counter()
+
+    def regression_loss(net, drawn):
+        ex = task.examples(drawn, rows)
+        zero = torch.zeros_like(ex["action"])
+        return torch.nn.functional.mse_loss(net(zero, torch.zeros(len(zero), dtype=torch.long), ex["obs"]),
+                                            ex["action"])
+
+    regression = _fit(task, **opts, loss=regression_loss)
+    obs_norm, action_norm = task.obs_norm, task.action_norm
+
+    @torch.no_grad()
+    def regress(history: np.ndarray) -> np.ndarray:
+        cond = obs_norm.normalize(torch.from_numpy(history)).flatten(1)
+        zero = torch.zeros(len(history), cfg.model.pred_horizon, cfg.model.action_dim)
+        return action_norm.unnormalize(regression(zero, torch.zeros(len(history), dtype=torch.long), cond)).numpy()
+
+    baseline = summarize(rollouts(Reach2D, regress, episodes=100, seed=1000, obs_horizon=cfg.model.obs_horizon,
+                                  action_horizon=cfg.model.action_horizon))
+    print(f"\npolicy-tiny {cfg.train.steps} steps: trained in {trained - start:.1f} s, evaluated in "
+          f"{evaluated - trained:.1f} s: {metrics}; regression baseline {baseline}; "
+          f"total {time.perf_counter() - start:.1f} s ({time.process_time() - cpu:.1f} s of CPU)")
+    assert metrics["success"] >= 0.9, metrics
+    assert all(metrics[f"mode_{mode}"] >= 0.25 for mode in MODES), metrics
+    assert baseline["success"] < 0.5, baseline
+    gifs = sorted((tmp_path / "eval").glob("rollout_*.gif"))
+    assert len(gifs) == 2 and all(g.stat().st_size > 1000 for g in gifs)
