@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from .config import LrSchedule, LrScaling, RunConfig
-from .data.device_loader import DeviceBatcher, micro_slice
+from .data.device_loader import micro_slice
 from .runtime.distributed import DistContext
 from .runtime.parallelize import trains_in_cuda_graphs
+from .tasks import Batcher
 from .trainer import Trainer
 
 
@@ -52,7 +53,7 @@ class StepRunner:
     stay on the device until ``drain_metrics`` reads them.
     """
 
-    def __init__(self, trainer: Trainer, model: torch.nn.Module, batcher: DeviceBatcher) -> None:
+    def __init__(self, trainer: Trainer, model: torch.nn.Module, batcher: Batcher) -> None:
         self.trainer = trainer
         self.model = model
         self.batcher = batcher
@@ -129,7 +130,7 @@ class StepRunner:
         """Consecutive steps ending with non-finite gradients (reads the device: call at log steps)."""
         return int(self._bad_run.item())
 
-    def restart(self, batcher: DeviceBatcher) -> None:
+    def restart(self, batcher: Batcher) -> None:
         """Continue from a restored trainer's data stream (after a rollback)."""
         self.batcher = batcher
         self._bad_run.zero_()

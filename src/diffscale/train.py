@@ -19,7 +19,6 @@ import torch
 from rich.console import Console
 
 from .config import RunConfig, write_yaml
-from .data.device_loader import DeviceBatcher
 from .runtime.parallelize import parallelize, trains_in_cuda_graphs
 from .step import StepRunner, learning_rate
 from .trainer import Trainer

@@ -10,12 +10,12 @@ import torch
 from rich.console import Console
 
 from .config import Recipe, RunConfig
-from .data.device_loader import DataPosition, DeviceBatcher
+from .data.device_loader import DataPosition
 from .runtime import checkpoint as ckpt
 from .runtime.device import DevicePolicy
 from .runtime.distributed import DistContext
 from .runtime.flex_attention import use_flex_attention
-from .tasks import build_task
+from .tasks import Batcher, Feed, build_task
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
@@ -62,6 +62,8 @@ class Trainer:
         self.lr_backoff = 1.0
         self.rollbacks = 0
         self.nonfinite_total = 0
+        self.feed = Feed()
+        """How the task's batcher reaches the other ranks and the log (the loop sets it)."""
 
     def restore(self, state: ckpt.TrainingState) -> None:
         """Continue exactly where ``state`` was written: weights, optimizer, data, RNG, counters."""
@@ -88,7 +90,7 @@ class Trainer:
         self.position = DataPosition(**state.meta.data_position)
         _restore_rng(state.rng, self.device)
 
-    def snapshot(self, batcher: DeviceBatcher) -> ckpt.TrainingState:
+    def snapshot(self, batcher: Batcher) -> ckpt.TrainingState:
         meta = ckpt.CheckpointMeta(
             config=self.cfg.to_dict(), signature=self.task.signature(), data_position=batcher.position.to_dict(),
             scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, world_size=self.ctx.world_size,
@@ -98,12 +100,12 @@ class Trainer:
                                   optimizer=self.opt.state_dict(), meta=meta, rng=_rng_state(self.device),
                                   task=self.task.state_tensors())
 
-    def make_batcher(self) -> DeviceBatcher:
+    def make_batcher(self) -> Batcher:
         """The index stream of this run's effective batch, from the current data position."""
-        return DeviceBatcher(self.task.num_items(), self.cfg.effective_batch(self.ctx.world_size), self.cfg.train.seed,
-                             self.device, self.position)
+        return self.task.batcher(self.cfg.effective_batch(self.ctx.world_size), self.cfg.train.seed, self.position,
+                                 self.feed)
 
-    def save(self, batcher: DeviceBatcher) -> None:
+    def save(self, batcher: Batcher) -> None:
         if self.ctx.is_main:
             ckpt.save_checkpoint(self.run_dir, self.snapshot(batcher), keep=self.cfg.train.keep_checkpoints)
         self.ctx.barrier()  # every rank leaves with the checkpoint on disk

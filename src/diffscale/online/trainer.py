@@ -49,8 +49,7 @@ import torch
 from rich.console import Console
 
 from ..config import RunConfig, write_yaml
-from ..data.buffer import BufferBatcher, BufferPolicy, BufferSpec, as_chunk
-from ..data.device_loader import DataPosition
+from ..data.buffer import BufferPolicy, BufferSpec, as_chunk
 from ..data.spool import SpoolReader
 from ..errors import UserError
 from ..runtime import checkpoint as ckpt
@@ -101,11 +100,8 @@ class OnlineTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_yaml(cfg, self.run_dir / "config.yaml")
         model = parallelize(self.trainer.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say)
-        batcher = BufferBatcher(self.buffer, cfg.effective_batch(1), cfg.train.seed, device,
-                                self.trainer.position if state is not None else DataPosition())
-        # A BufferBatcher has DeviceBatcher's interface (next_indices, position): StepRunner's
-        # annotation names the one class it was written for.
-        self.runner = StepRunner(self.trainer, model, batcher)  # type: ignore[arg-type]
+        # Draws from what the buffer holds now; this class fills it (push, follow) between rounds.
+        self.runner = StepRunner(self.trainer, model, self.trainer.make_batcher())
         self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
         self._lock = threading.Lock()  # guards _pending only: push holds it for one append
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time

@@ -10,7 +10,7 @@ import torch
 
 from ..config import MODEL_CONFIGS, RunConfig
 from ..errors import UserError, closest
-from .base import Generated, ReferenceData, Task, preview
+from .base import Batcher, Feed, Generated, ReferenceData, StopWaiting, Task, preview
 
 TASKS: dict[str, str] = {
     "images": "diffscale.tasks.images:ImageTask",
@@ -34,4 +34,4 @@ def build_task(cfg: RunConfig, device: torch.device, *, load_data: bool = True,
     return cls(cfg, device, load_data=load_data, signature=signature)
 
 
-__all__ = ["TASKS", "Generated", "ReferenceData", "Task", "build_task", "preview"]
+__all__ = ["TASKS", "Batcher", "Feed", "Generated", "ReferenceData", "StopWaiting", "Task", "build_task", "preview"]

@@ -9,6 +9,10 @@ generator seeded by (seed, step), identically on every rank; each rank then comp
 loss of its own rows. So results depend on the effective batch, not on how it is split
 over processes and accumulation steps.
 
+Where the data comes from while training is the task's too: ``batcher`` returns the stream of
+global batches (an epoch permutation of resident data, or draws from a replay buffer that a
+spool directory fills while training runs). The loop only asks it for the next indices.
+
 If adding a task needs an ``if task == ...`` outside ``tasks/``, this protocol is missing
 a method.
 """
@@ -22,6 +26,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 from torch.utils.data import Dataset
+
+from ..data.device_loader import DataPosition
 
 Autocast = Callable[[], AbstractContextManager[Any]]
 """A zero-argument context manager factory (``DevicePolicy.autocast``)."""
@@ -48,6 +54,44 @@ class ReferenceData:
     image recipe); False: fp32 throughout, as the field and policy reference loops do."""
 
 
+class Batcher(Protocol):
+    """The indices of each global batch, identical on every rank, and where the stream stands
+    (checkpointed, so a resumed run draws exactly the batches the uninterrupted one would)."""
+
+    @property
+    def position(self) -> DataPosition: ...
+
+    def next_indices(self) -> torch.Tensor:
+        """(global batch,) rows of the task's data for the next optimizer step."""
+        ...
+
+
+def _no_report(message: str, record: dict[str, Any]) -> None:
+    del message, record
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What a batcher whose data arrives while training (a spool directory) needs from the
+    loop: the ranks it must agree with and where it reports. A batcher over resident data
+    ignores it; the defaults are one silent process (``OnlineTrainer``, bench)."""
+
+    rank: int = 0
+    world_size: int = 1
+    share: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
+    """Rank 0's ``tensor`` on every rank (a broadcast: every rank passes one of the same shape
+    and dtype, and every rank must call it at the same point)."""
+    report: Callable[[str, dict[str, Any]], None] = _no_report
+    """A line for the log and a record for metrics.jsonl (written by rank 0 only)."""
+    stopping: Callable[[], bool] = lambda: False
+    """Whether a stop was requested (a signal before the time limit); the same answer on every rank."""
+
+
+class StopWaiting(Exception):
+    """A batcher waiting for data was asked to stop: the loop checkpoints and ends as it does
+    for any stop request, without an optimizer step."""
+
+
 class Task(Protocol):
     name: str
 
@@ -66,6 +110,12 @@ class Task(Protocol):
     def signature(self) -> dict[str, Any]:
         """What must match for a checkpoint to load into this task's network (JSON-able).
         A task built without data (``load_data=False``) takes its sizes from this."""
+        ...
+
+    def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> Batcher:
+        """The run's stream of ``global_batch`` indices from ``position`` (seeded by ``seed``).
+        May block while data is still to arrive (saying so through ``feed``), and raise
+        ``StopWaiting`` when ``feed.stopping()`` turns true meanwhile."""
         ...
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:

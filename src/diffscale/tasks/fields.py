@@ -16,12 +16,13 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..config import FieldModelConfig, RunConfig
-from ..data.buffer import ReplayBuffer, parse_buffer_spec
+from ..data.buffer import BufferBatcher, ReplayBuffer, parse_buffer_spec
+from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.fields import FieldData, load_fields
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import FieldMLP
-from .base import Autocast, Generated, ReferenceData
+from .base import Autocast, Batcher, Feed, Generated, ReferenceData
 
 PREVIEW_CONDITIONS = 4
 """Conditions a preview samples for (members are spread over them); kept in the task state."""
@@ -152,6 +153,14 @@ class FieldTask:
 
     def describe_data(self) -> str:
         return self.buffer.describe() if self.buffer is not None else self.training_data().describe()
+
+    def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> Batcher:
+        """Resident data: epochs of a permutation. A buffer: draws from what it holds now (an
+        ``OnlineTrainer`` fills it)."""
+        del feed  # nothing here waits for data
+        if self.buffer is None:
+            return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+        return BufferBatcher(self.buffer, global_batch, seed, self.device, position)
 
     def build_network(self) -> torch.nn.Module:
         return FieldMLP(self.model_cfg, cond_dim=self.cond_dim, x_dim=self.x_dim)

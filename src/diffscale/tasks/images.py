@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from ..config import ModelConfig, RunConfig
-from ..data.device_loader import shift_augment
+from ..data.device_loader import DataPosition, DeviceBatcher, shift_augment
 from ..data.sources import describe, load_images
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
-from .base import Autocast, Generated, ReferenceData
+from .base import Autocast, Feed, Generated, ReferenceData
 
 
 class ImageTask:
@@ -62,6 +62,10 @@ class ImageTask:
             "layers_per_block": m.layers_per_block,
             "norm_num_groups": m.norm_num_groups,
         }
+
+    def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
+        del feed  # the images are all resident: nothing arrives while training
+        return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
