@@ -104,6 +104,19 @@ class Telemetry:
             self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
                                f"eta {record.get('eta_s', 0):.0f}s", highlight=False)
 
+    def event(self, record: dict[str, Any]) -> None:
+        """A record that is not a training report (waiting for data, a skipped file): metrics.jsonl
+        only, with a ``kind``, so a resume's clean-up of later training records keeps it."""
+        if not self.enabled:
+            return
+        assert self._jsonl is not None and "kind" in record
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+        except OSError as exc:
+            raise UserError(f"could not write {self._path} at step {record.get('step', '?')} ({exc.strerror})",
+                            "free space there (df -h), then continue with --resume auto from the newest "
+                            "checkpoint") from exc
+
     def _close_files(self) -> None:
         """Close both writers; a flush the disk refuses (full) is a warning, not a second error
         that would hide the first one (close runs in the loop's ``finally``)."""

@@ -29,7 +29,7 @@ from .runtime.device import DevicePolicy, configure_backends, peak_memory_bytes,
 from .runtime.distributed import DistContext, detect_launch, init_distributed
 from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
-from .tasks import Generated
+from .tasks import Feed, Generated, StopWaiting
 from .telemetry import Telemetry, ThroughputMeter
 
 MAX_ROLLBACKS = 3
@@ -167,6 +167,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
     telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
+    trainer.feed = _feed(trainer, telemetry, stop, say)
     runner = StepRunner(trainer, model, trainer.make_batcher())
     if policy.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(policy.device)
@@ -183,6 +184,19 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     return TrainOutcome(run_dir=run_dir, step=trainer.step, target=target, stopped_by=stopped_by, samples=samples)
 
 
+def _feed(trainer: Trainer, telemetry: Telemetry, stop: StopFlag, say: Say) -> Feed:
+    """How a task's batcher that waits for data (a spool) reaches the other ranks, the log,
+    metrics.jsonl and the stop flag."""
+    ctx = trainer.ctx
+
+    def report(message: str, record: dict[str, Any]) -> None:
+        say(message)
+        telemetry.event({**record, "step": trainer.step})
+
+    return Feed(rank=ctx.rank, world_size=ctx.world_size, share=ctx.broadcast, report=report,
+                stopping=lambda: ctx.any_true(stop.requested))
+
+
 def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: StopFlag, stop_at: int,
           say: Say) -> tuple[str | None, list[Path]]:
     """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
@@ -192,7 +206,10 @@ def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: Stop
     clock = _Clock(trainer.step, stop_at)
     samples: list[Path] = []
     while trainer.step < stop_at:
-        lr = runner.step()
+        try:
+            lr = runner.step()
+        except StopWaiting as waiting:  # a stop while the task's batcher waited for data
+            return _stop(trainer, runner, stop, f"{waiting}", say), samples
         meter.add(runner.effective)
         if trainer.step % t.log_every == 0 or trainer.step == stop_at:
             telemetry.log(_metrics(trainer, runner, meter, lr, clock))
@@ -200,15 +217,20 @@ def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: Stop
                 _roll_back(trainer, runner, say)
                 continue
             if ctx.any_true(stop.requested):
-                stopped_by = stop.signal_name or "a signal on another rank"
-                say(f"stop requested ({stopped_by}) at step {trainer.step}: writing a checkpoint")
-                trainer.save(runner.batcher)
-                return stopped_by, samples
+                return _stop(trainer, runner, stop, f"at step {trainer.step}", say), samples
         if trainer.step % t.checkpoint_every == 0 or trainer.step == stop_at:
             trainer.save(runner.batcher)
         if t.sample_every and trainer.step % t.sample_every == 0 and trainer.step != stop_at:
             samples += _preview(trainer, ctx, trainer.run_dir, f"step{trainer.step:08d}", say)
     return None, samples
+
+
+def _stop(trainer: Trainer, runner: StepRunner, stop: StopFlag, where: str, say: Say) -> str:
+    """Checkpoint on a stop request; returns what asked for it."""
+    stopped_by = stop.signal_name or "a signal on another rank"
+    say(f"stop requested ({stopped_by}) {where}: writing a checkpoint")
+    trainer.save(runner.batcher)
+    return stopped_by
 
 
 @dataclass

@@ -66,8 +66,8 @@ def test_data_specs_and_their_messages():
                           ("builtin:fields:ten", "'ten' is not a positive number of pairs"),
                           ("imagefolder:/data", r"not field data -- for task fields use builtin:fields\[:N\] or npz"),
                           ("npz:", "has no path -- write npz:PATH"),
-                          ("spool:/scratch/spool", r"cannot follow a spool directory yet -- train on it with "
-                                                   r"diffscale.online.OnlineTrainer")]:
+                          ("spool:/scratch/spool", r"is a spool directory, which is followed while training, not "
+                                                   r"read at once -- train on it with diffscale train --data spool")]:
         with pytest.raises(UserError, match=message):
             load_fields(spec)
 

@@ -5,6 +5,9 @@ Specs (``data.source`` when ``task: fields``):
 * ``builtin:fields[:N]`` -- the synthetic coarse -> fine generator below (N pairs, default 16384).
 * ``npz:PATH`` -- a NumPy archive with arrays ``cond`` (N x C) and ``x`` (N x D or N x D x K).
 
+Data that arrives while training (``online:POLICY:N``, ``spool:DIR[:N]``) fills a replay buffer
+instead (``data/buffer.py``, ``data/spool.py``).
+
 The built-in generator mimics the users' coupling case (a coarse cell and its six hexagonal
 neighbours -> 16 x 16 fine values inside the cell) and its ideal probabilistic forecast is
 known in closed form: given the condition, the fine field is Gaussian with a known mean and
@@ -29,7 +32,8 @@ BUILTIN_SEED = 0
 """Seed of the built-in training pairs (fixed: every run trains on the same data)."""
 HELD_OUT_SEED = 1
 """Seed of held-out pairs for evaluation (never the training stream)."""
-SOURCES = "builtin:fields[:N] or npz:PATH (arrays cond: N x C, x: N x D or N x D x K)"
+SOURCES = ("builtin:fields[:N] or npz:PATH (arrays cond: N x C, x: N x D or N x D x K), or spool:DIR[:N] "
+           "(a directory a simulation writes while training runs)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,10 +158,9 @@ def load_fields(spec: str, *, max_items: int = 0) -> FieldData:
     kind = kind.strip().lower()
     if kind == "builtin":
         data = _builtin(spec, rest)
-    elif kind == "spool":
-        raise UserError(f"data source '{spec}': diffscale train cannot follow a spool directory yet",
-                        "train on it with diffscale.online.OnlineTrainer(RUN_DIR, cfg).follow(DIR), "
-                        "or on a finished spool's files merged into one npz:PATH")
+    elif kind == "spool":  # FieldTask follows it into a buffer; it is never read whole
+        raise UserError(f"data source '{spec}' is a spool directory, which is followed while training, not read at once",
+                        "train on it with diffscale train --data spool:DIR[:N], or merge its files into one npz:PATH")
     elif kind == "npz":
         if not rest:
             raise UserError(f"data source '{spec}' has no path", "write npz:PATH")

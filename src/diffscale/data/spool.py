@@ -10,14 +10,21 @@ Format (one directory, written by the simulation, only read by the trainer):
   ignore every other name (temporary files, notes, a ``.lock``).
 
 ``SpoolWriter`` writes it (any language can: it is plain ``numpy.savez``); ``SpoolReader``
-returns the files that appeared since its last poll, in sequence order. A file that cannot be
-read or does not fit the task is skipped, counted and reported once: the trainer keeps going.
+returns the files that appeared since its last poll, in sequence order. A file that does not
+fit the task is skipped, counted and reported once: the trainer keeps going. A file that
+cannot be read as an archive is read again at the next poll while it is the newest one and
+younger than ``UNREADABLE_GRACE_S`` (a writer that does not rename may still be writing it),
+and skipped like a misfit once a later file exists or it has stayed unreadable that long.
+
+``diffscale train --data spool:DIR[:N]`` follows a spool into a FIFO buffer of the newest N
+samples (``SpoolSpec``; the trainer is ``data/follow.py``).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +36,35 @@ from ..errors import UserError
 from .buffer import as_chunk
 
 NAME = re.compile(r"^(\d{10})\.npz$")
+DEFAULT_CAPACITY = 3840
+"""Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
+UNREADABLE_GRACE_S = 60.0
+"""How long the newest file may stay unreadable (still being written) before it is skipped."""
+
+
+@dataclass(frozen=True)
+class SpoolSpec:
+    """``spool:DIR[:N]``: follow DIR into a FIFO buffer of the newest N samples."""
+
+    directory: Path
+    capacity: int
+
+    @property
+    def source(self) -> str:
+        return f"spool:{self.directory}:{self.capacity}"
+
+
+def parse_spool_spec(spec: str) -> SpoolSpec:
+    """``spool:/scratch/run/spool:3840`` -> SpoolSpec(/scratch/run/spool, 3840). The capacity is
+    the last ``:`` part when it is a number, so a directory may contain colons."""
+    rest = spec.partition(":")[2]
+    head, sep, tail = rest.rpartition(":")
+    directory, capacity = (head, int(tail)) if sep and tail.isdigit() else (rest, DEFAULT_CAPACITY)
+    if not directory or capacity < 1:
+        raise UserError(f"data source '{spec}' is not a spool directory",
+                        "write spool:DIR or spool:DIR:N with N the samples the buffer keeps, "
+                        f"e.g. spool:/scratch/run/spool:{DEFAULT_CAPACITY}")
+    return SpoolSpec(Path(directory), capacity)
 
 
 def _sequence(path: Path) -> int:
@@ -92,8 +128,14 @@ class SpoolReader:
         found = sorted((p for p in self.directory.iterdir() if NAME.match(p.name) and _sequence(p) >= self.next),
                        key=_sequence)
         chunks = []
-        for path in found:
-            chunk = self._read(path)
+        for i, path in enumerate(found):
+            try:
+                chunk = self._read(path)
+            except _Unreadable as exc:
+                if i == len(found) - 1 and not _old(path):
+                    break  # perhaps still being written: read it again at the next poll
+                self.skipped.append(f"{path.name}: {exc}")
+                chunk = None
             if chunk is not None:
                 chunks.append(chunk)
             self.next = _sequence(path) + 1
@@ -101,10 +143,27 @@ class SpoolReader:
 
     def _read(self, path: Path) -> SpoolChunk | None:
         try:
-            with np.load(path, allow_pickle=False) as archive:
+            archive = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+        try:
+            with archive:
                 cond, x, sim_time = archive["cond"], archive["x"], float(archive["sim_time"])
             c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UserError) as exc:
+        except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a member cut short
+            raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+        except (ValueError, TypeError, KeyError, UserError) as exc:
             self.skipped.append(f"{path.name}: {exc}")
             return None
         return SpoolChunk(_sequence(path), c, v, times, dropped)
+
+
+class _Unreadable(Exception):
+    """A spool file that is not (yet) a complete archive."""
+
+
+def _old(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > UNREADABLE_GRACE_S
+    except OSError:  # gone meanwhile: nothing left to wait for
+        return True

@@ -1,6 +1,7 @@
 """Online training: a running simulation feeds samples while a field model trains on them,
 in the simulation's own process (``OnlineTrainer.push``) or through a spool directory that
-another job follows (``SpoolWriter`` / ``OnlineTrainer.follow``). See trainer.py for an example."""
+another job follows (``SpoolWriter``; ``diffscale train --data spool:DIR`` or
+``OnlineTrainer.follow``). See trainer.py for an example."""
 
 from ..data.buffer import BufferPolicy, ReplayBuffer
 from ..data.spool import SpoolReader, SpoolWriter

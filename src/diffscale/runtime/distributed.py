@@ -232,6 +232,15 @@ class DistContext:
             tensor /= self.world_size
         return tensor
 
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's ``tensor`` on every rank (each rank passes one of the same shape and dtype),
+        on the device it came from. Identity for one process."""
+        if not self._initialised:
+            return tensor
+        on = tensor.to(self.device).contiguous()  # NCCL moves CUDA tensors only, gloo CPU ones
+        dist.broadcast(on, src=0)
+        return on.to(tensor.device)
+
     def any_true(self, flag: bool) -> bool:
         """True on every rank when ``flag`` is true on any rank (used for stop signals)."""
         if not self._initialised:

@@ -16,9 +16,11 @@ import torch
 from torch.utils.data import TensorDataset
 
 from ..config import FieldModelConfig, RunConfig
-from ..data.buffer import BufferBatcher, ReplayBuffer, parse_buffer_spec
+from ..data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, parse_buffer_spec
 from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.fields import FieldData, load_fields
+from ..data.follow import SpoolBatcher
+from ..data.spool import SpoolReader, SpoolSpec, parse_spool_spec
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import FieldMLP
@@ -80,10 +82,11 @@ class FieldTask:
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.data: FieldData | None = None
         self.buffer: ReplayBuffer | None = None
+        self.spool: SpoolSpec | None = None
         self.stats_fitted = True
-        if cfg.data.source.startswith("online:"):  # fed while training: sizes from the config or checkpoint
+        if cfg.data.source.startswith(("online:", "spool:")):  # fed while training: sizes from config or checkpoint
             self.cond_dim, self.x_dim, self.fields = _sizes_of_signature(self.model_cfg, signature)
-            self.buffer = ReplayBuffer(parse_buffer_spec(cfg.data.source), self.cond_dim, self.x_shape, device,
+            self.buffer = ReplayBuffer(self._buffer_spec(load_data), self.cond_dim, self.x_shape, device,
                                        seed=cfg.train.seed)
             self.cond, self.x = self.buffer.cond, self.buffer.x
             self._unfitted()
@@ -96,6 +99,19 @@ class FieldTask:
         if self.model_cfg.coarse_index >= self.cond_dim:
             raise UserError(f"config model.coarse_index: {self.model_cfg.coarse_index} is past the condition's "
                             f"{self.cond_dim} values", f"use 0..{self.cond_dim - 1}, or -1 for none")
+
+    def _buffer_spec(self, load_data: bool) -> BufferSpec:
+        """The buffer of ``online:POLICY:N``, or the FIFO of ``spool:DIR[:N]`` (whose directory
+        must exist when the run reads data; sampling a trained run does not need it)."""
+        source = self.cfg.data.source
+        if not source.startswith("spool:"):
+            return parse_buffer_spec(source)
+        self.spool = parse_spool_spec(source)
+        if load_data and not self.spool.directory.is_dir():
+            raise UserError(f"spool directory '{self.spool.directory}' does not exist",
+                            "check the path given to --data spool:DIR, or create it (the simulation's SpoolWriter "
+                            "creates it when it starts)")
+        return BufferSpec(BufferPolicy.FIFO, self.spool.capacity)
 
     def _unfitted(self) -> None:
         """Identity statistics and empty previews until data or a checkpoint provides them."""
@@ -152,15 +168,28 @@ class FieldTask:
         return self.buffer.size if self.buffer is not None else int(self.training_data().cond.shape[0])
 
     def describe_data(self) -> str:
+        if self.spool is not None and self.buffer is not None:
+            return f"spool {self.spool.directory}: {self.buffer.describe()}; trains once it is full"
         return self.buffer.describe() if self.buffer is not None else self.training_data().describe()
 
     def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> Batcher:
         """Resident data: epochs of a permutation. A buffer: draws from what it holds now (an
-        ``OnlineTrainer`` fills it)."""
-        del feed  # nothing here waits for data
+        ``OnlineTrainer`` fills it). A spool: the same, filled from the spool before each draw."""
         if self.buffer is None:
             return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
-        return BufferBatcher(self.buffer, global_batch, seed, self.device, position)
+        if self.spool is None:
+            return BufferBatcher(self.buffer, global_batch, seed, self.device, position)
+        if self.spool.capacity < global_batch:
+            raise UserError(f"data source '{self.cfg.data.source}' keeps {self.spool.capacity} samples, fewer than one "
+                            f"effective batch of {global_batch}", f"write spool:{self.spool.directory}:N with N >= "
+                            f"{global_batch}, or lower train.batch_per_gpu / train.grad_accum")
+        reader = SpoolReader(self.spool.directory, self.cond_dim, self.x_shape, next=self.buffer.cursor)
+        return SpoolBatcher(self.buffer, reader, global_batch, seed, self.device, position, feed,
+                            on_ready=self._buffer_ready)
+
+    def _buffer_ready(self) -> None:
+        if not self.stats_fitted:  # once: the statistics stay those of the first full buffer
+            self.fit_statistics()
 
     def build_network(self) -> torch.nn.Module:
         return FieldMLP(self.model_cfg, cond_dim=self.cond_dim, x_dim=self.x_dim)

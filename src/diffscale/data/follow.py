@@ -1,0 +1,130 @@
+"""Following a spool directory while training (``diffscale train --data spool:DIR[:N]``).
+
+``SpoolBatcher`` is the batch stream of such a run: before drawing a batch from the replay
+buffer it moves the spool's new files into it, and while the buffer holds fewer samples than
+it needs (its capacity) it waits, saying so in the log and in metrics.jsonl, instead of
+leaving the device idle without a word. The normalisation statistics are fitted once, when
+the buffer is first full, as ``OnlineTrainer`` does.
+
+* Rate: the directory is listed at most every ``POLL_S`` seconds (a cluster file system's
+  metadata server serves everyone), not at every step.
+* Several ranks: only rank 0 reads the spool; what it read (the samples, not the file names)
+  is broadcast, so every rank adds exactly the same rows at exactly the same step even when
+  a shared file system shows a new file to one node before another. The ranks agree every
+  ``SHARE_EVERY`` batches (one small broadcast, a host synchronisation) and at every poll
+  while waiting.
+* Resume: the buffer's contents, counters and the spool cursor are task state and the batch
+  position is checkpointed, so a resumed run reads on from the first file it had not read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ..tasks.base import Feed, StopWaiting
+from .buffer import BufferBatcher, ReplayBuffer
+from .device_loader import DataPosition
+from .spool import SpoolChunk, SpoolReader
+
+POLL_S = 1.0
+"""Least time between two listings of the spool directory."""
+SHARE_EVERY = 100
+"""With several ranks: batches between two agreements on new data."""
+REPORT_EVERY_S = 60.0
+"""While waiting, the log says so again after this long even when nothing arrived."""
+
+
+class SpoolBatcher(BufferBatcher):
+    """``BufferBatcher`` over a buffer that ``reader`` fills; see the module docstring."""
+
+    def __init__(self, buffer: ReplayBuffer, reader: SpoolReader, global_batch: int, seed: int,
+                 device: torch.device, position: DataPosition, feed: Feed, *,
+                 on_ready: Callable[[], None]) -> None:
+        super().__init__(buffer, global_batch, seed, device, position)
+        self.reader = reader
+        self.feed = feed
+        self.ready_at = buffer.spec.capacity
+        self.on_ready = on_ready
+        """Called whenever the buffer holds ``ready_at`` samples after new data (fits the
+        statistics the first time; later calls do nothing)."""
+        self._next_poll = 0.0
+        self._said_ready = False
+        self.dropped_rows = 0
+
+    def next_indices(self) -> torch.Tensor:
+        if self.feed.world_size == 1 or self.position.offset % SHARE_EVERY == 0:
+            self.ingest()
+        if self.buffer.size < self.ready_at:
+            self._wait()
+        return super().next_indices()
+
+    def ingest(self) -> None:
+        """Add what rank 0 found in the spool (if its poll is due) to the buffer of every rank."""
+        mine: list[SpoolChunk] = []
+        if self.feed.rank == 0 and time.monotonic() >= self._next_poll:
+            self._next_poll = time.monotonic() + POLL_S
+            mine = self._poll()
+        for cond, x, times in self._shared(mine):
+            self.buffer.add(cond, x, times)
+        if self.buffer.size >= self.ready_at:
+            if not self._said_ready:
+                self._said_ready = True
+                self.feed.report(f"buffer full: {self.buffer.size} samples from {self.buffer.pushes} spool files "
+                                 f"of {self.reader.directory}; training",
+                                 {"kind": "ready", "buffer": self.buffer.size, "files": self.buffer.pushes,
+                                  "time": time.time()})
+            self.on_ready()
+
+    def _poll(self) -> list[SpoolChunk]:
+        skipped = len(self.reader.skipped)
+        chunks = self.reader.poll()
+        for reason in self.reader.skipped[skipped:]:
+            self.feed.report(f"warning: skipped spool file {reason} ({len(self.reader.skipped)} skipped so far)",
+                             {"kind": "spool", "skipped_files": len(self.reader.skipped), "time": time.time()})
+        dropped = sum(c.dropped_rows for c in chunks)
+        if dropped:
+            self.dropped_rows += dropped
+            self.feed.report(f"warning: dropped {dropped} spooled rows holding NaN or inf ({self.dropped_rows} so far)",
+                             {"kind": "spool", "dropped_rows": self.dropped_rows, "time": time.time()})
+        return [c for c in chunks if len(c.cond)]  # a file of only NaN rows adds nothing
+
+    def _shared(self, chunks: list[SpoolChunk]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Rank 0's chunks on every rank, and its spool cursor in the buffer (checkpointed)."""
+        if self.feed.world_size == 1:
+            self.buffer.cursor = self.reader.next
+            return [(c.cond, c.x, c.sim_time) for c in chunks]
+        share = self.feed.share
+        header = share(torch.tensor([len(chunks), self.reader.next], dtype=torch.int64))
+        count, self.buffer.cursor = (int(v) for v in header.tolist())
+        self.reader.next = self.buffer.cursor
+        if count == 0:
+            return []
+        lengths = share(torch.tensor([len(c.cond) for c in chunks] or [0] * count, dtype=torch.int64))
+        rows, x_shape = int(lengths.sum()), tuple(self.buffer.x.shape[1:])
+        if chunks:
+            cond, x = torch.cat([c.cond for c in chunks]), torch.cat([c.x for c in chunks])
+            times = torch.cat([c.sim_time for c in chunks])
+        else:
+            cond, x = torch.empty((rows, self.buffer.cond.shape[1])), torch.empty((rows, *x_shape))
+            times = torch.empty(rows, dtype=torch.float64)
+        cond, x, times = share(cond), share(x), share(times)
+        splits = lengths.tolist()
+        return list(zip(cond.split(splits), x.split(splits), times.split(splits), strict=True))
+
+    def _wait(self) -> None:
+        """Poll until the buffer holds ``ready_at`` samples; say so, and stop when asked."""
+        said, said_at = -1, 0.0
+        while self.buffer.size < self.ready_at:
+            if self.buffer.size != said or time.monotonic() - said_at >= REPORT_EVERY_S:
+                said, said_at = self.buffer.size, time.monotonic()
+                self.feed.report(f"waiting for data: buffer {self.buffer.size}/{self.ready_at} samples "
+                                 f"({self.buffer.pushes} spool files) from {self.reader.directory}",
+                                 {"kind": "waiting", "buffer": self.buffer.size, "ready_at": self.ready_at,
+                                  "files": self.buffer.pushes, "time": time.time()})
+            if self.feed.stopping():
+                raise StopWaiting(f"while waiting for data (buffer {self.buffer.size}/{self.ready_at} samples)")
+            time.sleep(max(0.0, self._next_poll - time.monotonic()))
+            self.ingest()

@@ -1,0 +1,164 @@
+"""``diffscale train --data spool:DIR``: a follower that trains on what a simulation spools,
+waits (saying so) while the buffer fills, skips bad files, stops cleanly while waiting and
+resumes bit for bit."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from diffscale.cli import main
+from diffscale.data.fields import FieldGenerator
+from diffscale.data.spool import DEFAULT_CAPACITY, SpoolReader, SpoolWriter, parse_spool_spec
+from diffscale.errors import UserError
+from diffscale.runtime import checkpoint as ckpt
+from diffscale.runtime.signals import EXIT_REQUEUE
+
+SMALL = ["--preset", "field-icon", "--device", "cpu"]
+for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=40", "train.log_every=10",
+              "train.checkpoint_every=20", "train.sample_count=4", "train.sample_steps=3", "optim.warmup_steps=2",
+              "train.seed=3"):
+    SMALL += ["--set", _item]
+
+# The simulation: output steps of 80 cells, one of them written with the wrong condition size.
+WRITER = """
+import sys, time
+from diffscale.data.fields import FieldGenerator
+from diffscale.data.spool import SpoolWriter
+writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
+for step in range(7):
+    cond, x = generator.sample(80, seed=step)
+    writer.write(cond.numpy()[:, :6] if step == 3 else cond.numpy(), x.numpy(), sim_time=600.0 * step)
+    time.sleep(0.3)
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _same_state(a: Path, b: Path) -> None:
+    """The newest checkpoints of two runs hold the same step, weights, EMA, optimizer and task state."""
+    first, second = (ckpt.load_checkpoint(ckpt.list_checkpoints(r)[-1]) for r in (a, b))
+    assert first.step == second.step
+    for part in ("model", "ema", "task"):
+        one, two = getattr(first, part), getattr(second, part)
+        assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one), part
+    moments = [(k, s) for k, state in first.optimizer["state"].items() for s in ("exp_avg", "exp_avg_sq")]
+    assert all(torch.equal(first.optimizer["state"][k][s], second.optimizer["state"][k][s]) for k, s in moments)
+    assert first.meta.data_position == second.meta.data_position
+
+
+def test_a_follower_waits_for_a_writer_process_trains_and_resumes_bit_for_bit(tmp_path):
+    spool, run = tmp_path / "spool", tmp_path / "follower"
+    spool.mkdir()
+    follower = subprocess.Popen([sys.executable, "-m", "diffscale", "train", "--data", f"spool:{spool}:480",
+                                 "--out", str(run), *SMALL], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=_env())
+    assert follower.stdout is not None
+    seen = []
+    for line in follower.stdout:  # the simulation starts once the trainer waits for it
+        seen.append(line)
+        if "waiting for data" in line:
+            break
+    writer = subprocess.run([sys.executable, "-c", WRITER, str(spool)], env=_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert writer.returncode == 0, writer.stderr
+    log = "".join(seen) + follower.communicate(timeout=300)[0]
+    assert follower.returncode == 0, log
+    assert f"waiting for data: buffer 0/480 samples (0 spool files) from {spool}" in log
+    assert "warning: skipped spool file 0000000003.npz: pushed cond (80, 6) and x (80, 256) do not fit" in log
+    assert "(1 skipped so far)" in log
+    assert f"buffer full: 480 samples from 6 spool files of {spool}; training" in log and "done: 40 steps" in log
+    records = [line for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any('"kind": "waiting"' in r and '"ready_at": 480' in r for r in records)
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.task["buffer_counters"].tolist() == [480, 480, 6, 7]  # size, seen, files, spool cursor
+    assert state.task["stats_fitted"].item() == 1 and state.task["buffer_time"].max().item() == 3600.0
+
+    # The same spool followed again, interrupted halfway and resumed: exactly the live follower's run.
+    again = tmp_path / "resumed"
+    assert main(["train", "--data", f"spool:{spool}:480", "--out", str(again), "--max-steps", "20", *SMALL]) == 0
+    assert main(["train", "--data", f"spool:{spool}:480", "--out", str(again), "--resume", "auto", *SMALL]) == 0
+    _same_state(run, again)
+
+
+def _write(writer: SpoolWriter, steps: range) -> None:
+    generator = FieldGenerator()
+    for step in steps:
+        cond, x = generator.sample(80, seed=step)
+        writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
+
+
+def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path, capsys):
+    spool, run = tmp_path / "spool", tmp_path / "run"
+    writer = SpoolWriter(spool)
+    _write(writer, range(2))
+
+    def stop_once_waiting() -> None:  # what SLURM's warning signal does before the time limit
+        metrics, deadline = run / "metrics.jsonl", time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if metrics.is_file() and '"kind": "waiting"' in metrics.read_text():
+                os.kill(os.getpid(), signal.SIGUSR2)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=stop_once_waiting, daemon=True).start()
+    assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == EXIT_REQUEUE
+    out = capsys.readouterr().out
+    assert "waiting for data: buffer 160/480 samples (2 spool files)" in out
+    assert "stop requested (SIGUSR2) while waiting for data (buffer 160/480 samples): writing a checkpoint" in out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 0 and state.task["buffer_counters"].tolist() == [160, 160, 2, 2]
+
+    _write(writer, range(2, 6))  # the simulation went on meanwhile
+    assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), "--resume", "auto", *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "resumed from step 0" in out and "buffer full: 480 samples from 6 spool files" in out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 480, 6, 6]
+
+
+def test_spool_sources_and_their_messages(tmp_path, capsys):
+    assert parse_spool_spec("spool:/scratch/a:b/spool:960") == parse_spool_spec("spool:/scratch/a:b/spool:960")
+    assert parse_spool_spec("spool:/scratch/a:b/spool").capacity == DEFAULT_CAPACITY
+    assert str(parse_spool_spec("spool:/scratch/a:b/spool:960").directory) == "/scratch/a:b/spool"
+    for spec in ("spool:", "spool:/x:0"):
+        with pytest.raises(UserError, match="is not a spool directory -- write spool:DIR or spool:DIR:N"):
+            parse_spool_spec(spec)
+    absent = tmp_path / "absent"
+    assert main(["train", "--data", f"spool:{absent}", "--out", str(tmp_path / "run"), *SMALL]) == 2
+    assert capsys.readouterr().err == (f"error: spool directory '{absent}' does not exist -- check the path given to "
+                                       "--data spool:DIR, or create it (the simulation's SpoolWriter creates it when "
+                                       "it starts)\n")
+    absent.mkdir()
+    assert main(["train", "--data", f"spool:{absent}:8", "--out", str(tmp_path / "run"), *SMALL]) == 2
+    assert "keeps 8 samples, fewer than one effective batch of 16" in capsys.readouterr().err
+
+
+def test_the_newest_file_is_read_again_while_it_may_still_be_written(tmp_path):
+    writer = SpoolWriter(tmp_path)
+    _write(writer, range(2))
+    whole = (tmp_path / "0000000001.npz").read_bytes()
+    (tmp_path / "0000000001.npz").write_bytes(whole[: len(whole) // 2])  # a writer that does not rename
+    reader = SpoolReader(tmp_path, 7, (256,))
+    assert [c.sequence for c in reader.poll()] == [0] and reader.next == 1 and reader.skipped == []
+    (tmp_path / "0000000001.npz").write_bytes(whole)
+    assert [c.sequence for c in reader.poll()] == [1] and reader.skipped == []
+    (tmp_path / "0000000002.npz").write_bytes(whole[:100])
+    old = time.time() - 3600
+    os.utime(tmp_path / "0000000002.npz", (old, old))  # unreadable for an hour: the writer is gone
+    assert reader.poll() == [] and reader.next == 3 and reader.skipped[0].startswith("0000000002.npz: not a complete")
+    (tmp_path / "0000000003.npz").write_bytes(b"PK\x03\x04")
+    np.savez(tmp_path / "0000000004.npz", cond=np.ones((2, 7)), x=np.ones((2, 256)), sim_time=1.0)
+    assert [c.sequence for c in reader.poll()] == [4] and len(reader.skipped) == 2  # a later file exists: skipped
