@@ -1,7 +1,8 @@
 """ESTIMATED resource needs of a diffscale run, for plan's preflight checks and segments.
 
 Nothing here is measured on your cluster. Numbers come from a walk over the UNet's
-levels (parameters, multiply-accumulates, activation sizes), from vendor peak
+levels (parameters, multiply-accumulates, activation sizes) -- for other tasks' networks from
+one forward pass of the network on the meta device (no memory, no data) --, from vendor peak
 throughputs with an assumed utilisation, and for host memory from the one model in
 ``runtime/resources.py``. Every figure plan prints from this module is labelled
 "estimated", except figures measured by ``diffscale bench`` and recorded in
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import ModelConfig, RunConfig
 from ..runtime import resources
@@ -37,6 +39,9 @@ ASSUMED_GPU_UTILISATION = 0.25
 ASSUMED_CPU_GFLOPS_PER_CORE = 20.0
 # Data-parallel efficiency assumed when more than one rank trains (estimated).
 ASSUMED_SCALING_EFFICIENCY = 0.9
+# Shortest optimizer step assumed on a GPU, in seconds (estimated): a small network's step is
+# bound by kernel launches and the host loop, not by FLOPs (the field-icon MLP: ~1 MFLOP a sample).
+ASSUMED_MIN_GPU_STEP_S = 5e-4
 # Start-up (imports, compile, data) and final sampling/checkpoint, per job (estimated).
 STARTUP_S = 180
 
@@ -67,6 +72,43 @@ class ModelCost:
     """Multiply-accumulates of one forward pass of one sample."""
     activation_bytes_per_sample: int
     """Activations kept for backward per sample (bf16/fp16 autocast, estimated)."""
+
+
+def cost_of(cfg: RunConfig) -> ModelCost:
+    """The cost of the run's network: the UNet walk for images, else ``network_cost``."""
+    return model_cost(cfg.model) if isinstance(cfg.model, ModelConfig) else network_cost(cfg)
+
+
+def network_cost(cfg: RunConfig) -> ModelCost:
+    """Parameters, MACs and saved activations of any task's network, counted in one forward
+    pass of one sample on the meta device (shapes only). Activations: every op's output that
+    is not a view, 2 bytes an element as under bf16/fp16 autocast, like the UNet walk."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..tasks import build_task
+
+    class Outputs(TorchDispatchMode):
+        elements = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                               kwargs: dict[str, Any] | None = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                leaves = out if isinstance(out, (tuple, list)) else (out,)
+                self.elements += sum(t.numel() for t in leaves if isinstance(t, torch.Tensor))
+            return out
+
+    meta = torch.device("meta")
+    with meta:
+        task = build_task(cfg, meta, load_data=False)
+        network = task.build_network()
+    flops, outputs = FlopCounterMode(display=False), Outputs()
+    with flops, outputs, torch.no_grad():
+        network(*task.example_inputs(1))
+    return ModelCost(params=sum(p.numel() for p in network.parameters()), macs_per_sample=flops.get_total_flops() // 2,
+                     activation_bytes_per_sample=outputs.elements * 2)
 
 
 def model_cost(model: ModelConfig, channels: int = 3) -> ModelCost:
@@ -145,7 +187,7 @@ def gpu_memory_gb(cfg: RunConfig, gpu_type: str | None, batch_per_gpu: int | Non
     figure = measured.load().peak_memory(cfg.preset, batch, gpu_key(gpu_type))
     if figure is not None:
         return Estimate(figure.reserved_gib * resources.GIB / 1e9, "measured")  # GiB as measured -> GB as compared
-    cost = model_cost(cfg.model)
+    cost = cost_of(cfg)
     total = BYTES_PER_PARAM * cost.params + batch * cost.activation_bytes_per_sample
     # 1.2: allocator fragmentation and temporaries (estimated)
     return Estimate(total * 1.2 / 1e9 + GPU_CONTEXT_GB, "estimated")
@@ -203,11 +245,12 @@ def samples_per_s_per_rank(cfg: RunConfig, gpu_type: str | None, cpus_per_rank: 
     figure = measured.load().samples_per_s(cfg.preset, key)
     if figure is not None:
         return Estimate(figure.samples_per_s, "measured")
-    flops = 6 * model_cost(cfg.model).macs_per_sample  # forward + backward = 3 x 2 FLOPs per MAC
+    flops = 6 * cost_of(cfg).macs_per_sample  # forward + backward = 3 x 2 FLOPs per MAC
     if has_gpus:
         peak = GPU_PEAK_TFLOPS.get(key or "", 100.0) * 1e12 * ASSUMED_GPU_UTILISATION
-    else:
-        peak = cpus_per_rank * ASSUMED_CPU_GFLOPS_PER_CORE * 1e9
+        per_step = cfg.train.batch_per_gpu * cfg.train.grad_accum
+        return Estimate(min(peak / max(flops, 1), per_step / ASSUMED_MIN_GPU_STEP_S), "estimated")
+    peak = cpus_per_rank * ASSUMED_CPU_GFLOPS_PER_CORE * 1e9
     return Estimate(peak / max(flops, 1), "estimated")
 
 

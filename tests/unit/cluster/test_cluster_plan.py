@@ -106,3 +106,28 @@ def test_shape_validation_names_the_flag():
     with pytest.raises(UserError) as err:
         Shape(0, 1)
     assert err.value.message == "--nodes 0 must be at least 1 -- ask for 1 or more nodes"
+
+
+def test_a_field_run_is_estimated_from_its_network_counted_on_the_meta_device():
+    from diffscale.cluster import estimates
+    from diffscale.models import count_parameters
+    from diffscale.tasks import build_task
+
+    import torch
+
+    tiny = presets.get_preset("tiny")  # the meta-device count agrees with the UNet walk where both apply
+    walked, counted = estimates.model_cost(tiny.model), estimates.network_cost(tiny)
+    assert abs(counted.macs_per_sample / walked.macs_per_sample - 1) < 0.01
+    assert abs(counted.params / walked.params - 1) < 0.02
+    field = presets.get_preset("field-icon")
+    cost = estimates.cost_of(field)
+    with torch.device("meta"):
+        network = build_task(field, torch.device("meta"), load_data=False).build_network()
+    assert cost.params == count_parameters(network) and cost.macs_per_sample > cost.params * 0.9
+    # A step of this ~1 MFLOP network is bound by launches, not FLOPs: no millions of samples per second.
+    rate = estimates.samples_per_s_per_rank(field, "A100-80GB", 8, has_gpus=True)
+    assert rate.value == field.train.batch_per_gpu / estimates.ASSUMED_MIN_GPU_STEP_S
+    plan = make_plan(load_profile("dkrz-levante"), Shape(1, 1), DiffscaleRun(config=field, run_dir="/runs/r",
+                                                                             python="python3"), PlanOptions(account="bb1"))
+    assert plan.ok and plan.estimate_s is not None
+    assert [c.ok for c in plan.checks if c.name == "GPU memory"] == [True]
