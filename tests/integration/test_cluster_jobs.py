@@ -258,3 +258,49 @@ def test_sge_one_host_two_slot_diffscale_training(sge_profile, tmp_path):
     assert states[0]["state"] == "COMPLETED", log
     assert any(run_dir.rglob("*.safetensors")) or any((run_dir / "checkpoints").glob("*")), log
     assert any(run_dir.rglob("*.png")), log
+
+
+# ----------------------------------------------------------------------------- coupled simulation + trainer
+
+# The simulation: three output steps of 80 cells into the spool its job names, a second apart.
+SIMULATION = r'''
+import os, time
+from diffscale.data.fields import FieldGenerator
+from diffscale.data.spool import SpoolWriter
+writer, generator = SpoolWriter(os.environ["DIFFSCALE_SPOOL"]), FieldGenerator()
+for step in range(3):
+    cond, x = generator.sample(80, seed=step)
+    print("SIMULATION wrote", writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step).name, flush=True)
+    time.sleep(1)
+'''
+
+FIELD = ["--preset", "field-icon", "--set", "runtime.device=cpu", "--set", "model.hidden=32", "--set", "model.depth=1",
+         "--set", "model.embed_dim=16", "--set", "train.steps=20", "--set", "train.log_every=5",
+         "--set", "train.checkpoint_every=10", "--set", "train.sample_count=4", "--set", "train.sample_steps=2"]
+
+
+def test_slurm_coupled_simulation_and_trainer(slurm_profile, tmp_path):
+    # One job runs the simulation on CPU ranks and writes the spool; the trainer job, held until
+    # the simulation has started, follows it with diffscale train --data spool:DIR and checkpoints.
+    script = tmp_path / "simulation.py"
+    script.write_text(SIMULATION)
+    run_dir = hostile(tmp_path)
+    spool = run_dir / "spool"
+    rc, out = ds("submit", "--cluster", str(slurm_profile), "--couple", f"{spool}:240", "--sim-partition", "cpu",
+                 "--procs-per-node", "1", "--time", "00:10:00", "--out", str(run_dir), *FIELD,
+                 "--", sys.executable, str(script))
+    assert rc == 0, out
+    jobs_ = submissions(run_dir)[-1]["jobs"]
+    assert [j["role"] for j in jobs_] == ["simulation", "trainer"]
+    assert jobs_[1]["after"] == jobs_[0]["job_id"] and jobs_[0]["after"] is None
+    states = {s["job_id"]: s for s in wait_done(run_dir, timeout=600)}
+    sim_log = (run_dir / jobs_[0]["log"]).read_text()
+    rc, train_log = ds("logs", str(run_dir), "--job", jobs_[1]["job_id"])
+    assert [states[j["job_id"]]["state"] for j in jobs_] == ["COMPLETED", "COMPLETED"], sim_log + train_log
+    assert sim_log.count("SIMULATION wrote") == 3 and "job-simulation-1x1.slurm.sh" in {j["script"] for j in jobs_}
+    assert f"data spool {spool}" in train_log and "buffer full: 240 samples from 3 spool files" in train_log
+    assert "done: 20 steps" in train_log
+    from diffscale.runtime import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
+    assert state.step == 20 and state.task["buffer_counters"].tolist() == [240, 240, 3, 3]

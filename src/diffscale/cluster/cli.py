@@ -7,6 +7,7 @@ parsed args, does one thing and returns an exit code. UserError propagates to ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import re
 import sys
@@ -52,6 +53,9 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     if race:
         p.add_argument("--race", metavar="NxG,...",
                        help="submit several shapes (nodes x GPUs per node); the first to start wins, the others are cancelled")
+        from .couple import add_arguments
+
+        add_arguments(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -131,7 +135,7 @@ def _workload(args: argparse.Namespace):
 def _plans(args: argparse.Namespace):
     from .flags import check_numbers, check_signal_lead, warning_signal
     from .jobspec import RaceSpec, job_name
-    from .plan import PlanOptions, make_plan
+    from .plan import Plan, PlanOptions, make_plan
     from .profile_io import load_profile
     from .profiles import SAFE_NAME
     from .shape import Shape, parse_race
@@ -148,34 +152,48 @@ def _plans(args: argparse.Namespace):
     race = getattr(args, "race", None)
     shapes = parse_race(race) if race else None
     profile = load_profile(args.cluster)
+    options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
+                          signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch)
+
+    def shape(nodes: int, per_node: int) -> Shape:
+        return Shape(nodes=nodes, ranks_per_node=per_node, partition=args.partition, time_s=time_s,
+                     cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=args.procs_per_node is None)
+
+    def planned(plan: Plan) -> Plan:
+        if args.signal_lead is not None:
+            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
+        return plan
+
+    if getattr(args, "couple", None):  # one GPU for the trainer unless told: the simulation has the nodes
+        from . import couple
+
+        run_dir = folder_target(args.out or f"runs/coupled-{_stamp()}", "--out").absolute()
+        sim_time = parse_time_limit(args.sim_time, what="--sim-time") if args.sim_time is not None else None
+        trainer = shape(args.nodes, next((n for n in (args.gpus_per_node, args.procs_per_node) if n), 1))
+        trainer_options = dataclasses.replace(options, signal=warning_signal(args.signal, diffscale_run=True))
+        plans, cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
+        return profile, what, run_dir, cfg, [planned(plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
-    signal = warning_signal(args.signal, diffscale_run=isinstance(workload, DiffscaleRun))
+    options = dataclasses.replace(options, signal=warning_signal(args.signal,
+                                                                 diffscale_run=isinstance(workload, DiffscaleRun)))
     part = profile.partition(args.partition)
-    use_gpus = args.procs_per_node is None
     per_node = next((n for n in (args.gpus_per_node, args.procs_per_node, part.gpus_per_node) if n), 1)
     plans = []
     for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
         race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}") for n, k in shapes if (n, k) != (nodes, g))) \
             if shapes else None
-        shape = Shape(nodes=nodes, ranks_per_node=g, partition=args.partition, time_s=time_s,
-                      cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=use_gpus)
-        options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
-                              signal_lead_s=args.signal_lead, signal=signal, global_batch=args.global_batch,
-                              race=race_spec, chain=not args.no_chain)
-        plan = make_plan(profile, shape, workload, options)
-        if args.signal_lead is not None:
-            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
-        plans.append(plan)
-    return profile, workload, run_dir, cfg, plans
+        plan = make_plan(profile, shape(nodes, g), workload, dataclasses.replace(options, race=race_spec))
+        plans.append(planned(plan))
+    return profile, workload.title, run_dir, cfg, plans
 
 
 def _refuse_failed(plans, force: bool) -> None:
-    failed = [(p.shape.label, c) for p in plans for c in p.failed]
+    failed = [(p.label if p.role else f"shape {p.shape.label}", c) for p in plans for c in p.failed]
     if failed and not force:
-        first_shape, first = failed[0]
+        first_job, first = failed[0]
         more = f" (and {len(failed) - 1} more above)" if len(failed) > 1 else ""
-        where = f"shape {first_shape}: " if len(plans) > 1 else ""
+        where = f"{first_job}: " if len(plans) > 1 else ""
         raise UserError(f"preflight check '{first.name}' failed: {where}{first.detail}{more}",
                         f"{first.fix}; or pass --force to go ahead anyway")
 
@@ -198,17 +216,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from . import report, submit
     from .scheduler import for_kind
 
-    profile, workload, run_dir, cfg, plans = _plans(args)
+    profile, what, run_dir, cfg, plans = _plans(args)
     for plan in plans:
         report.print_checks(plan, time_asked=args.time is not None)
     _refuse_failed(plans, args.force)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if len(plans) > 1 and racemod.owner(run_dir) is not None:
+    coupled = bool(getattr(args, "couple", None))
+    if coupled:  # there before the trainer looks for it, whichever job starts first
+        from ..data.spool import parse_spool_spec
+
+        assert cfg is not None
+        parse_spool_spec(cfg.data.source).directory.mkdir(parents=True, exist_ok=True)
+    elif len(plans) > 1 and racemod.owner(run_dir) is not None:
         raise UserError(f"{run_dir} was already raced (shape {racemod.owner(run_dir)} owns it)",
                         "continue it with a plain submit of that shape, or race into a new --out")
     if cfg is not None:
         cfgmod.write_yaml(cfg, run_dir / "config.yaml")
-    sub = submit.submit(plans, for_kind(profile.scheduler), run_dir, cluster=profile.name, what=workload.title)
+    sub = submit.submit(plans, for_kind(profile.scheduler), run_dir, cluster=profile.name, what=what, tied=coupled)
     report.print_submission(sub)
     return 0
 

@@ -65,7 +65,9 @@ class JobRecord:
     segment: int = 1
     segments: int = 1
     after: str | None = None
-    """Job id this one waits for (segment chains)."""
+    """Job id this one waits for (segment chains: its end; a coupled trainer: its start)."""
+    role: str = ""
+    """Its part in a coupled layout (``simulation``, ``trainer``); empty otherwise."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def latest(run_dir: str | Path) -> Submission:
         parent = by_id[fields[1]]
         record = JobRecord(job_id=fields[0], name=parent.name, shape=parent.shape, partition=parent.partition,
                            script=parent.script, log=fields[2], segment=parent.segment, segments=parent.segments,
-                           after=parent.job_id)
+                           after=parent.job_id, role=parent.role)
         records.append(record)
         by_id[record.job_id] = record
     return Submission(**{**asdict(sub), "jobs": tuple(records), "race": sub.race})

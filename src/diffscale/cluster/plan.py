@@ -39,6 +39,9 @@ class PlanOptions:
     chain: bool = True
     """Split a run longer than the partition's limit into a chain of segment jobs (else
     one job that requeues itself at each limit)."""
+    role: str = ""
+    """What this job is in a layout of several (``simulation``, ``trainer``): it names the job,
+    its script and its title line. Empty: the run's only job (or one shape of a race)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,13 @@ class Plan:
     segments: tuple[Segment, ...]
     estimate_s: int | None
     notes: tuple[str, ...] = field(default=())
+    role: str = ""
+    """``PlanOptions.role``: this job's part in a layout of several."""
+
+    @property
+    def label(self) -> str:
+        """``simulation 2x128`` for a job with a role, else the shape (``1x4``)."""
+        return f"{self.role} {self.shape.label}" if self.role else self.shape.label
 
     @property
     def ok(self) -> bool:
@@ -124,11 +134,12 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
     title = _printable(
-        f"{profile.name} / {part.name}: {shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
+        f"{options.role + ' job on ' if options.role else ''}{profile.name} / {part.name}: {shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
     spec = JobSpec(
         scheduler=profile.scheduler,
-        job_name=options.job_name or job_name(workload.run_dir, options.race.key if options.race else ""),
+        job_name=options.job_name or job_name(workload.run_dir,
+                                              options.role or (options.race.key if options.race else "")),
         run_dir=workload.run_dir,
         nodes=shape.nodes,
         ranks_per_node=g,
@@ -150,7 +161,8 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         torchrun_args=workload.torchrun_args(),
         python=workload.python,
         continuation=continuation,
-        script_file=f"job-{shape.label}.{'slurm' if profile.scheduler is SchedulerKind.SLURM else 'sge'}.sh",
+        script_file=f"job-{options.role + '-' if options.role else ''}{shape.label}."
+                    f"{'slurm' if profile.scheduler is SchedulerKind.SLURM else 'sge'}.sh",
         max_restarts=options.max_restarts,
         signal=signal,
         signal_lead_s=lead,
@@ -160,7 +172,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     )
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
-                estimate_s=estimate_s, notes=tuple(notes))
+                estimate_s=estimate_s, notes=tuple(notes), role=options.role)
 
 
 def _continuation(workload: Workload, n_segments: int, options: PlanOptions) -> Continuation:

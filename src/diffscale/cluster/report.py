@@ -9,7 +9,7 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from .jobs import Submission
+from .jobs import JobRecord, Submission
 from .plan import Plan
 from .profiles import ClusterProfile
 from .scheduler import JobState
@@ -45,7 +45,7 @@ def time_limit(plan: Plan, asked: bool) -> str:
 
 def print_plan(plan: Plan, *, time_asked: bool) -> None:
     console = _console()
-    console.rule(f"job script ({plan.shape.label})")
+    console.rule(f"job script ({plan.label})")
     # the script verbatim: no markup, no highlighting, so it can be copied as is
     sys.stdout.write(plan.script())
     sys.stdout.flush()
@@ -70,7 +70,8 @@ def print_plan(plan: Plan, *, time_asked: bool) -> None:
 
 def print_checks(plan: Plan, *, time_asked: bool) -> None:
     console = _console()
-    table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, shape {plan.shape.label}")
+    table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, "
+                        f"{plan.role + ' job, ' if plan.role else ''}shape {plan.shape.label}")
     for col in ("check", "result", "detail", "fix"):
         table.add_column(col)
     style = {True: "green", False: "bold red", None: "yellow"}
@@ -80,13 +81,17 @@ def print_checks(plan: Plan, *, time_asked: bool) -> None:
     console.print(f"time limit ({plan.shape.label}): {time_limit(plan, time_asked)}", markup=False)
 
 
+def _shape(job: JobRecord) -> str:
+    return f"{job.role} {job.shape}" if job.role else job.shape
+
+
 def print_submission(sub: Submission) -> None:
     console = _console()
     table = Table(title=f"submitted to {sub.cluster} ({sub.scheduler})")
     for col in ("job id", "shape", "segment", "after", "name", "log"):
         table.add_column(col)
     for j in sub.jobs:
-        table.add_row(j.job_id, j.shape, f"{j.segment}/{j.segments}", j.after or "", j.name, j.log)
+        table.add_row(j.job_id, _shape(j), f"{j.segment}/{j.segments}", j.after or "", j.name, j.log)
     console.print(table)
     console.print(f"run directory: {sub.run_dir}", markup=False)
     if sub.race:
@@ -105,7 +110,7 @@ def print_status(sub: Submission, states: Sequence[JobState], run_dir: Path) -> 
         table.add_column(col)
     for j in sub.jobs:
         s = by_id.get(j.job_id)
-        table.add_row(j.job_id, j.shape, f"{j.segment}/{j.segments}", s.state if s else "?", s.detail if s else "")
+        table.add_row(j.job_id, _shape(j), f"{j.segment}/{j.segments}", s.state if s else "?", s.detail if s else "")
     console.print(table)
     if sub.race:
         owner = race.owner(run_dir)

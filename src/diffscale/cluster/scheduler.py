@@ -42,8 +42,12 @@ later SLURM adds -- is active: the job may still hold nodes, and cancel must act
 
 class Scheduler(Protocol):
     kind: SchedulerKind
+    starts_after_start: bool
+    """Whether a job can be held until another one *starts* (not ends)."""
 
-    def submit(self, script: Path, run_dir: Path, *, after: str | None = None) -> str: ...
+    def submit(self, script: Path, run_dir: Path, *, after: str | None = None, started: bool = False) -> str:
+        """Submit ``script``; with ``after``, once that job ended (``started``: once it started)."""
+        ...
 
     def states(self, job_ids: Sequence[str]) -> list[JobState]: ...
 
@@ -54,10 +58,14 @@ class Scheduler(Protocol):
 
 class Slurm:
     kind = SchedulerKind.SLURM
+    starts_after_start = True
 
-    def submit(self, script: Path, run_dir: Path, *, after: str | None = None) -> str:
+    def submit(self, script: Path, run_dir: Path, *, after: str | None = None, started: bool = False) -> str:
         argv = ["sbatch", "--parsable"]
-        if after:
+        if after and started:
+            # after: a coupled trainer starts once the simulation it follows has started.
+            argv.append(f"--dependency=after:{after}")
+        elif after:
             # afterany: the next segment runs however the previous ended (time limit,
             # checkpoint-and-exit, crash): it resumes from the newest checkpoint.
             argv.append(f"--dependency=afterany:{after}")
@@ -159,8 +167,10 @@ def parse_qstat_xml(text: str) -> dict[str, dict[str, str]]:
 
 class GridEngine:
     kind = SchedulerKind.SGE
+    starts_after_start = False  # -hold_jid waits for the end of a job
 
-    def submit(self, script: Path, run_dir: Path, *, after: str | None = None) -> str:
+    def submit(self, script: Path, run_dir: Path, *, after: str | None = None, started: bool = False) -> str:
+        assert not started, "Grid Engine cannot hold a job until another starts"
         argv = ["qsub", "-terse"]
         if after:
             argv += ["-hold_jid", after]

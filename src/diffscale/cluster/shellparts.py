@@ -67,11 +67,17 @@ REQUEUE_NOTE = (f"# Exit {EXIT_REQUEUE}: diffscale checkpointed on the warning s
 
 
 def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
-    lines = exports(command_env)
-    if not lines:
-        return []
-    return ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
-            "# prints appears in the log as it happens.", *lines]
+    env = list(command_env)
+    unbuffered = [(k, v) for k, v in env if k == "PYTHONUNBUFFERED"]
+    own = [(k, v) for k, v in env if k != "PYTHONUNBUFFERED"]
+    lines = []
+    if unbuffered:
+        lines += ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
+                  "# prints appears in the log as it happens.", *exports(unbuffered)]
+    if own:
+        lines += ["# For the command: where it hands its output to the coupled trainer (the spool directory).",
+                  *exports(own)]
+    return lines
 
 
 def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iterable[str],

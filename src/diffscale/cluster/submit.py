@@ -1,5 +1,7 @@
 """Submit planned jobs: write the scripts into the run directory, submit each shape's
-chain of segments (each segment after the previous one), record everything in jobs.json."""
+chain of segments (each segment after the previous one), record everything in jobs.json.
+A coupled layout (``tied``) submits the simulation first and holds the trainer until the
+simulation has started, where the scheduler can."""
 
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ def write_scripts(plans: list[Plan], run_dir: Path) -> list[Path]:
     return paths
 
 
-def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: str, what: str) -> jobs.Submission:
+def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: str, what: str,
+           tied: bool = False) -> jobs.Submission:
+    """Submit every plan; ``tied``: the later plans' first jobs wait for the first plan's job to start."""
     scripts = write_scripts(plans, run_dir)
     records: list[jobs.JobRecord] = []
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    race = tuple(p.shape.label for p in plans) if len(plans) > 1 else ()
+    race = tuple(p.shape.label for p in plans) if len(plans) > 1 and not tied else ()
 
     def record() -> jobs.Submission:
         sub = jobs.Submission(scheduler=scheduler.kind.value, cluster=cluster, submitted_at=now, run_dir=str(run_dir),
@@ -38,14 +42,15 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
     try:
         for plan, script in zip(plans, scripts):
             segments = max(len(plan.segments), 1)
-            after = None
+            after = records[0].job_id if tied and records and scheduler.starts_after_start else None
+            started = after is not None
             for k in range(1, segments + 1):
-                job_id = scheduler.submit(script, run_dir, after=after)
+                job_id = scheduler.submit(script, run_dir, after=after, started=started)
                 records.append(jobs.JobRecord(
                     job_id=job_id, name=plan.spec.job_name, shape=plan.shape.label, partition=plan.partition.name,
                     script=script.name, log=scheduler.log_path(plan.spec.job_name, job_id), segment=k,
-                    segments=segments, after=after))
-                after = job_id
+                    segments=segments, after=after, role=plan.role))
+                after, started = job_id, False
     except UserError as exc:
         if records:
             record()

@@ -68,6 +68,9 @@ class UserCommand:
     argv_: tuple[str, ...]
     run_dir: str
     python: str
+    env: Env = ()
+    """Variables the command needs on every rank beyond PYTHONUNBUFFERED (a coupled
+    simulation's ``DIFFSCALE_SPOOL``)."""
 
     def __post_init__(self) -> None:
         if not self.argv_:
@@ -88,7 +91,7 @@ class UserCommand:
 
     @property
     def job_env(self) -> Env:
-        return UNBUFFERED
+        return UNBUFFERED + self.env
 
     @property
     def notes(self) -> tuple[str, ...]:

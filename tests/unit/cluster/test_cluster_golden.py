@@ -20,8 +20,10 @@ from diffscale.cluster.jobspec import RaceSpec, job_name
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.profile_io import available, load_profile
 from diffscale.cluster.shape import Shape
+from diffscale.cluster.couple import coupled_plans
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge
+from diffscale.data.spool import SpoolSpec
 
 from cluster_fixtures import fixture_profile
 
@@ -83,6 +85,46 @@ def test_golden_script(stem, profile, shape, workload, options):
     assert text == path.read_text(), f"{stem}: script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def _coupled():
+    """The two jobs of `diffscale submit --couple` on Levante: ICON on 2 compute nodes writes the
+    spool (a hostile path, like the run directory), field-icon trains on one A100."""
+    spool = SpoolSpec(Path(RUN_DIR) / "spool $x", 3840)
+    cfg = merge(presets.get_preset("field-icon"), {"data": {"source": spool.source}})
+    return coupled_plans(load_profile("dkrz-levante"), cfg, spool, ("./icon.exe", "--namelist", "it's $x.nml"),
+                         run_dir=RUN_DIR, python=PYTHON, sim=Shape(2, 128, partition="compute", use_gpus=False),
+                         trainer=Shape(1, 1), options=PlanOptions(account="bb1234"))
+
+
+@pytest.mark.parametrize("index,role", [(0, "simulation"), (1, "trainer")])
+def test_golden_coupled_scripts(index, role):
+    plan = _coupled()[index]
+    assert plan.role == role and plan.spec.script_file == f"job-{role}-{plan.shape.label}.slurm.sh"
+    text = plan.script()
+    path = GOLDEN / f"dkrz-levante-coupled-{role}.sh"
+    if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing {path}: run with DIFFSCALE_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{role}: script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    for line in _directives(text):
+        assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), (role, line)
+    assert "RUN_DIR='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two'" in text
+
+
+def test_the_coupled_jobs_share_the_run_but_not_their_resources():
+    sim, trainer = _coupled()
+    sim_text, trainer_text = sim.script(), trainer.script()
+    # the simulation: CPU ranks on compute nodes, told where to write; the trainer: one GPU, no spool variable
+    assert "#SBATCH --partition=compute" in sim_text and "--gpus-per-node" not in sim_text
+    assert "export DIFFSCALE_SPOOL='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two/spool $x'" in sim_text
+    assert "#SBATCH --gpus-per-node=1" in trainer_text and "DIFFSCALE_SPOOL" not in trainer_text
+    assert "#SBATCH --time=08:00:00" in trainer_text  # as long as the simulation may run (8 h on compute)
+    assert sim.spec.job_name.endswith("-simulation") and trainer.spec.job_name.endswith("-trainer")
+    assert trainer.workload.config.data.source.startswith("spool:/scratch/it's")
+    assert any("--dependency=after:<simulation job>" in note for note in trainer.notes)
 
 
 def test_every_bundled_profile_and_partition_has_goldens():
