@@ -23,7 +23,8 @@ from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import build_unet1d
-from .base import Autocast, Generated, ReferenceData
+from ..data.device_loader import DataPosition, DeviceBatcher
+from .base import Autocast, Feed, Generated, ReferenceData
 
 PREVIEW_OBSERVATIONS = 64
 """Observation histories kept (as task state) for previews: episode starts, seeded."""
@@ -93,6 +94,10 @@ class PolicyTask:
         self.preview_obs = torch.from_numpy(episodes.obs)[first][:, None].expand(-1, m.obs_horizon, -1).clone()
 
     # -- protocol: data ------------------------------------------------------------------------
+    def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
+        del feed  # the windows are all resident: nothing arrives while training
+        return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+
     def num_items(self) -> int:
         return int(self.windows.shape[0])
 
@@ -260,7 +265,7 @@ class PolicyTask:
         obs_norm, action_norm = self._norms()
         dataset = WindowDataset(obs_norm.normalize(self.obs).cpu(), action_norm.normalize(self.action).cpu(),
                                 self.windows.cpu(), self.model.obs_horizon)
-        return ReferenceData(dataset, default_collate)
+        return ReferenceData(dataset, default_collate, fp16=False)  # the reference trains in fp32
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         action, obs = examples["action"], examples["obs"].flatten(1)
