@@ -91,9 +91,9 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
 
 
-PLAN = "plan --cluster purdue-gilbreth --preset tiny --out {ws}/p"
-SUBMIT = "submit --cluster purdue-gilbreth --preset tiny --out {ws}/s"
-USER_CMD = "plan --cluster purdue-gilbreth --out {ws}/p"
+PLAN = "plan --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/p"
+SUBMIT = "submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/s"
+USER_CMD = "plan --cluster purdue-gilbreth --account mylab --out {ws}/p"
 RUN = (_run,)
 LOCKED_DIR = _folder("locked", 0o555)
 NO_SCHEDULER = (("PATH", "/nonexistent"),)
@@ -208,16 +208,16 @@ CASES = [
     Case("plan --cluster {ws}/bad.yaml --preset tiny", "is not a known field", (_file("bad.yaml", _BAD_PROFILE),)),
     Case("plan --cluster {ws}/locked.yaml --preset tiny", "permission denied",
          (_file("locked.yaml", _BAD_PROFILE, 0),), locked=True),
-    Case("plan {ws}/locked.yaml --cluster purdue-gilbreth", "permission denied", (_file("locked.yaml", "{}", 0),),
+    Case("plan {ws}/locked.yaml --cluster purdue-gilbreth --account mylab", "permission denied", (_file("locked.yaml", "{}", 0),),
          locked=True),
-    Case("plan --cluster purdue-gilbreth", "nothing to run"),
-    Case("plan --cluster purdue-gilbreth --preset tiny {ws}/c.yaml", "both --preset and a positional argument"),
-    Case("plan --cluster purdue-gilbreth --set train.steps=1 -- true", "--set applies to diffscale runs"),
+    Case("plan --cluster purdue-gilbreth --account mylab", "nothing to run"),
+    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny {ws}/c.yaml", "both --preset and a positional argument"),
+    Case("plan --cluster purdue-gilbreth --account mylab --set train.steps=1 -- true", "--set applies to diffscale runs"),
     Case("plan --preset tiny", "the following arguments are required: --cluster"),
-    Case("plan --cluster purdue-gilbreth --preset tiny --out {ws}/afile/sub", "lies under", (_file("afile"),)),
-    Case("submit --cluster purdue-gilbreth --preset tiny --out {ws}/afile", "is a regular file",
+    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/afile/sub", "lies under", (_file("afile"),)),
+    Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/afile", "is a regular file",
          (_file("afile"),)),
-    Case("submit --cluster purdue-gilbreth --preset tiny --out {ws}/locked/run", "no permission to write",
+    Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/locked/run", "no permission to write",
          (LOCKED_DIR,), locked=True),
     Case(f"{SUBMIT} --gpus-per-node 8", "or pass --force to go ahead anyway"),
     # status, logs, cancel

@@ -88,7 +88,7 @@ def test_checkpoints_hold_no_pickles_and_keep_the_newest(tmp_path):
     assert names == ["step_00000006", "step_00000008"]
     files = sorted(p.name for p in ckpt.list_checkpoints(run)[-1].iterdir())
     assert files == ["ema.safetensors", "manifest.json", "model.safetensors", "optimizer.safetensors",
-                     "rng.safetensors", "state.json"]
+                     "rng.safetensors", "state.json", "task.safetensors"]
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert state.meta.data_position["offset"] > 0 and state.meta.signature["task"] == "images"
 
