@@ -287,7 +287,7 @@ def test_evaluation_needs_the_environment_of_the_data(tmp_path):
                                             "model": {"obs_dim": 0, "action_dim": 0}})
     task = build_task(cfg, CPU)
     with pytest.raises(UserError, match="no environment to roll out a policy trained on 'npz:"):
-        task.evaluate(task.build_network(), tmp_path / "eval", episodes=2, steps=2, seed=0)
+        task.evaluate(task.build_network(), tmp_path / "eval", count=2, steps=2, seed=0)
 
 
 # -- quality --------------------------------------------------------------------------------------
@@ -335,7 +335,7 @@ def test_policy_tiny_passes_on_both_sides_where_regression_crashes(tmp_path, one
     opts = dict(steps=cfg.train.steps, lr=cfg.optim.lr, ema_decay=cfg.train.ema_decay, batch=cfg.train.batch_per_gpu)
     policy = _fit(task, **opts, loss=lambda net, drawn: task.loss(net, drawn, rows, channels_last=False))
     trained = time.perf_counter()
-    metrics = task.evaluate(policy, tmp_path / "eval", episodes=100, steps=10, seed=1000, gifs=2)
+    metrics = task.evaluate(policy, tmp_path / "eval", count=100, steps=10, seed=1000, gifs=2)
     evaluated = time.perf_counter()
 
     def regression_loss(net, drawn):
@@ -363,3 +363,24 @@ def test_policy_tiny_passes_on_both_sides_where_regression_crashes(tmp_path, one
     assert baseline["success"] < 0.5, baseline
     gifs = sorted((tmp_path / "eval").glob("rollout_*.gif"))
     assert len(gifs) == 2 and all(g.stat().st_size > 1000 for g in gifs)
+
+
+def test_diffscale_eval_runs_rollouts_of_a_trained_policy_and_writes_gifs(tmp_path, capsys):
+    """train -> eval through the CLI, as a user runs them: one JSON line, GIFs on disk."""
+    import json as _json
+
+    from diffscale.cli import main
+
+    run = tmp_path / "pol"
+    micro = ["train.steps=4", "train.batch_per_gpu=8", "train.log_every=2", "train.checkpoint_every=4",
+             "train.sample_count=2", "train.sample_steps=2", "model.down_dims=[16,32]", "model.step_embed_dim=16"]
+    args = ["train", "--preset", "policy-tiny", "--out", str(run), "--device", "cpu"]
+    for item in micro:
+        args += ["--set", item]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--count", "2", "--steps", "2", "--json"]) == 0
+    record = _json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["kind"] == "eval" and record["task"] == "policy" and record["step"] == 4
+    assert 0.0 <= record["success"] <= 1.0 and record["episodes"] == 2.0
+    assert list((run / "eval" / "step_00000004").glob("*.gif"))

@@ -45,6 +45,10 @@ class WindowDataset(Dataset):
         return {"obs": self.obs[rows[: self.obs_horizon]], "action": self.action[rows]}
 
 
+EVAL_EPISODES = 50
+"""Rollouts of ``diffscale eval`` when ``--count`` is not given."""
+
+
 class PolicyTask:
     name = "policy"
 
@@ -198,12 +202,13 @@ class PolicyTask:
             written.append(save_chunk_animation(generated.frames, path.with_suffix(".gif")))
         return written
 
-    def evaluate(self, network: torch.nn.Module, out_dir: Path, *, episodes: int, steps: int, seed: int,
+    def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
                  autocast: Autocast | None = None, sampler: str = "ddpm", gifs: int = 4) -> dict[str, float]:
         """Closed-loop rollouts of ``network`` (the EMA weights) in the data's environment:
-        plan with ``steps`` denoising steps, execute ``model.action_horizon`` actions, plan
-        again. Returns success rate, the share of episodes in each mode, mean episode length;
-        writes ``gifs`` rollout GIFs to ``out_dir``."""
+        ``count`` episodes (None: 50), each planning with ``steps`` denoising steps, executing
+        ``model.action_horizon`` actions, planning again. Returns success rate, the share of
+        episodes in each mode, mean episode length; writes ``gifs`` rollout GIFs to ``out_dir``."""
+        episodes = count or EVAL_EPISODES
         from ..envs.rollout import environment_for, rollouts, summarize, write_gifs
 
         make_env = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim)
