@@ -84,7 +84,8 @@ def kernels() -> dict:
     attends["flex"] = torch.compile(FlexAttnProcessor().attend, dynamic=False)
     attends["flex-default-tiles"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False)
     # inductor benchmarks its flex configurations per shape (the choice is in the log)
-    attends["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False, mode="max-autotune-no-cudagraphs")
+    attends["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False,
+                                          mode="max-autotune-no-cudagraphs")
 
     def on_inputs(attend):
         def make(batch, heads, tokens, dim):
@@ -138,8 +139,8 @@ def measure(preset: str, batch: int, repeats: int, variants: dict, what: str) ->
                 ok = False
                 break
         if ok:
-            rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total, "ms_per_call": per_call,
-                         "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
+            rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total,
+                         "ms_per_call": per_call, "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
     sdpa = rows[0]["ms_per_step"] if rows and rows[0]["kernel"].endswith("sdpa") else None
     for r in rows:
         r["vs_sdpa"] = sdpa / r["ms_per_step"] if sdpa else None

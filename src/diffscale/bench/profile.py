@@ -4,8 +4,8 @@ kernels, optimizer, communication, copies). ``diffscale bench --profile N`` reco
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 

@@ -25,7 +25,8 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("target", nargs="*", metavar="CONFIG.yaml | -- COMMAND",
                    help="a diffscale run config (or use --preset), or any command after `--`")
-    p.add_argument("--cluster", required=True, help="bundled profile name (`diffscale cluster list`) or profile YAML path")
+    p.add_argument("--cluster", required=True,
+                   help="bundled profile name (`diffscale cluster list`) or profile YAML path")
     p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.steps=1000 (repeatable)")
@@ -36,7 +37,8 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     gpus.add_argument("--procs-per-node", type=int,
                       help="CPU ranks per node, asking for no GPUs (CPU partitions, tests)")
     p.add_argument("--partition", help="partition (SLURM) / GPU class or queue (Grid Engine) from the profile")
-    p.add_argument("--time", help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
+    p.add_argument("--time",
+                   help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (default: the node's cores shared, at most 8)")
     p.add_argument("--mem", type=float, help="host memory per node in GB (default: estimated)")
     p.add_argument("--account", help="SLURM --account / Grid Engine -P project")
@@ -52,7 +54,8 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
     if race:
         p.add_argument("--race", metavar="NxG,...",
-                       help="submit several shapes (nodes x GPUs per node); the first to start wins, the others are cancelled")
+                       help="submit several shapes (nodes x GPUs per node); "
+                            "the first to start wins, the others are cancelled")
         from .couple import add_arguments
 
         add_arguments(p)
@@ -116,7 +119,8 @@ def _workload(args: argparse.Namespace):
         if args.preset and target:
             raise UserError("both --preset and a positional argument given",
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
-        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset, config_file=None if args.preset else target[0],
+        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset,
+                                                         config_file=None if args.preset else target[0],
                                                          overrides=args.overrides or []))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
         data_bytes = 0
@@ -127,7 +131,8 @@ def _workload(args: argparse.Namespace):
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     if args.overrides:
-        raise UserError("--set applies to diffscale runs, not to a user command", "drop --set, or pass the options to your command")
+        raise UserError("--set applies to diffscale runs, not to a user command",
+                        "drop --set, or pass the options to your command")
     run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
     return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
 
@@ -181,8 +186,8 @@ def _plans(args: argparse.Namespace):
     plans = []
     for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
-        race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}") for n, k in shapes if (n, k) != (nodes, g))) \
-            if shapes else None
+        race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}")
+                                          for n, k in shapes if (n, k) != (nodes, g))) if shapes else None
         plan = make_plan(profile, shape(nodes, g), workload, dataclasses.replace(options, race=race_spec))
         plans.append(planned(plan))
     return profile, workload.title, run_dir, cfg, plans

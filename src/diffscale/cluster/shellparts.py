@@ -10,7 +10,7 @@ directory, which the job runs in.
 from __future__ import annotations
 
 import shlex
-from typing import Iterable
+from collections.abc import Iterable
 
 from .. import __version__
 from ..runtime.signals import EXIT_REQUEUE
@@ -45,8 +45,10 @@ def wait_for(pid_var: str, rc_var: str) -> list[str]:
     """
     return [
         f"wait \"${pid_var}\"; {rc_var}=$?",
-        f"while [ \"${rc_var}\" -gt 128 ] && kill -0 \"${pid_var}\" 2>/dev/null; do wait \"${pid_var}\"; {rc_var}=$?; done",
-        f"if [ \"${rc_var}\" -gt 128 ]; then wait \"${pid_var}\" 2>/dev/null; _last=$?; [ \"$_last\" -ne 127 ] && {rc_var}=$_last; fi",
+        f"while [ \"${rc_var}\" -gt 128 ] && kill -0 \"${pid_var}\" 2>/dev/null; "
+        f"do wait \"${pid_var}\"; {rc_var}=$?; done",
+        f"if [ \"${rc_var}\" -gt 128 ]; then wait \"${pid_var}\" 2>/dev/null; _last=$?; "
+        f"[ \"$_last\" -ne 127 ] && {rc_var}=$_last; fi",
     ]
 
 

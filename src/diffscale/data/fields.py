@@ -159,7 +159,8 @@ def load_fields(spec: str, *, max_items: int = 0) -> FieldData:
     if kind == "builtin":
         data = _builtin(spec, rest)
     elif kind == "spool":  # FieldTask follows it into a buffer; it is never read whole
-        raise UserError(f"data source '{spec}' is a spool directory, which is followed while training, not read at once",
+        raise UserError(f"data source '{spec}' is a spool directory, which is followed while training, "
+                        "not read at once",
                         "train on it with diffscale train --data spool:DIR[:N], or merge its files into one npz:PATH")
     elif kind == "npz":
         if not rest:

@@ -92,14 +92,14 @@ def slurm_job(job_id: str, ev: Evidence) -> bool:
     config = _command(["scontrol", "show", "config"])
     loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", config or "", re.M)
     if config and "jobcomp/filetxt" in config and loc and Path(loc.group(1)).is_file():
-        lines = [l for l in read_tail(Path(loc.group(1))).splitlines() if re.match(rf"JobId={job_id}\s", l)]
+        lines = [ln for ln in read_tail(Path(loc.group(1))).splitlines() if re.match(rf"JobId={job_id}\s", ln)]
         if lines:
             known = True
             ev.texts.append((f"{loc.group(1)} (job {job_id})", "\n".join(lines)))
     acct = _command(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode,MaxRSS,ReqMem,Elapsed,Timelimit"])
     if acct:
         known = True
-        ev.texts.append((f"sacct -j {job_id}", "\n".join("|" + l + "|" for l in acct.splitlines())))
+        ev.texts.append((f"sacct -j {job_id}", "\n".join("|" + ln + "|" for ln in acct.splitlines())))
     return known
 
 
@@ -192,5 +192,6 @@ def gather(target: str) -> Evidence:
         from_job_id(target, ev)
     else:
         raise UserError(f"'{target}' is neither a run directory, a log file nor a job id",
-                        "pass RUN_DIR (the --out of diffscale train/submit), a log file, or a SLURM / Grid Engine job id")
+                        "pass RUN_DIR (the --out of diffscale train/submit), a log file, "
+                        "or a SLURM / Grid Engine job id")
     return ev

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -91,8 +92,9 @@ class FlexAttnProcessor:
         options = self.kernel_options
         if options is None and head_dim <= MIN_HEAD_DIM:
             options = SMALL_HEAD_BACKWARD
+        # flex_attention takes the bwd_-prefixed tile keys, which its FlexKernelOptions type does not list
         out = self._flex(one_head_rows(query), one_head_rows(key), one_head_rows(value),
-                         scale=1.0 / math.sqrt(head_dim), kernel_options=options)
+                         scale=1.0 / math.sqrt(head_dim), kernel_options=options)  # type: ignore[arg-type]
         return out[..., :head_dim].reshape(batch, heads, tokens, head_dim)
 
 
@@ -114,7 +116,7 @@ def sdpa_attention(net: torch.nn.Module) -> Iterator[None]:
     function, in the form eager tools (the FLOP counter) can trace; the padding is not counted."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    swapped = [m for m in net.modules() if isinstance(getattr(m, "processor", None), FlexAttnProcessor)]
+    swapped: list[Any] = [m for m in net.modules() if isinstance(getattr(m, "processor", None), FlexAttnProcessor)]
     flex = [m.processor for m in swapped]
     sdpa = AttnProcessor2_0()
     for layer in swapped:
@@ -122,5 +124,5 @@ def sdpa_attention(net: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for layer, processor in zip(swapped, flex):
+        for layer, processor in zip(swapped, flex, strict=True):
             layer.set_processor(processor)

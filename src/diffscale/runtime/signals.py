@@ -38,7 +38,7 @@ class StopFlag:
                 raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
