@@ -169,11 +169,11 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
     telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
-    trainer.feed = _feed(trainer, telemetry, stop, say)
-    runner = StepRunner(trainer, model, trainer.make_batcher())
-    if policy.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(policy.device)
-    try:
+    try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)
+        trainer.feed = _feed(trainer, telemetry, stop, say)
+        runner = StepRunner(trainer, model, trainer.make_batcher())
+        if policy.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(policy.device)
         stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say)
         if stopped_by is None:
             samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say)

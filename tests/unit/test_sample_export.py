@@ -24,9 +24,10 @@ def test_sample_writes_reproducible_grids_and_a_gif(tmp_path, capsys):
     printed = capsys.readouterr().out.split()
     assert str(tmp_path / "a.png") in printed and str(tmp_path / "a.gif") in printed
     assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--out", str(tmp_path / "b.png")]) == 0
-    a, b = Image.open(tmp_path / "a.png"), Image.open(tmp_path / "b.png")
-    assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
-    assert Image.open(tmp_path / "a.gif").n_frames > 2
+    with Image.open(tmp_path / "a.png") as a, Image.open(tmp_path / "b.png") as b:
+        assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames > 2
     assert main(["sample", str(run), "--n", "2", "--steps", "3", "--sampler", "ddpm",
                  "--out", str(tmp_path / "c.png")]) == 0
 
