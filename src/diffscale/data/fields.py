@@ -192,7 +192,8 @@ def read_npz(path: Path) -> FieldData:
     if not path.is_file():
         raise UserError(f"array file '{path}' does not exist", "check the path given to --data npz:PATH")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        # opened here: np.load leaves the file open when the archive turns out truncated
+        with open(path, "rb") as fid, np.load(fid, allow_pickle=False) as archive:
             missing = [k for k in ("cond", "x") if k not in archive.files]
             if missing:
                 raise UserError(f"array file '{path}' has no array {' or '.join(repr(k) for k in missing)} "
