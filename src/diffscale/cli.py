@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_optional(sub) -> None:
+def _register_optional(sub: argparse._SubParsersAction) -> None:
     """Verbs owned by other modules (cluster, bench, doctor) register themselves. An import that
     fails is a broken install, not an optional verb: it fails loudly instead of dropping the verb."""
     import importlib

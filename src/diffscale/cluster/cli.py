@@ -12,9 +12,18 @@ import datetime
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..paths import file_target, folder_target
+
+if TYPE_CHECKING:  # annotations only; the handlers import what they use
+    from ..config import RunConfig
+    from .jobs import JobState, Submission
+    from .plan import Plan
+    from .profiles import ClusterProfile
+    from .scheduler import Scheduler
+    from .workload import Workload
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A discovered profile's name: also its file name and what --cluster is given."""
@@ -108,7 +117,7 @@ def _stamp() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _workload(args: argparse.Namespace):
+def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | None]:
     """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
     from .. import config as cfgmod
     from .workload import DiffscaleRun, UserCommand
@@ -137,10 +146,10 @@ def _workload(args: argparse.Namespace):
     return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
 
 
-def _plans(args: argparse.Namespace):
+def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
     from .flags import check_numbers, check_signal_lead, warning_signal
     from .jobspec import RaceSpec, job_name
-    from .plan import Plan, PlanOptions, make_plan
+    from .plan import PlanOptions, make_plan
     from .profile_io import load_profile
     from .profiles import SAFE_NAME
     from .shape import Shape, parse_race
@@ -176,8 +185,8 @@ def _plans(args: argparse.Namespace):
         sim_time = parse_time_limit(args.sim_time, what="--sim-time") if args.sim_time is not None else None
         trainer = shape(args.nodes, next((n for n in (args.gpus_per_node, args.procs_per_node) if n), 1))
         trainer_options = dataclasses.replace(options, signal=warning_signal(args.signal, diffscale_run=True))
-        plans, cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
-        return profile, what, run_dir, cfg, [planned(plan) for plan in plans]
+        plans, trainer_cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
+        return profile, what, run_dir, trainer_cfg, [planned(plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
     options = dataclasses.replace(options, signal=warning_signal(args.signal,
                                                                  diffscale_run=isinstance(workload, DiffscaleRun)))
@@ -193,7 +202,7 @@ def _plans(args: argparse.Namespace):
     return profile, workload.title, run_dir, cfg, plans
 
 
-def _refuse_failed(plans, force: bool) -> None:
+def _refuse_failed(plans: list[Plan], force: bool) -> None:
     failed = [(p.label if p.role else f"shape {p.shape.label}", c) for p in plans for c in p.failed]
     if failed and not force:
         first_job, first = failed[0]
@@ -242,7 +251,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_states(run_dir: str):
+def _checked_states(run_dir: str) -> tuple[Submission, Scheduler, list[JobState]]:
     """(submission, scheduler, states): the ids of jobs.json checked against the scheduler's
     names and users, ended jobs diffscale cancelled shown as cancelled."""
     from . import jobs, race

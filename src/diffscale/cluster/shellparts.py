@@ -10,10 +10,11 @@ directory, which the job runs in.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .. import __version__
 from ..runtime.signals import EXIT_REQUEUE
+from .jobspec import RaceSpec
 
 q = shlex.quote
 
@@ -82,8 +83,9 @@ def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iterable[str],
-             env: Iterable[tuple[str, str]], claim, command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
+def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command: str, setup: Iterable[str],
+             env: Iterable[tuple[str, str]], claim: Callable[[str, tuple[str, ...], str], str],
+             command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
     """The lines every job script starts with after its directives: strict mode, the run
     directory, a greeting, the race claim (when racing), the command's variables and the
     site set-up (whose env may override them)."""

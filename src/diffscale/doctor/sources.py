@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def from_log(path: Path, ev: Evidence) -> None:
         ev.texts.append((str(path), read_tail(path)))
 
 
-def _readable(path: Path, ev: Evidence, read) -> None:
+def _readable(path: Path, ev: Evidence, read: Callable[[Path, Evidence], None]) -> None:
     """Read one file of a run directory; one the user may not read is skipped with the reason
     (the rest of the run still tells what happened)."""
     try:

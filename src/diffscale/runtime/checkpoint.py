@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,7 @@ def load_checkpoint(path: Path) -> TrainingState:
                          meta=CheckpointMeta.from_json(meta, path.name), rng=rng, task=task)
 
 
-def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
+def load_latest(run_dir: Path, *, log: Callable[[str], None] = print) -> TrainingState | None:
     """Newest checkpoint that verifies; damaged or unreadable ones are skipped with a warning.
     None when the run has no checkpoint; a UserError naming each one when none is usable."""
     damaged = []
@@ -323,7 +324,7 @@ def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
     return None
 
 
-def load_resume(run_dir: Path, resume: str, *, log=print) -> TrainingState | None:
+def load_resume(run_dir: Path, resume: str, *, log: Callable[[str], None] = print) -> TrainingState | None:
     """``auto``: newest good checkpoint (None when the run dir has none); else a checkpoint path."""
     if resume == "auto":
         return load_latest(run_dir, log=log)

@@ -20,10 +20,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from diffusers.models.attention_processor import Attention
 
 MIN_HEAD_DIM = 16
 MAX_GRID_BATCH = 65_535
@@ -52,9 +55,9 @@ class FlexAttnProcessor:
         self.kernel_options = kernel_options
         self.min_rows = min_rows
 
-    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+    def __call__(self, attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None,
-                 *args, **kwargs) -> torch.Tensor:
+                 *args: Any, **kwargs: Any) -> torch.Tensor:
         batch = hidden_states.shape[0]
         unsupported = (encoder_hidden_states is not None or attention_mask is not None or args or kwargs
                        or attn.spatial_norm is not None or attn.norm_q is not None or attn.norm_k is not None
