@@ -32,7 +32,8 @@ def micro_args(*extra: str, steps: int = 8) -> list[str]:
     return args
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m diffscale ARGS`` as a user would; returns the completed process."""
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     full_env.pop("RANK", None)

@@ -19,7 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 _CAPABILITY_VERSION_3 = 0x20080522
 _BYPASS = (1 << 1) | (1 << 2) | (1 << 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER

@@ -125,7 +125,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="diffscale",
-        description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster with one config.",
+        description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster "
+                    "with one config.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -133,12 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="YAML config (e.g. a RUN_DIR/config.yaml)")
     p.add_argument("--preset", help="start from a preset (see `diffscale presets`)")
     p.add_argument("--data", help="data spec: images builtin[:glyphs|numerals|digits|mix], imagefolder:PATH, npz:PATH, "
-                   "emnist:ROOT[:split], mnist:ROOT; fields builtin:fields, npz:PATH, spool:DIR[:N]; policy builtin:reach2d, npz:PATH, "
-                   "zarr:PATH, lerobot:PATH")
+                   "emnist:ROOT[:split], mnist:ROOT; fields builtin:fields, npz:PATH, spool:DIR[:N]; "
+                   "policy builtin:reach2d, npz:PATH, zarr:PATH, lerobot:PATH")
     p.add_argument("--out", help="run directory (default runs/PRESET)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=500")
     p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint (auto) or a given one")
-    p.add_argument("--max-steps", type=int, help="stop this invocation at this step (the run's target stays train.steps)")
+    p.add_argument("--max-steps", type=int,
+                   help="stop this invocation at this step (the run's target stays train.steps)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
     p.add_argument("--recipe", choices=["fast", "plain"])
@@ -166,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="example: diffscale eval runs/policy-tiny --count 50 --json")
     p.add_argument("run_dir")
     p.add_argument("--count", type=int, help="rollouts (policy) or ensemble members (fields); default: the task's")
-    p.add_argument("--steps", type=int, help="denoising steps per generated sample (default: the run's train.sample_steps)")
+    p.add_argument("--steps", type=int,
+                   help="denoising steps per generated sample (default: the run's train.sample_steps)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
@@ -179,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_optional(sub) -> None:
+def _register_optional(sub: argparse._SubParsersAction) -> None:
     """Verbs owned by other modules (cluster, bench, doctor) register themselves. An import that
     fails is a broken install, not an optional verb: it fails loudly instead of dropping the verb."""
     import importlib

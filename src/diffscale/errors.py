@@ -8,7 +8,7 @@ as one line -- ``error: <cause> -- <fix>`` -- and exits with code 2, no tracebac
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 EXIT_USER_ERROR = 2
 

@@ -12,12 +12,16 @@ import copy
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 
 from .errors import UserError
 from .paths import refused
+
+if TYPE_CHECKING:
+    from .tasks.base import Task
 
 _PARTIAL = ".partial-"
 """Temporary export folders are named ``.NAME.partial-PID`` beside the target."""
@@ -57,7 +61,7 @@ def _remove_stale_partials(out_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def export_network(task, network: torch.nn.Module, out_dir: Path) -> str:
+def export_network(task: Task, network: torch.nn.Module, out_dir: Path) -> str:
     """The task's own export of ``network`` into a new or empty ``out_dir``; returns how to load it."""
     out_dir = check_export_dir(Path(out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)

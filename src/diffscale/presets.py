@@ -6,11 +6,22 @@ users' EMNIST training reference exactly: benchmarks compare recipes on these mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
-from .config import (BetaSchedule, DataConfig, DiffusionConfig, FieldModelConfig, LrSchedule, ModelConfig, OptimConfig,
-                     PolicyModelConfig, Prediction, RunConfig, TrainConfig)
+from .config import (
+    BetaSchedule,
+    DataConfig,
+    DiffusionConfig,
+    FieldModelConfig,
+    LrSchedule,
+    ModelConfig,
+    OptimConfig,
+    PolicyModelConfig,
+    Prediction,
+    RunConfig,
+    TrainConfig,
+)
 from .envs.reach2d import ACTION_DIM as REACH2D_ACTION_DIM
 from .envs.reach2d import OBS_DIM as REACH2D_OBS_DIM
 from .errors import UserError, closest
@@ -53,7 +64,8 @@ def medium() -> RunConfig:
     """64 px, widths (64, 128, 256, 256), attention at level 3, batch 384 per GPU."""
     return RunConfig(
         preset="medium",
-        model=ModelConfig(sample_size=64, block_out_channels=(64, 128, 256, 256), attention=(False, False, True, False)),
+        model=ModelConfig(sample_size=64, block_out_channels=(64, 128, 256, 256),
+                          attention=(False, False, True, False)),
         data=DataConfig(source="builtin:mix", shift_px=2),
         optim=OptimConfig(lr=2e-4, warmup_steps=1000),
         train=TrainConfig(steps=50_000, batch_per_gpu=384, ema_decay=0.9999, log_every=50, checkpoint_every=2000,
@@ -130,7 +142,8 @@ def field_large() -> RunConfig:
 
 def _policy_diffusion() -> DiffusionConfig:
     """Diffusion policy's process: DDPM with 100 squared-cosine steps, epsilon prediction."""
-    return DiffusionConfig(num_train_timesteps=100, beta_schedule=BetaSchedule.COSINE, prediction_type=Prediction.EPSILON)
+    return DiffusionConfig(num_train_timesteps=100, beta_schedule=BetaSchedule.COSINE,
+                           prediction_type=Prediction.EPSILON)
 
 
 def policy() -> RunConfig:
@@ -184,5 +197,6 @@ PRESETS: dict[str, PresetInfo] = {
 def get_preset(name: str) -> RunConfig:
     info = PRESETS.get(name)
     if info is None:
-        raise UserError(f"unknown preset '{name}'{closest(name, PRESETS)}", f"choose one of: {', '.join(PRESETS)} (see `diffscale presets`)")
+        raise UserError(f"unknown preset '{name}'{closest(name, PRESETS)}",
+                        f"choose one of: {', '.join(PRESETS)} (see `diffscale presets`)")
     return info.build()

@@ -7,13 +7,21 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from .diffusion.sampler import SamplerKind, SamplingProgress
 
@@ -68,13 +76,14 @@ def save_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 12) -> 
     stills = [s[..., 0] if s.shape[-1] == 1 else s for s in stills]
     stills += [stills[-1]] * fps  # hold the final grid for a second
     path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)
+    # imageio's stub asks for list[ArrayLike] (invariant), which a list of arrays is not to mypy
+    imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)  # type: ignore[arg-type]
     written = [path]
     if not mp4_writer_installed():  # GIF only; `diffscale sample --gif` says so
         return written
     mp4 = path.with_suffix(".mp4")
     rgb = [np.repeat(s[..., None], 3, axis=2) if s.ndim == 2 else s for s in stills]
-    imageio.mimsave(mp4, rgb, fps=fps, macro_block_size=1)
+    imageio.mimsave(mp4, rgb, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
     written.append(mp4)
     return written
 
@@ -119,7 +128,7 @@ class TerminalProgress:
     def __init__(self, console: Console) -> None:
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), TimeRemainingColumn(), console=console)
-        self._task: int | None = None
+        self._task: TaskID | None = None
 
     def start(self, kind: SamplerKind, steps: int, count: int) -> None:
         self._progress.start()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import LrSchedule, LrScaling, RunConfig
+from .config import LrScaling, LrSchedule, RunConfig
 from .data.device_loader import micro_slice
 from .runtime.distributed import DistContext
 from .runtime.parallelize import trains_in_cuda_graphs
@@ -87,7 +87,8 @@ class StepRunner:
             tr.scaler.step(tr.opt)  # skips the update itself on inf/NaN gradients
             tr.scaler.update()
         elif tr.fused:
-            tr.opt.found_inf = bad  # the fused kernel skips the update: no host sync
+            # the fused kernel reads found_inf and skips the update: no host sync
+            tr.opt.found_inf = bad  # type: ignore[attr-defined]
             tr.opt.step()
         elif not bad.item():
             tr.opt.step()
@@ -106,7 +107,8 @@ class StepRunner:
         for micro in range(t.grad_accum):
             rows = micro_slice(micro, ctx.rank, ctx.world_size, t.batch_per_gpu)
             inner = ctx.distributed and micro < t.grad_accum - 1
-            sync = self.model.no_sync() if inner else contextlib.nullcontext()  # no all-reduce on inner steps
+            # no all-reduce on inner steps (DDP's no_sync, through the compiled wrapper's __getattr__)
+            sync = self.model.no_sync() if inner else contextlib.nullcontext()  # type: ignore[operator]
             with sync:
                 with policy.autocast():
                     loss = tr.task.loss(self.model, batch, rows, channels_last=policy.channels_last)

@@ -13,12 +13,23 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from .errors import UserError
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broken)
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class ThroughputMeter:
@@ -49,12 +60,12 @@ class Telemetry:
         self.console = console or Console(stderr=False)
         self._path = Path(run_dir) / "metrics.jsonl"
         self._tb_dir = Path(run_dir) / "tb"
-        self._jsonl = None
-        self._tb = None
+        self._jsonl: TextIO | None = None
+        self._tb: SummaryWriter | None = None
         self._tensorboard = tensorboard
         self._last_step = start_step
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         if not enabled:
             return
         self._open(start_step)
@@ -92,17 +103,19 @@ class Telemetry:
             self._jsonl.write(json.dumps(record) + "\n")
         except OSError as exc:
             raise UserError(f"could not write {self._path} at step {step} ({exc.strerror})",
-                            "free space there (df -h), then continue with --resume auto from the newest checkpoint") from exc
+                            "free space there (df -h), then continue with --resume auto "
+                            "from the newest checkpoint") from exc
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(f"train/{key}", value, step)
         info = f"loss {record['loss']:.4f}  {record['samples_per_s']:.0f} samples/s"
         if self._progress is not None:
+            assert self._task is not None  # added with the progress bar
             self._progress.update(self._task, completed=record["step"], info=info)
         else:
-            self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
-                               f"eta {record.get('eta_s', 0):.0f}s", highlight=False)
+            self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  "
+                               f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s", highlight=False)
 
     def event(self, record: dict[str, Any]) -> None:
         """A record that is not a training report (waiting for data, a skipped file): metrics.jsonl

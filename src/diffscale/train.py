@@ -11,26 +11,27 @@ import copy
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
 
 from .config import RunConfig, write_yaml
-from .runtime.parallelize import parallelize, trains_in_cuda_graphs
-from .step import StepRunner, learning_rate
-from .trainer import Trainer
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
 from .runtime.device import DevicePolicy, configure_backends, peak_memory_bytes, pick_device, resolve_policy
 from .runtime.distributed import DistContext, detect_launch, init_distributed
+from .runtime.parallelize import parallelize, trains_in_cuda_graphs
 from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
+from .step import StepRunner, learning_rate
 from .tasks import Feed, Generated, StopWaiting
 from .telemetry import Telemetry, ThroughputMeter
+from .trainer import Trainer
 
 MAX_ROLLBACKS = 3
 
@@ -56,7 +57,8 @@ class TrainOutcome:
 def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str) -> str:
     mem = f", {policy.memory_bytes / 2**30:.0f} GiB" if policy.memory_bytes else ""
     eff = cfg.effective_batch(ctx.world_size)
-    compiled = (" | compiled" + (" (CUDA graphs)" if trains_in_cuda_graphs(cfg, policy) else "")) if policy.compile else ""
+    graphs = " (CUDA graphs)" if policy.compile and trains_in_cuda_graphs(cfg, policy) else ""
+    compiled = " | compiled" + graphs if policy.compile else ""
     if policy.flex_min_rows is not None:
         compiled += " | FlexAttention" + (f" (calls of >= {policy.flex_min_rows} rows)" if policy.flex_min_rows else "")
     return (
@@ -167,11 +169,11 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
     telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
-    trainer.feed = _feed(trainer, telemetry, stop, say)
-    runner = StepRunner(trainer, model, trainer.make_batcher())
-    if policy.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(policy.device)
-    try:
+    try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)
+        trainer.feed = _feed(trainer, telemetry, stop, say)
+        runner = StepRunner(trainer, model, trainer.make_batcher())
+        if policy.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(policy.device)
         stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say)
         if stopped_by is None:
             samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
+
 import torch
 from rich.console import Console
 
@@ -46,12 +47,13 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.net = self.task.build_network().to(self.device)
         if policy.channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
+            # Module.to(memory_format=...) is supported; torch's overloads of `to` leave it out
+            self.net = self.net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.ema = copy.deepcopy(self.net).requires_grad_(False).eval()
         if policy.flex_min_rows is not None:  # training's kernel; the EMA samples as inference_policy says
             use_flex_attention(self.net, policy.flex_min_rows)
-        self.params = [p for p in self.net.parameters() if p.requires_grad]
-        self.ema_params = list(self.ema.parameters())
+        self.params: list[torch.Tensor] = [p for p in self.net.parameters() if p.requires_grad]
+        self.ema_params: list[torch.Tensor] = list(self.ema.parameters())
         # Fused AdamW keeps the update on the device (no host sync for the skip decision).
         self.fused = cfg.runtime.recipe == Recipe.FAST and self.device.type in ("cuda", "cpu")
         self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),

@@ -81,10 +81,10 @@ def _stop(script: Path) -> None:
     try:
         proc = _run_script(script, "stop", 180)
     except subprocess.TimeoutExpired as e:
-        warnings.warn(f"{script.name} stop timed out: {e.stderr or ''}")
+        warnings.warn(f"{script.name} stop timed out: {e.stderr or ''}", stacklevel=2)
         return
     if proc.returncode != 0:
-        warnings.warn(f"{script.name} stop failed (rc={proc.returncode}): {proc.stderr}")
+        warnings.warn(f"{script.name} stop failed (rc={proc.returncode}): {proc.stderr}", stacklevel=2)
 
 
 def _start(script: Path) -> tuple[dict[str, str], bool]:

@@ -30,8 +30,8 @@ world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
                         rank=rank, world_size=world)
 t = torch.tensor([rank + 1.0]); dist.all_reduce(t)
-print(f"RANKINFO rank={rank} world={world} sum={t.item():g} master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-      flush=True)
+print(f"RANKINFO rank={rank} world={world} sum={t.item():g} "
+      f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
 dist.destroy_process_group()
 '''
 

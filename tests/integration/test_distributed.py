@@ -9,8 +9,9 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from helpers import micro_args, run_cli
 from diffscale.runtime import checkpoint as ckpt
+
+from helpers import micro_args, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +83,7 @@ def test_two_processes_match_one_process_at_the_same_effective_batch(tmp_path, s
     _assert_close(a, b)
     ma, mb = _metrics(single_reference), _metrics(run)
     assert [m["step"] for m in mb] == [m["step"] for m in ma]  # one line per report: only rank 0 logs
-    for x, y in zip(ma, mb):  # the same samples, noise and timesteps at every step
+    for x, y in zip(ma, mb, strict=True):  # the same samples, noise and timesteps at every step
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
     assert len(list((run / "tb").iterdir())) == 1
@@ -117,7 +118,8 @@ def test_resume_on_a_different_world_size_keeps_the_effective_batch(tmp_path, si
 def test_a_missing_rank_fails_with_a_diagnosis_instead_of_hanging(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    proc = run_cli("train", "--out", str(tmp_path / "run"), *micro_args("runtime.join_timeout_s=3"), env=env, timeout=120)
+    proc = run_cli("train", "--out", str(tmp_path / "run"), *micro_args("runtime.join_timeout_s=3"),
+                   env=env, timeout=120)
     assert proc.returncode == 2
     assert "error: only 1 of 2 ranks joined after 3 s" in proc.stderr
     assert "torchrun --nnodes N --node_rank K on each host" in proc.stderr

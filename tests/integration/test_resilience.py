@@ -204,7 +204,7 @@ def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_pat
     assert proc.wait() == EXIT_REQUEUE, "".join(lines)
     proc.stdout.close()
     text = "".join(lines)
-    stopped = [l for l in text.splitlines() if l.startswith("stop requested")]
+    stopped = [ln for ln in text.splitlines() if ln.startswith("stop requested")]
     assert stopped and f"({sig.name})" in stopped[0], text
     at = int(stopped[0].split("at step ")[1].split(":")[0])
     assert ckpt.step_of(ckpt.list_checkpoints(run_dir)[-1]) == at  # nothing since the last log step is lost

@@ -58,7 +58,7 @@ srun bash -c 'echo "task procid=$SLURM_PROCID node=$SLURMD_NODENAME"'
     assert "task procid=0 node=n1" in text and "task procid=1 node=n2" in text, text
     # jobcomp/filetxt records the finished job
     _wait_for(lambda: f"JobId={jid} " in _read(slurm_cluster.jobcomp_file), 10, "jobcomp record")
-    line = next(l for l in _read(slurm_cluster.jobcomp_file).splitlines() if f"JobId={jid} " in l)
+    line = next(ln for ln in _read(slurm_cluster.jobcomp_file).splitlines() if f"JobId={jid} " in ln)
     assert "JobState=COMPLETED" in line and "NodeList=n[1-2]" in line
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, micro_args
 from diffscale.cli import build_parser, main
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
+
+from helpers import REPO, micro_args
 
 
 def test_config_precedence_is_preset_then_file_then_flags_then_set_then_fixed(tmp_path):
@@ -44,7 +45,8 @@ def test_a_task_change_in_a_config_file_starts_from_that_tasks_network(tmp_path)
     config.write_text(yaml.safe_dump({"task": "policy", "model": {"obs_horizon": 3}}))
     cfg = resolve_config(ConfigSources(config_file=config))
     assert cfg.task == "policy" and cfg.model.obs_horizon == 3 and cfg.model.pred_horizon == 16
-    with pytest.raises(UserError, match=r"config task: 'imagse' is not one of images, fields, policy \(did you mean 'images'\?\)"):
+    with pytest.raises(UserError, match=r"config task: 'imagse' is not one of images, fields, policy "
+                                        r"\(did you mean 'images'\?\)"):
         resolve_config(ConfigSources(overrides=["task=imagse"]))
 
 

@@ -13,15 +13,16 @@ import json
 import os
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
+from diffscale.cli import main
+
 from helpers import micro_args
 from unprivileged import unavailable, without_root_bypass
-from diffscale.cli import main
 
 Setup = Callable[[Path], None]
 
@@ -208,17 +209,20 @@ CASES = [
     Case("plan --cluster {ws}/bad.yaml --preset tiny", "is not a known field", (_file("bad.yaml", _BAD_PROFILE),)),
     Case("plan --cluster {ws}/locked.yaml --preset tiny", "permission denied",
          (_file("locked.yaml", _BAD_PROFILE, 0),), locked=True),
-    Case("plan {ws}/locked.yaml --cluster purdue-gilbreth --account mylab", "permission denied", (_file("locked.yaml", "{}", 0),),
-         locked=True),
+    Case("plan {ws}/locked.yaml --cluster purdue-gilbreth --account mylab", "permission denied",
+         (_file("locked.yaml", "{}", 0),), locked=True),
     Case("plan --cluster purdue-gilbreth --account mylab", "nothing to run"),
-    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny {ws}/c.yaml", "both --preset and a positional argument"),
-    Case("plan --cluster purdue-gilbreth --account mylab --set train.steps=1 -- true", "--set applies to diffscale runs"),
+    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny {ws}/c.yaml",
+         "both --preset and a positional argument"),
+    Case("plan --cluster purdue-gilbreth --account mylab --set train.steps=1 -- true",
+         "--set applies to diffscale runs"),
     Case("plan --preset tiny", "the following arguments are required: --cluster"),
-    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/afile/sub", "lies under", (_file("afile"),)),
+    Case("plan --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/afile/sub", "lies under",
+         (_file("afile"),)),
     Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/afile", "is a regular file",
          (_file("afile"),)),
-    Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/locked/run", "no permission to write",
-         (LOCKED_DIR,), locked=True),
+    Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/locked/run",
+         "no permission to write", (LOCKED_DIR,), locked=True),
     Case(f"{SUBMIT} --gpus-per-node 8", "or pass --force to go ahead anyway"),
     # status, logs, cancel
     Case("status {ws}/nowhere", "has no jobs.json"),

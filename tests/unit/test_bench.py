@@ -15,8 +15,8 @@ from diffscale.tasks.images import ImageTask
 
 def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     out = tmp_path / "bench"
-    code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2", "--warmup", "1",
-                 "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
+    code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2",
+                 "--warmup", "1", "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
                  "--set", "model.block_out_channels=[16,32,32]", "--profile", "1", "--trace"])
     assert code == 0, "\n".join(p.read_text() for p in (out / "logs").glob("*.log"))
     records = json.loads((out / "bench.json").read_text())
@@ -49,7 +49,8 @@ def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     (out / "bench.png").unlink()
     assert main(["bench", "--collect", "--out", str(out)]) == 0
     again = json.loads((out / "bench.json").read_text())
-    assert sorted((r["recipe"], r["world_size"]) for r in again) == sorted((r["recipe"], r["world_size"]) for r in records)
+    assert sorted((r["recipe"], r["world_size"]) for r in again) == \
+        sorted((r["recipe"], r["world_size"]) for r in records)
     assert (out / "bench.png").is_file()
     assert main(["bench", "--collect", "--out", str(out / "empty")]) == 2
     assert "no worker records" in capsys.readouterr().err
@@ -300,7 +301,8 @@ def test_gpu_profile_counts_the_steps_after_the_first():
         return NS(name=name, device_type=cuda, is_user_annotation=annotation, time_range=NS(start=start, end=end))
 
     events = [event(f"{STEP_RANGE}0", 0, 90, True), event("gap_before_host_is_ahead", 0, 90),
-              event(f"{STEP_RANGE}1", 100, 170, True), event("conv", 100, 160), event("nccl:all_reduce", 150, 170, True),
+              event(f"{STEP_RANGE}1", 100, 170, True), event("conv", 100, 160),
+              event("nccl:all_reduce", 150, 170, True),
               event("ncclAllReduce", 160, 170), event(f"{STEP_RANGE}2", 170, 240, True), event("conv", 170, 240),
               NS(name="cpu op", device_type=torch.autograd.DeviceType.CPU, is_user_annotation=False,
                  time_range=NS(start=0, end=300))]

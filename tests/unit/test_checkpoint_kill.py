@@ -15,13 +15,15 @@ WRITER = textwrap.dedent("""
     from diffscale.runtime.checkpoint import CheckpointMeta, TrainingState, save_checkpoint
     run_dir = sys.argv[1]
     big = {f"w{i}": torch.full((256, 1024), float(i)) for i in range(24)}  # ~24 MB: saving takes a while
-    opt = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4)}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    opt = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4)}},
+           "param_groups": [{"lr": 0.1, "params": [0]}]}
     step = 0
     while True:
         step += 1
         for t in big.values():
             t.add_(1)
-        save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt, meta=CheckpointMeta(saved_at=step),
+        save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt,
+                                               meta=CheckpointMeta(saved_at=step),
                                                rng={"torch_cpu": torch.get_rng_state()}), keep=2)
         print(step, flush=True)
 """)
@@ -34,7 +36,7 @@ def test_sigkill_at_random_moments_never_leaves_a_broken_newest_checkpoint(tmp_p
     run_dir = tmp_path / "run"
     trials = 0
     killed_mid_save = 0
-    for trial in range(8):
+    for _ in range(8):
         proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE, text=True)
         first = proc.stdout.readline()  # at least one complete checkpoint exists
         assert first.strip()

@@ -64,7 +64,8 @@ def test_bad_config_values_are_named_with_a_fix(override, message):
 def test_cli_prints_one_line_and_exits_2(capsys):
     assert main(["train", "--preset", "smal"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: tiny, small, medium, large, xl, field-icon, field-large (see `diffscale presets`)"
+    assert err.strip() == ("error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: "
+                           "tiny, small, medium, large, xl, field-icon, field-large (see `diffscale presets`)")
     assert "Traceback" not in err
 
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import micro_args
 from diffscale.cli import main
 from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
 from diffscale.data.sources import load_images, parse_spec
 from diffscale.errors import UserError
+
+from helpers import micro_args
 
 
 def test_builtin_sets_ship_with_dependencies():

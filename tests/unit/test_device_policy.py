@@ -79,8 +79,8 @@ def test_sampling_compiles_with_cuda_graphs_and_frozen_weights(fake_h100):
 
 
 def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h100):
-    from diffscale.runtime.parallelize import trains_in_cuda_graphs, training_compile_mode
     from diffscale.presets import get_preset
+    from diffscale.runtime.parallelize import training_compile_mode, trains_in_cuda_graphs
 
     def cfg_for(accum: int, mode: str | None):
         runtime = {"compile_mode": mode} if mode else {}
@@ -163,8 +163,8 @@ def test_forced_flexattention_needs_a_compiled_cuda_run(fake_h100):
 
 def test_bf16_gradient_compression_is_off_unless_asked_and_needs_nccl():
     from diffscale.config import Toggle
-    from diffscale.runtime.parallelize import bf16_gradient_compression
     from diffscale.errors import UserError
+    from diffscale.runtime.parallelize import bf16_gradient_compression
 
     assert bf16_gradient_compression(Toggle.AUTO, "nccl") is False  # measured slower on NVLink
     assert bf16_gradient_compression(Toggle.OFF, "nccl") is False

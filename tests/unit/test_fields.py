@@ -174,7 +174,8 @@ def test_preview_plot_export_and_reference_loop(tmp_path):
     net = task.build_network().eval()
     generated = task.generate(net, count=8, steps=4, seed=0)
     [png] = task.write_samples(generated, tmp_path / "samples" / "preview.png")
-    assert Image.open(png).size[0] > 300
+    with Image.open(png) as image:
+        assert image.size[0] > 300
     how = task.export(net, tmp_path / "export")
     assert "load_export" in how
     loaded_task, loaded_net = load_export(tmp_path / "export")
@@ -208,7 +209,8 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     assert main(["train", "--out", str(run), *MICRO_FIELDS]) == 0
     assert "(fields)" in capsys.readouterr().out and (run / "samples" / "latest.png").is_file()
     assert main(["sample", str(run), "--n", "8", "--steps", "3", "--out", str(tmp_path / "s.png")]) == 0
-    assert Image.open(tmp_path / "s.png").size[0] > 300
+    with Image.open(tmp_path / "s.png") as image:
+        assert image.size[0] > 300
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

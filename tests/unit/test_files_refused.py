@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, micro_args
-from unprivileged import bypass_dropped, unavailable, without_root_bypass
 from diffscale.cli import main
 from diffscale.runtime import checkpoint as ckpt
+
+from helpers import REPO, micro_args
+from unprivileged import bypass_dropped, unavailable, without_root_bypass
 
 
 def _train(run: Path, *extra: str, steps: int = 8) -> int:

@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from diffscale.cluster.plan import PlanOptions, make_plan
+from diffscale.cluster.profile_io import load_profile
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun
-from diffscale.presets import get_preset
 from diffscale.errors import UserError
+from diffscale.presets import get_preset
 from diffscale.runtime.distributed import detect_launch, expand_hostlist, port_from_job_id, slurm_hostnames
-
-from diffscale.cluster.profile_io import load_profile
 
 SGE_TWO_HOST = Path(__file__).parent / "cluster" / "fixtures" / "sge-two-host.yaml"
 
@@ -137,7 +136,7 @@ def test_grid_engine_hosts_from_pe_hostfile_with_duplicate_lines(tmp_path):
     where one host appears once per queue instance."""
     plan = make_plan(load_profile(str(SGE_TWO_HOST)), Shape(2, 2),
                      DiffscaleRun(config=get_preset("tiny"), run_dir=str(tmp_path), python="python"), PlanOptions())
-    line = next(l for l in plan.script().splitlines() if "PE_HOSTFILE" in l and "mapfile" in l)
+    line = next(ln for ln in plan.script().splitlines() if "PE_HOSTFILE" in ln and "mapfile" in ln)
     hostfile = tmp_path / "pe_hostfile"
     hostfile.write_text("node07 2 gpu.q@node07 UNDEFINED\nnode03 1 all.q@node03 UNDEFINED\n"
                         "node07 2 all.q@node07 UNDEFINED\nnode03 1 gpu.q@node03 UNDEFINED\n")

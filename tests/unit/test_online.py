@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import micro_args
 from diffscale.cli import main
 from diffscale.config import deep_merge, from_dict
 from diffscale.data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, as_chunk, parse_buffer_spec
@@ -19,6 +18,8 @@ from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
 from diffscale.presets import get_preset
 from diffscale.runtime import checkpoint as ckpt
+
+from helpers import micro_args
 
 CPU = torch.device("cpu")
 

@@ -42,7 +42,8 @@ def test_reach2d_demonstrations_take_both_sides_from_each_start():
     assert all(success for success, _ in replays)
     modes = [mode for _, mode in replays]
     assert modes.count("left") == modes.count("right") == 20
-    for (first, _), (second, _), pair in zip(demos[::2], demos[1::2], zip(modes[::2], modes[1::2])):
+    pairs = zip(modes[::2], modes[1::2], strict=True)
+    for (first, _), (second, _), pair in zip(demos[::2], demos[1::2], pairs, strict=True):
         assert np.array_equal(first[0], second[0]) and set(pair) == {"left", "right"}  # one start, both ways
 
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import micro_args
 from diffscale.cli import main
+
+from helpers import micro_args
 
 
 def _trained(tmp_path):
@@ -18,14 +19,17 @@ def _trained(tmp_path):
 def test_sample_writes_reproducible_grids_and_a_gif(tmp_path, capsys):
     run = _trained(tmp_path)
     capsys.readouterr()
-    assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--gif", "--out", str(tmp_path / "a.png")]) == 0
+    assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--gif",
+                 "--out", str(tmp_path / "a.png")]) == 0
     printed = capsys.readouterr().out.split()
     assert str(tmp_path / "a.png") in printed and str(tmp_path / "a.gif") in printed
     assert main(["sample", str(run), "--n", "4", "--steps", "3", "--seed", "7", "--out", str(tmp_path / "b.png")]) == 0
-    a, b = Image.open(tmp_path / "a.png"), Image.open(tmp_path / "b.png")
-    assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
-    assert Image.open(tmp_path / "a.gif").n_frames > 2
-    assert main(["sample", str(run), "--n", "2", "--steps", "3", "--sampler", "ddpm", "--out", str(tmp_path / "c.png")]) == 0
+    with Image.open(tmp_path / "a.png") as a, Image.open(tmp_path / "b.png") as b:
+        assert (np.asarray(a) == np.asarray(b)).all()  # same seed, same images
+    with Image.open(tmp_path / "a.gif") as gif:
+        assert gif.n_frames > 2
+    assert main(["sample", str(run), "--n", "2", "--steps", "3", "--sampler", "ddpm",
+                 "--out", str(tmp_path / "c.png")]) == 0
 
 
 def test_sample_shows_progress_on_stderr_and_says_when_it_cannot_write_mp4(tmp_path, capsys, monkeypatch):
@@ -67,6 +71,7 @@ def test_export_loads_in_diffusers_pipeline_and_samples(tmp_path):
     out = tmp_path / "pipe"
     assert main(["export", str(run), "--diffusers", str(out)]) == 0
     pipe = DDPMPipeline.from_pretrained(str(out))
-    images = pipe(batch_size=2, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np").images
+    images = pipe(batch_size=2, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+                  output_type="np").images
     assert images.shape == (2, 8, 8, 1)
     assert main(["export", str(run), "--diffusers", str(out)]) == 2  # refuses to overwrite

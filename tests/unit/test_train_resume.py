@@ -5,9 +5,10 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from helpers import micro_args
 from diffscale.cli import main
 from diffscale.runtime import checkpoint as ckpt
+
+from helpers import micro_args
 
 
 def _final_tensors(run_dir):
@@ -44,7 +45,8 @@ def test_a_new_run_into_a_used_run_dir_is_refused(tmp_path, capsys):
     before = sorted(p.name for p in ckpt.list_checkpoints(run))
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 2
     err = capsys.readouterr().err
-    assert f"error: run dir '{run}' already holds checkpoints (newest: step_00000004) -- continue that run with --resume auto" in err
+    assert (f"error: run dir '{run}' already holds checkpoints (newest: step_00000004) -- "
+            "continue that run with --resume auto") in err
     assert sorted(p.name for p in ckpt.list_checkpoints(run)) == before
 
 

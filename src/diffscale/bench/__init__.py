@@ -20,8 +20,21 @@ from ..errors import UserError
 from ..presets import PRESETS
 from .comm import describe
 from .profile import render_profile
-from .runs import (Job, Variant, check_configs, comm_check, groups, gpu_slots, launch_plan, parse_variants,
-                   plan_jobs, provenance, run_group, run_sampling, sampling_cmd)
+from .runs import (
+    Job,
+    Variant,
+    check_configs,
+    comm_check,
+    gpu_slots,
+    groups,
+    launch_plan,
+    parse_variants,
+    plan_jobs,
+    provenance,
+    run_group,
+    run_sampling,
+    sampling_cmd,
+)
 
 __all__ = ["add_derived", "comm_check", "register", "report", "run_bench"]
 
@@ -38,7 +51,8 @@ def add_derived(records: list[dict]) -> list[dict]:
                or index.get((r["preset"], r["recipe"], 1, 1, "")))
         r["scaling_efficiency"] = (r["samples_per_s"] / (r["world_size"] * one["samples_per_s"])) if one else None
         other = index.get((r["preset"], "plain", r["world_size"], r.get("nodes", 1), ""))
-        r["fast_over_plain"] = (r["samples_per_s"] / other["samples_per_s"]) if other and r["recipe"] == "fast" else None
+        r["fast_over_plain"] = ((r["samples_per_s"] / other["samples_per_s"])
+                                if other and r["recipe"] == "fast" else None)
     return records
 
 
@@ -74,7 +88,7 @@ def write_chart(records: list[dict], path: Path) -> Path:
 
     presets = list(dict.fromkeys(r["preset"] for r in records))
     fig, axes = plt.subplots(1, len(presets), figsize=(5 * len(presets), 4), squeeze=False)
-    for ax, preset in zip(axes[0], presets):
+    for ax, preset in zip(axes[0], presets, strict=True):
         rows = [r for r in records if r["preset"] == preset]
         labels = [f"{r['recipe']}{'-' + r['label'] if r.get('label') else ''}\n"
                   f"{r['world_size']}{'x2n' if r.get('nodes', 1) > 1 else ''}" for r in rows]
@@ -163,7 +177,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for k, group in enumerate(groups(jobs, args.concurrent)):
         for job in group:
             console.print(f"bench {_describe(job, args.device_type)} ...", highlight=False)
-        for job, record in zip(group, run_group(args, group, out_dir, available, f"{os.getpid()}-{k}")):
+        for job, record in zip(group, run_group(args, group, out_dir, available, f"{os.getpid()}-{k}"), strict=True):
             if record is None:
                 console.print(f"[red]failed[/]: {job.name}, see {out_dir / 'logs' / (job.name + '.log')}")
             else:
@@ -215,7 +229,7 @@ def _dry_run(args, jobs: list[Job], samplings: list[tuple[str, Variant]], out_di
         turns = f"{out_dir / 'turns' / f'PID-{k}'}:{len(group)}" if len(group) > 1 else None
         console.print(f"group {k + 1}:{' compiled side by side, timed one at a time' if turns else ''}",
                       highlight=False)
-        for job, gpu in zip(group, gpu_slots(group, available)):
+        for job, gpu in zip(group, gpu_slots(group, available), strict=True):
             console.print(f"  {job.name}: {_describe(job, args.device_type)}", highlight=False)
             for extra, cmd in launch_plan(args, job, out_dir / f"{job.name}.json", turns, gpu):
                 env = " ".join(f"{key}={value}" for key, value in extra.items())

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ..config import ModelConfig
+from ..errors import UserError
 from ..models import build_unet
 from ..presets import get_preset
 
@@ -30,9 +32,11 @@ def attention_calls(preset: str) -> Counter:
     """(heads, tokens, head dim) of each self-attention call of one forward pass, counted."""
     from diffusers.models.attention_processor import Attention
 
-    cfg = get_preset(preset)
-    channels = cfg.model.channels or 1  # the attention shapes do not depend on it
-    unet = build_unet(cfg.model, channels).to("meta")
+    model = get_preset(preset).model
+    if not isinstance(model, ModelConfig):
+        raise UserError(f"preset '{preset}' has no UNet attention layers", "pick an images preset, e.g. small")
+    channels = model.channels or 1  # the attention shapes do not depend on it
+    unet = build_unet(model, channels).to("meta")
     calls: Counter = Counter()
 
     def record(module, args, kwargs):
@@ -43,7 +47,7 @@ def attention_calls(preset: str) -> Counter:
     for m in unet.modules():
         if isinstance(m, Attention):
             m.register_forward_pre_hook(record, with_kwargs=True)
-    size = cfg.model.sample_size
+    size = model.sample_size
     with torch.no_grad():
         unet(torch.zeros(1, channels, size, size, device="meta"), torch.zeros(1, device="meta"))
     return calls
@@ -80,7 +84,8 @@ def kernels() -> dict:
     attends["flex"] = torch.compile(FlexAttnProcessor().attend, dynamic=False)
     attends["flex-default-tiles"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False)
     # inductor benchmarks its flex configurations per shape (the choice is in the log)
-    attends["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False, mode="max-autotune-no-cudagraphs")
+    attends["flex-tuned"] = torch.compile(FlexAttnProcessor({}).attend, dynamic=False,
+                                          mode="max-autotune-no-cudagraphs")
 
     def on_inputs(attend):
         def make(batch, heads, tokens, dim):
@@ -134,8 +139,8 @@ def measure(preset: str, batch: int, repeats: int, variants: dict, what: str) ->
                 ok = False
                 break
         if ok:
-            rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total, "ms_per_call": per_call,
-                         "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
+            rows.append({"preset": preset, "kernel": name, "batch": batch, "ms_per_step": total,
+                         "ms_per_call": per_call, "calls": {f"{h}x{t}x{d}": c for (h, t, d), c in calls.items()}})
     sdpa = rows[0]["ms_per_step"] if rows and rows[0]["kernel"].endswith("sdpa") else None
     for r in rows:
         r["vs_sdpa"] = sdpa / r["ms_per_step"] if sdpa else None

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..config import Device
 from ..runtime.device import pick_device, synchronize
 from ..runtime.distributed import detect_launch, init_distributed
 
@@ -41,7 +42,7 @@ def _all_reduce(buf: torch.Tensor, times: int) -> None:
 
 def measure(sizes_mib: list[float], repeats: int, dtype: torch.dtype) -> list[dict]:
     launch = detect_launch()
-    device = pick_device("auto", launch.local_rank)
+    device = pick_device(Device.AUTO, launch.local_rank)
     ctx = init_distributed(launch, device, join_timeout_s=300, collective_timeout_s=600)
     rows = []
     try:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import config as C
+from ..errors import UserError
 from ..online import OnlineTrainer
 from ..runtime.device import synchronize
 
@@ -33,6 +34,9 @@ def _percentiles(seconds: list[float]) -> dict[str, float]:
 def measure(args: argparse.Namespace) -> dict:
     cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
     rng = np.random.default_rng(0)
+    if not isinstance(cfg.model, C.FieldModelConfig):
+        raise UserError(f"preset '{args.preset}' is a {cfg.task} run; online training is measured on fields",
+                        "use a field preset, e.g. --preset field-icon")
     cells, fine = 80, cfg.model.x_dim or 256
     coarse = cfg.model.cond_dim or 7
     with tempfile.TemporaryDirectory() as tmp:

@@ -31,6 +31,7 @@ class PlainRunner:
         local = ctx.info.local_world_size
         workers = worker_budget(workers, cpus=cpus_for_rank(local), host_bytes=host_memory_bytes(),
                                 ranks_on_host=local, data_bytes=_bytes_of(dataset)).workers
+        self.sampler: DistributedSampler | RandomSampler
         if ctx.distributed:
             self.sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                               seed=cfg.train.seed, drop_last=True)
@@ -79,7 +80,7 @@ class PlainRunner:
         self.opt.zero_grad(set_to_none=True)
         decay = tr.cfg.train.ema_decay
         with torch.no_grad():
-            for ema, param in zip(self.ema, tr.net.parameters()):
+            for ema, param in zip(self.ema, tr.net.parameters(), strict=True):
                 ema.mul_(decay).add_(param.detach(), alpha=1 - decay)
         loss.item()  # per-step logging, as the recipe does
         tr.step += 1

@@ -4,8 +4,8 @@ kernels, optimizer, communication, copies). ``diffscale bench --profile N`` reco
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -59,7 +59,7 @@ def gpu_timeline_us(intervals: Iterable[tuple[float, float]]) -> tuple[float, fl
 STEP_RANGE = "diffscale:profiled_step"
 
 
-def _gpu_kernels(prof, steps: int) -> tuple[list[tuple[str, float, float]], int]:
+def _gpu_kernels(prof: torch.profiler.profile, steps: int) -> tuple[list[tuple[str, float, float]], int]:
     """(name, start, end) of the kernels of the profiled steps after the first, and how many
     steps they are. The first step only refills the queue: the caller has just synchronised,
     and until the host is a step ahead again the GPU waits for launches, which a training run

@@ -185,7 +185,7 @@ def run_group(args, group: list[Job], out_dir: Path, available: int, tag: str) -
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
     started: list[tuple[Job, Path, list[subprocess.Popen]]] = []
     try:
-        for job, gpu in zip(group, gpu_slots(group, available)):
+        for job, gpu in zip(group, gpu_slots(group, available), strict=True):
             out = out_dir / f"{job.name}.json"
             out.unlink(missing_ok=True)
             with open(out_dir / "logs" / f"{job.name}.log", "a") as log:

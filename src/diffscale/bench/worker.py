@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -25,6 +26,11 @@ from .. import config as C
 from ..runtime.device import configure_backends, pick_device, resolve_policy, synchronize
 from ..runtime.distributed import detect_launch, init_distributed
 from .profile import profile_steps
+
+if TYPE_CHECKING:  # annotations only; the functions import these where they run
+    from ..step import StepRunner
+    from ..trainer import Trainer
+    from .plain import PlainRunner
 
 _T0 = float(os.environ.get("DIFFSCALE_BENCH_T0", time.time()))
 
@@ -212,11 +218,21 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
             for rank, (c, other, gap, host) in enumerate(rows)]
 
 
-def measure(args: argparse.Namespace) -> dict | None:
-    from ..runtime.parallelize import parallelize, training_compile_mode
+def _runner(args: argparse.Namespace, trainer: Trainer) -> PlainRunner | StepRunner:
+    """The recipe's step runner: the plain recipe, or the fast one on the parallelized network."""
+    from ..runtime.parallelize import parallelize
     from ..step import StepRunner
-    from ..trainer import Trainer
     from .plain import PlainRunner
+
+    if args.recipe == "plain":
+        return PlainRunner(trainer, workers=args.plain_workers)
+    model = parallelize(trainer.net, cfg=trainer.cfg, ctx=trainer.ctx, policy=trainer.policy, say=lambda text: None)
+    return StepRunner(trainer, model, trainer.make_batcher())
+
+
+def measure(args: argparse.Namespace) -> dict | None:
+    from ..runtime.parallelize import training_compile_mode
+    from ..trainer import Trainer
 
     cfg = _config(args)
     launch = detect_launch()
@@ -229,11 +245,7 @@ def measure(args: argparse.Namespace) -> dict | None:
         with tempfile.TemporaryDirectory() as tmp:
             trainer = Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
             flops = count_step_flops(trainer)
-            if args.recipe == "plain":
-                runner = PlainRunner(trainer, workers=args.plain_workers)
-            else:
-                model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=lambda text: None)
-                runner = StepRunner(trainer, model, trainer.make_batcher())
+            runner = _runner(args, trainer)
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             synchronize(device)

@@ -12,9 +12,18 @@ import datetime
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..paths import file_target, folder_target
+
+if TYPE_CHECKING:  # annotations only; the handlers import what they use
+    from ..config import RunConfig
+    from .jobs import JobState, Submission
+    from .plan import Plan
+    from .profiles import ClusterProfile
+    from .scheduler import Scheduler
+    from .workload import Workload
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A discovered profile's name: also its file name and what --cluster is given."""
@@ -25,7 +34,8 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("target", nargs="*", metavar="CONFIG.yaml | -- COMMAND",
                    help="a diffscale run config (or use --preset), or any command after `--`")
-    p.add_argument("--cluster", required=True, help="bundled profile name (`diffscale cluster list`) or profile YAML path")
+    p.add_argument("--cluster", required=True,
+                   help="bundled profile name (`diffscale cluster list`) or profile YAML path")
     p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.steps=1000 (repeatable)")
@@ -36,7 +46,8 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     gpus.add_argument("--procs-per-node", type=int,
                       help="CPU ranks per node, asking for no GPUs (CPU partitions, tests)")
     p.add_argument("--partition", help="partition (SLURM) / GPU class or queue (Grid Engine) from the profile")
-    p.add_argument("--time", help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
+    p.add_argument("--time",
+                   help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
     p.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (default: the node's cores shared, at most 8)")
     p.add_argument("--mem", type=float, help="host memory per node in GB (default: estimated)")
     p.add_argument("--account", help="SLURM --account / Grid Engine -P project")
@@ -52,7 +63,8 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
     if race:
         p.add_argument("--race", metavar="NxG,...",
-                       help="submit several shapes (nodes x GPUs per node); the first to start wins, the others are cancelled")
+                       help="submit several shapes (nodes x GPUs per node); "
+                            "the first to start wins, the others are cancelled")
         from .couple import add_arguments
 
         add_arguments(p)
@@ -105,7 +117,7 @@ def _stamp() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _workload(args: argparse.Namespace):
+def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | None]:
     """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
     from .. import config as cfgmod
     from .workload import DiffscaleRun, UserCommand
@@ -116,7 +128,8 @@ def _workload(args: argparse.Namespace):
         if args.preset and target:
             raise UserError("both --preset and a positional argument given",
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
-        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset, config_file=None if args.preset else target[0],
+        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset,
+                                                         config_file=None if args.preset else target[0],
                                                          overrides=args.overrides or []))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
         data_bytes = 0
@@ -127,15 +140,16 @@ def _workload(args: argparse.Namespace):
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     if args.overrides:
-        raise UserError("--set applies to diffscale runs, not to a user command", "drop --set, or pass the options to your command")
+        raise UserError("--set applies to diffscale runs, not to a user command",
+                        "drop --set, or pass the options to your command")
     run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
     return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
 
 
-def _plans(args: argparse.Namespace):
+def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
     from .flags import check_numbers, check_signal_lead, warning_signal
     from .jobspec import RaceSpec, job_name
-    from .plan import Plan, PlanOptions, make_plan
+    from .plan import PlanOptions, make_plan
     from .profile_io import load_profile
     from .profiles import SAFE_NAME
     from .shape import Shape, parse_race
@@ -171,8 +185,8 @@ def _plans(args: argparse.Namespace):
         sim_time = parse_time_limit(args.sim_time, what="--sim-time") if args.sim_time is not None else None
         trainer = shape(args.nodes, next((n for n in (args.gpus_per_node, args.procs_per_node) if n), 1))
         trainer_options = dataclasses.replace(options, signal=warning_signal(args.signal, diffscale_run=True))
-        plans, cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
-        return profile, what, run_dir, cfg, [planned(plan) for plan in plans]
+        plans, trainer_cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
+        return profile, what, run_dir, trainer_cfg, [planned(plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
     options = dataclasses.replace(options, signal=warning_signal(args.signal,
                                                                  diffscale_run=isinstance(workload, DiffscaleRun)))
@@ -181,14 +195,14 @@ def _plans(args: argparse.Namespace):
     plans = []
     for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
-        race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}") for n, k in shapes if (n, k) != (nodes, g))) \
-            if shapes else None
+        race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}")
+                                          for n, k in shapes if (n, k) != (nodes, g))) if shapes else None
         plan = make_plan(profile, shape(nodes, g), workload, dataclasses.replace(options, race=race_spec))
         plans.append(planned(plan))
     return profile, workload.title, run_dir, cfg, plans
 
 
-def _refuse_failed(plans, force: bool) -> None:
+def _refuse_failed(plans: list[Plan], force: bool) -> None:
     failed = [(p.label if p.role else f"shape {p.shape.label}", c) for p in plans for c in p.failed]
     if failed and not force:
         first_job, first = failed[0]
@@ -237,7 +251,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_states(run_dir: str):
+def _checked_states(run_dir: str) -> tuple[Submission, Scheduler, list[JobState]]:
     """(submission, scheduler, states): the ids of jobs.json checked against the scheduler's
     names and users, ended jobs diffscale cancelled shown as cancelled."""
     from . import jobs, race

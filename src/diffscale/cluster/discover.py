@@ -13,7 +13,8 @@ fits any node the scheduler may pick. The parsers are pure (captured outputs are
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 from .profiles import ClusterProfile, GpuRequest, GpuScope, Partition, SchedulerKind, SgeSettings
 from .scheduler import parse_scontrol_line
@@ -22,7 +23,7 @@ from .timefmt import parse_duration
 Runner = Callable[[Sequence[str]], str]
 
 
-def _min(values: list[int | float]) -> int | float | None:
+def _min(values: list[int]) -> int | None:
     return min(values) if values else None
 
 
@@ -70,8 +71,8 @@ def slurm_profile(name: str, partitions_text: str, nodes_text: str) -> ClusterPr
             gpus_per_node=int(gpus) if gpus is not None else None,
             gpu_type=types.pop() if len(types) == 1 else None,
             gres_type=None,
-            cpus_per_node=int(_min(cpus)) if cpus else None,
-            mem_per_node_gb=round(float(_min(mems)), 1) if mems else None,
+            cpus_per_node=min(cpus) if cpus else None,
+            mem_per_node_gb=round(min(mems), 1) if mems else None,
             max_time_s=parse_duration(f.get("MaxTime", "UNLIMITED"), what="MaxTime"),
             max_nodes=int(max_nodes) if max_nodes.isdigit() else None,
             gpu_request=GpuRequest.GPUS_PER_NODE,
@@ -116,6 +117,12 @@ def _mem_gb(value: str) -> float | None:
     return round(float(match.group(1)) * scale, 1)
 
 
+class _Host(TypedDict):
+    gpus: int
+    cpus: int | None
+    mem: float | None
+
+
 def sge_profile(name: str, run: Runner) -> ClusterProfile:
     queues = [q for q in run(["qconf", "-sql"]).split() if q]
     pes = {pe: parse_qconf_block(run(["qconf", "-sp", pe])) for pe in run(["qconf", "-spl"]).split() if pe}
@@ -126,7 +133,7 @@ def sge_profile(name: str, run: Runner) -> ClusterProfile:
             gpu_resource = cols[0]
             scope = {"YES": GpuScope.SLOT, "JOB": GpuScope.JOB, "HOST": GpuScope.HOST}[cols[5]]
             break
-    hosts = {}
+    hosts: dict[str, _Host] = {}
     for host in run(["qconf", "-sel"]).split():
         block = parse_qconf_block(run(["qconf", "-se", host]))
         values = _kv_list(block.get("complex_values", ""))
@@ -150,20 +157,20 @@ def sge_profile(name: str, run: Runner) -> ClusterProfile:
         members = [h for h in hosts if h in q.get("hostlist", "") or q.get("hostlist", "") in ("@allhosts",)]
         members = members or list(hosts)
         slot_numbers = [int(x) for x in re.findall(r"(?:^|[,=\s])(\d+)(?=[,\]\s]|$)", q.get("slots", ""))]
-        cpus = [hosts[h]["cpus"] for h in members if hosts[h]["cpus"]]
+        cpus = [c for h in members if (c := hosts[h]["cpus"])]
         if slot_numbers:
             cpus = [min(c, max(slot_numbers)) for c in cpus] or [max(slot_numbers)]
         gpus = [hosts[h]["gpus"] for h in members]
-        mems = [hosts[h]["mem"] for h in members if hosts[h]["mem"]]
+        mems = [m for h in members if (m := hosts[h]["mem"])]
         h_rt = q.get("h_rt", "INFINITY")
         notify = notify or parse_duration(q["notify"], what="notify") if q.get("notify") else notify
         parts.append(Partition(
             name=queue.replace("@", "-"),
             submit_name=queue,
-            gpus_per_node=int(_min(gpus)) if gpus else None,
+            gpus_per_node=min(gpus) if gpus else None,
             gpu_type=None,
-            cpus_per_node=int(_min(cpus)) if cpus else None,
-            mem_per_node_gb=float(_min(mems)) if mems else None,
+            cpus_per_node=min(cpus) if cpus else None,
+            mem_per_node_gb=min(mems) if mems else None,
             max_time_s=None if h_rt.upper() == "INFINITY" else parse_duration(h_rt, what="h_rt"),
         ))
     sge = SgeSettings(pe_single_host=single, pe_multi_host=multi, gpu_resource=gpu_resource or "gpus", gpu_scope=scope,
@@ -175,5 +182,6 @@ def sge_profile(name: str, run: Runner) -> ClusterProfile:
 
 def discover(name: str, kind: SchedulerKind, run: Runner) -> ClusterProfile:
     if kind is SchedulerKind.SLURM:
-        return slurm_profile(name, run(["scontrol", "show", "partition", "-o"]), run(["scontrol", "show", "node", "-o"]))
+        return slurm_profile(name, run(["scontrol", "show", "partition", "-o"]),
+                             run(["scontrol", "show", "node", "-o"]))
     return sge_profile(name, run)

@@ -229,9 +229,9 @@ def host_memory_request(ranks_per_node: int, data_bytes: int, node_limit_gb: flo
     reached: no loader workers (none start), and a per-rank figure that is an estimate."""
     m = host_memory(ranks_per_node, data_bytes)
     gib = math.ceil(resources.gib(m.node_bytes) * HOST_MEMORY_HEADROOM)
-    capped = node_limit_gb is not None and gib > node_limit_gb
-    if capped:
-        gib = int(node_limit_gb)
+    capped = False
+    if node_limit_gb is not None and gib > node_limit_gb:
+        gib, capped = int(node_limit_gb), True
     cap = f", capped at the node's {node_limit_gb:g} GiB" if capped else ""
     per_rank = resources.gib(resources.RANK_BASE_BYTES)
     note = (f"host memory {gib} GiB per node: {m.describe()}, plus a quarter for headroom{cap}; no data-loader "

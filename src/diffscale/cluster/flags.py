@@ -32,7 +32,8 @@ def _at_least(value: int | float | None, least: int | float, flag: str, what: st
 def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric job flag within its range (argparse already checked the types)."""
     _at_least(args.nodes, 1, "--nodes", "a job needs at least 1 node")
-    _at_least(args.gpus_per_node, 1, "--gpus-per-node", "at least 1 GPU (rank) per node; leave it out for all of a node's")
+    _at_least(args.gpus_per_node, 1, "--gpus-per-node",
+              "at least 1 GPU (rank) per node; leave it out for all of a node's")
     _at_least(args.procs_per_node, 1, "--procs-per-node", "at least 1 process per node")
     _at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
     if args.mem is not None and not (args.mem > 0 and math.isfinite(args.mem)):

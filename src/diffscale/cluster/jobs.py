@@ -15,9 +15,10 @@ import getpass
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import UserError
 
@@ -146,10 +147,12 @@ def check_ours(sub: Submission, states: Sequence[JobState], run_dir: str | Path)
     records = {r.job_id: r for r in sub.jobs}
     for state in states:
         record = records.get(state.job_id)
+        if record is None:
+            continue
         wrong = []
-        if record is not None and state.name is not None and state.name != record.name:
+        if state.name is not None and state.name != record.name:
             wrong.append(f"is named '{state.name}'")
-        if record is not None and sub.user and state.user is not None and state.user != sub.user:
+        if sub.user and state.user is not None and state.user != sub.user:
             wrong.append(f"belongs to user '{state.user}'")
         if wrong:
             raise UserError(

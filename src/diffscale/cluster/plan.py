@@ -134,7 +134,8 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
     title = _printable(
-        f"{options.role + ' job on ' if options.role else ''}{profile.name} / {part.name}: {shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
+        f"{options.role + ' job on ' if options.role else ''}{profile.name} / {part.name}: "
+        f"{shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
     spec = JobSpec(
         scheduler=profile.scheduler,

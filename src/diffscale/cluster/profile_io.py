@@ -11,15 +11,26 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from enum import Enum
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, NoReturn
 
 import yaml
 
 from ..errors import UserError, closest
-from .profiles import (SAFE_NAME, ClusterProfile, Fact, GpuRequest, GpuScope, Partition, Requirement, SchedulerKind,
-                       SgeSettings)
+from .profiles import (
+    SAFE_NAME,
+    ClusterProfile,
+    Fact,
+    GpuRequest,
+    GpuScope,
+    Partition,
+    Requirement,
+    SchedulerKind,
+    SgeSettings,
+)
 from .timefmt import parse_duration
 
 
@@ -80,7 +91,7 @@ class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def fail(self, where: str, problem: str, fix: str) -> None:
+    def fail(self, where: str, problem: str, fix: str) -> NoReturn:
         raise UserError(f"cluster profile {self.source}: {where} {problem}", fix)
 
     def keys(self, where: str, data: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
@@ -131,11 +142,13 @@ class _Reader:
         if value is None:
             return ()
         if not isinstance(value, Mapping):
-            self.fail(where, f"must be a mapping of NAME: value, got {value!r}", f"write {where}: then NAME: value lines")
+            self.fail(where, f"must be a mapping of NAME: value, got {value!r}",
+                      f"write {where}: then NAME: value lines")
         out = []
         for key, val in value.items():
             if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                self.fail(f"{where}.{key}", "is not a valid name", "use letters, digits and _ (not starting with a digit)")
+                self.fail(f"{where}.{key}", "is not a valid name",
+                          "use letters, digits and _ (not starting with a digit)")
             if val is None or isinstance(val, (list, dict)):
                 self.fail(f"{where}.{key}", f"must be a single value, got {val!r}", "quote the value as a string")
             text = str(val).lower() if isinstance(val, bool) else str(val)
@@ -145,7 +158,7 @@ class _Reader:
             out.append((key, text))
         return tuple(out)
 
-    def enum(self, where: str, value: Any, kind: type[enum.Enum], default: enum.Enum) -> Any:
+    def enum(self, where: str, value: Any, kind: type[Enum], default: Enum | None) -> Any:
         if value is None:
             return default
         choices = [m.value for m in kind]
@@ -157,9 +170,9 @@ class _Reader:
     def duration(self, where: str, value: Any) -> int | None:
         try:
             return parse_duration(value, what=where)
-        except UserError as exc:
-            self.fail(where, f"'{value}' is not a wall time", "write it quoted, e.g. max_time: \"48:00:00\" or \"2-00:00:00\"")
-            raise exc  # pragma: no cover - fail() raised
+        except UserError:
+            self.fail(where, f"'{value}' is not a wall time",
+                      "write it quoted, e.g. max_time: \"48:00:00\" or \"2-00:00:00\"")
 
 
 def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
@@ -280,7 +293,8 @@ def _sge_from_dict(r: _Reader, raw: Any) -> SgeSettings:
         export_env=bool(s.get("export_env", False)),
     )
     if sge.pe_single_host is None and sge.pe_multi_host is None:
-        r.fail("sge", "names no parallel environment", "set sge.pe_single_host (e.g. smp or omp) and/or sge.pe_multi_host")
+        r.fail("sge", "names no parallel environment",
+               "set sge.pe_single_host (e.g. smp or omp) and/or sge.pe_multi_host")
     return sge
 
 

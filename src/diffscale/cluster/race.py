@@ -64,7 +64,8 @@ def claim_snippet(key: str, rivals: tuple[str, ...], cancel: str) -> str:
         f"    echo \"diffscale: shape {key} started first and owns this run; cancelling the other shapes\"",
         *cancels,
         f"elif [ \"$(readlink \"$RUN_DIR/{CLAIM_FILE}\")\" != {q(key)} ]; then",
-        f"    echo \"diffscale: shape $(readlink \"$RUN_DIR/{CLAIM_FILE}\") owns this run already; shape {key} exits without training\"",
+        f"    echo \"diffscale: shape $(readlink \"$RUN_DIR/{CLAIM_FILE}\") owns this run already; "
+        f"shape {key} exits without training\"",
         "    exit 0",
         "fi",
     ])

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from ..errors import UserError
 from . import sge, slurm
@@ -23,7 +24,8 @@ def run(argv: Sequence[str], *, cwd: str | Path | None = None, check: bool = Tru
         timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a scheduler command; a missing command or a refusal is a UserError with its words."""
     if shutil.which(argv[0]) is None:
-        raise UserError(f"`{argv[0]}` is not on PATH", "run diffscale on the cluster's login node, where the scheduler's "
+        raise UserError(f"`{argv[0]}` is not on PATH",
+                        "run diffscale on the cluster's login node, where the scheduler's "
                         "commands are installed (or load the scheduler's module)")
     proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 
+from ..runtime.signals import EXIT_REQUEUE
 from .jobs import CONTINUATIONS
 from .jobspec import Continuation, JobSpec
 from .profiles import GpuScope
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, q, wait_for, words
 from .timefmt import hms
-from ..runtime.signals import EXIT_REQUEUE
 
 EXIT_RESCHEDULE = 99  # Grid Engine: a job exiting 99 is rescheduled (with -r y)
 
@@ -107,6 +107,7 @@ def render(spec: JobSpec) -> str:
     lines += [""]
     signal_env: list[tuple[str, str]] = []
     if spec.signal:
+        assert spec.sge is not None
         notify = str(spec.sge.notify_s or 60)
         signal_env = [("TORCHELASTIC_SIGNALS_TO_HANDLE", _signals(spec)), ("PET_SIGNALS_TO_HANDLE", _signals(spec)),
                       ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", notify), ("PET_SHUTDOWN_TIMEOUT", notify)]
@@ -128,7 +129,8 @@ def render(spec: JobSpec) -> str:
     ]
     if spec.signal:
         lines += [
-            f"trap 'got_signal=1; echo \"diffscale: got the time-limit warning: every rank checkpoints\"' {' '.join(_trapped(spec))}",
+            "trap 'got_signal=1; echo \"diffscale: got the time-limit warning: every rank checkpoints\"' "
+            f"{' '.join(_trapped(spec))}",
         ]
     lines += ["", *start, "", "# Wait for every launcher; the job fails when any fails.", "rc=0",
               "for pid in \"${pids[@]}\"; do", *["    " + w for w in wait_for("pid", "one")],
@@ -161,7 +163,8 @@ def _start_per_host(spec: JobSpec, signal_env: list[tuple[str, str]]) -> tuple[l
         "# once per queue instance: merge them). Master = the first host.",
         "mapfile -t HOSTS < <(awk '!seen[$1]++ {print $1}' \"$PE_HOSTFILE\")",
         f"if [ \"${{#HOSTS[@]}}\" -ne {spec.nodes} ]; then",
-        f"    echo \"diffscale: the PE gave ${{#HOSTS[@]}} hosts, this job needs {spec.nodes}:\" >&2; cat \"$PE_HOSTFILE\" >&2",
+        f"    echo \"diffscale: the PE gave ${{#HOSTS[@]}} hosts, this job needs {spec.nodes}:\" >&2; "
+        "cat \"$PE_HOSTFILE\" >&2",
         "    exit 2",
         "fi",
         "MASTER_ADDR=\"${HOSTS[0]}\"",
@@ -182,7 +185,8 @@ def _start_per_host(spec: JobSpec, signal_env: list[tuple[str, str]]) -> tuple[l
         "    if [ \"$k\" -eq 0 ]; then",
         "        /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
         "    else",
-        "        qrsh -inherit -nostdin \"${HOSTS[$k]}\" /bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
+        "        qrsh -inherit -nostdin \"${HOSTS[$k]}\" "
+        "/bin/bash \"$launcher\" \"$k\" \"$MASTER_ADDR\" \"$MASTER_PORT\" &",
         "    fi",
         "    pids+=($!)",
         "done",
@@ -230,13 +234,16 @@ def _exit_handling(spec: JobSpec) -> list[str]:
         "        echo $((restarts + 1)) >\"$count_file\"",
         f"        if next=$(qsub -terse -hold_jid \"$JOB_ID\" {q(spec.script_file)}) && [ -n \"$next\" ]; then",
         f"            printf '%s\\t%s\\t%s\\n' \"$next\" \"$JOB_ID\" \"{cont_log}\" >>\"$RUN_DIR/{CONTINUATIONS}\"",
-        f"            echo \"diffscale: checkpointed; continuation job $next submitted (restart $((restarts + 1)) of {spec.max_restarts})\"",
+        "            echo \"diffscale: checkpointed; continuation job $next submitted "
+        f"(restart $((restarts + 1)) of {spec.max_restarts})\"",
         "            exit 0",
         "        fi",
-        "        echo \"diffscale: qsub of the continuation failed; rescheduling this job inside its h_rt instead\" >&2",
+        "        echo \"diffscale: qsub of the continuation failed; "
+        "rescheduling this job inside its h_rt instead\" >&2",
         f"        exit {EXIT_RESCHEDULE}",
         "    fi",
-        f"    echo \"diffscale: checkpointed, but the run was already continued $restarts times (max {spec.max_restarts}); submit again to continue\" >&2",
+        "    echo \"diffscale: checkpointed, but the run was already continued $restarts times "
+        f"(max {spec.max_restarts}); submit again to continue\" >&2",
         f"    exit {EXIT_REQUEUE}",
         "fi",
         "exit \"$rc\"",

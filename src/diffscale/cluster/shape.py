@@ -47,7 +47,7 @@ class Shape:
         """``NxG`` as written on the command line (``--race 1x4,4x1``)."""
         return f"{self.nodes}x{self.ranks_per_node}"
 
-    def with_time(self, time_s: int | None) -> "Shape":
+    def with_time(self, time_s: int | None) -> Shape:
         return replace(self, time_s=time_s)
 
 
@@ -57,7 +57,8 @@ def parse_race(text: str) -> list[tuple[int, int]]:
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         match = re.fullmatch(r"(\d+)\s*[xX*]\s*(\d+)", item)
         if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
-            raise UserError(f"--race entry '{item}' is not NODESxGPUS", "write e.g. --race 1x4,4x1 (nodes x GPUs per node)")
+            raise UserError(f"--race entry '{item}' is not NODESxGPUS",
+                            "write e.g. --race 1x4,4x1 (nodes x GPUs per node)")
         pair = (int(match.group(1)), int(match.group(2)))
         if pair in shapes:
             raise UserError(f"--race lists {item} twice", "list each shape once")

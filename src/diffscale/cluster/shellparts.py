@@ -10,10 +10,11 @@ directory, which the job runs in.
 from __future__ import annotations
 
 import shlex
-from typing import Iterable
+from collections.abc import Callable, Iterable
 
 from .. import __version__
 from ..runtime.signals import EXIT_REQUEUE
+from .jobspec import RaceSpec
 
 q = shlex.quote
 
@@ -45,8 +46,10 @@ def wait_for(pid_var: str, rc_var: str) -> list[str]:
     """
     return [
         f"wait \"${pid_var}\"; {rc_var}=$?",
-        f"while [ \"${rc_var}\" -gt 128 ] && kill -0 \"${pid_var}\" 2>/dev/null; do wait \"${pid_var}\"; {rc_var}=$?; done",
-        f"if [ \"${rc_var}\" -gt 128 ]; then wait \"${pid_var}\" 2>/dev/null; _last=$?; [ \"$_last\" -ne 127 ] && {rc_var}=$_last; fi",
+        f"while [ \"${rc_var}\" -gt 128 ] && kill -0 \"${pid_var}\" 2>/dev/null; "
+        f"do wait \"${pid_var}\"; {rc_var}=$?; done",
+        f"if [ \"${rc_var}\" -gt 128 ]; then wait \"${pid_var}\" 2>/dev/null; _last=$?; "
+        f"[ \"$_last\" -ne 127 ] && {rc_var}=$_last; fi",
     ]
 
 
@@ -80,8 +83,9 @@ def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
     return lines
 
 
-def preamble(run_dir: str, greeting: str, race, cancel_command: str, setup: Iterable[str],
-             env: Iterable[tuple[str, str]], claim, command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
+def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command: str, setup: Iterable[str],
+             env: Iterable[tuple[str, str]], claim: Callable[[str, tuple[str, ...], str], str],
+             command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
     """The lines every job script starts with after its directives: strict mode, the run
     directory, a greeting, the race claim (when racing), the command's variables and the
     site set-up (whose env may override them)."""

@@ -15,12 +15,12 @@ with a max-restarts guard, or, in a segment chain, ends and lets the next segmen
 
 from __future__ import annotations
 
+from ..runtime.signals import EXIT_REQUEUE
 from .jobspec import Continuation, JobSpec
 from .profiles import GpuRequest
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, wait_for, words
 from .timefmt import hms
-from ..runtime.signals import EXIT_REQUEUE
 
 LOG_PATTERN = "logs/%x-%j.out"
 
@@ -122,7 +122,8 @@ def _exit_handling(spec: JobSpec) -> list[str]:
         f"if {_checkpointed_test()}; then",
         "    restarts=\"${SLURM_RESTART_COUNT:-0}\"",
         f"    if [ \"$restarts\" -lt {spec.max_restarts} ]; then",
-        f"        echo \"diffscale: checkpointed; requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of {spec.max_restarts})\"",
+        "        echo \"diffscale: checkpointed; requeueing job $SLURM_JOB_ID "
+        f"(restart $((restarts + 1)) of {spec.max_restarts})\"",
         "        if scontrol requeue \"$SLURM_JOB_ID\"; then",
         "            # a requeued job waits for a begin time in the future; start it as soon as nodes allow",
         "            scontrol update JobId=\"$SLURM_JOB_ID\" StartTime=now 2>/dev/null || true",
@@ -130,7 +131,8 @@ def _exit_handling(spec: JobSpec) -> list[str]:
         "        fi",
         "        echo \"diffscale: scontrol requeue failed; submit the run again to continue\" >&2",
         "    else",
-        f"        echo \"diffscale: checkpointed, but the job was already restarted $restarts times (max {spec.max_restarts}); submit again to continue\" >&2",
+        "        echo \"diffscale: checkpointed, but the job was already restarted $restarts times "
+        f"(max {spec.max_restarts}); submit again to continue\" >&2",
         "    fi",
         "fi",
         "exit \"$rc\"",

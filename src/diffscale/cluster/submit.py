@@ -40,7 +40,7 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
         return sub
 
     try:
-        for plan, script in zip(plans, scripts):
+        for plan, script in zip(plans, scripts, strict=True):
             segments = max(len(plan.segments), 1)
             after = records[0].job_id if tied and records and scheduler.starts_after_start else None
             started = after is not None

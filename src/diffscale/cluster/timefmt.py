@@ -40,7 +40,7 @@ def _fields(value: str, what: str, text: object, *, after_days: bool) -> list[in
         names, limits = ("", "", "seconds"), (0, 0, 60)
     else:  # HH:MM:SS, any number of hours
         names, limits = ("", "minutes", "seconds"), (0, 60, 60)
-    for value_, name, limit in zip(nums, names, limits):
+    for value_, name, limit in zip(nums, names, limits, strict=True):
         if limit and value_ >= limit:
             raise _bad(what, text, f"has {value_} {name} (at most {limit - 1})")
     return nums

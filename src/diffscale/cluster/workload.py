@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Union
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -103,4 +102,4 @@ class UserCommand:
         return "user command: " + " ".join(self.argv_)
 
 
-Workload = Union[DiffscaleRun, UserCommand]
+Workload = DiffscaleRun | UserCommand

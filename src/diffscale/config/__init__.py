@@ -7,14 +7,31 @@ section.field=value`` overrides (``loading``), in one order for every verb
 """
 
 from .loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
-from .resolve import ConfigSources, resolve_config
 from .models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
-from .schema import (Attention, BetaSchedule, CompileMode, DataConfig, Device, DiffusionConfig,
-                     LrScaling, LrSchedule, OptimConfig, Precision, Prediction, Recipe, RunConfig,
-                     RuntimeConfig, Toggle, TrainConfig)
+from .resolve import ConfigSources, resolve_config
+from .schema import (
+    Attention,
+    BetaSchedule,
+    CompileMode,
+    DataConfig,
+    Device,
+    DiffusionConfig,
+    LrScaling,
+    LrSchedule,
+    OptimConfig,
+    Precision,
+    Prediction,
+    Recipe,
+    RunConfig,
+    RuntimeConfig,
+    Toggle,
+    TrainConfig,
+)
 
 __all__ = [
-    "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule", "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
+    "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",
+    "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
-    "Toggle", "TrainConfig", "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge", "parse_overrides", "write_yaml",
+    "Toggle", "TrainConfig", "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",
+    "parse_overrides", "write_yaml",
 ]

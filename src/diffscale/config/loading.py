@@ -7,8 +7,9 @@ import dataclasses
 import enum
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -25,7 +26,7 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _coerce(name: str, annotation: Any, value: Any) -> Any:
     """Convert a YAML value to the field's type, or raise a UserError naming the field."""
     origin = typing.get_origin(annotation)
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         if not isinstance(value, Mapping):
             _fail(name, f"expected a mapping of fields, got {value!r}", f"write {name}: followed by indented fields")
         return _build(annotation, value, name)
@@ -36,12 +37,14 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
         if isinstance(value, bool) and annotation is Toggle:
             return Toggle.ON if value else Toggle.OFF  # YAML reads on/off/yes/no as booleans
         if str(value) not in choices:
-            _fail(name, f"'{value}' is not one of {', '.join(choices)}{closest(str(value), choices)}", f"set {name} to one of: {', '.join(choices)}")
+            _fail(name, f"'{value}' is not one of {', '.join(choices)}{closest(str(value), choices)}",
+                  f"set {name} to one of: {', '.join(choices)}")
         return annotation(str(value))
     if origin is tuple:
         inner = typing.get_args(annotation)[0]
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v.strip()]
+            value = (yaml.safe_load(value) if value.strip().startswith("[")
+                     else [v for v in value.split(",") if v.strip()])
         if not isinstance(value, (list, tuple)):
             _fail(name, f"expected a list, got {value!r}", f"write {name}=[a, b, c]")
         return tuple(_coerce(name, inner, v) for v in value)
@@ -59,7 +62,11 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
             return False
         _fail(name, f"expected true or false, got {value!r}", f"set {name} to true or false")
     if annotation is int:
-        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer()) or (isinstance(value, str) and value.strip().lstrip("-").replace("_", "").isdigit())):
+        if isinstance(value, bool) or not (
+            isinstance(value, int)
+            or (isinstance(value, float) and value.is_integer())
+            or (isinstance(value, str) and value.strip().lstrip("-").replace("_", "").isdigit())
+        ):
             _fail(name, f"expected a whole number, got {value!r}", f"set {name} to an integer")
         return int(value)
     if annotation is float:
@@ -95,7 +102,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str = "") -> Any:
     try:
         return cls(**kwargs)
     except TypeError as exc:  # pragma: no cover - dataclass signature mismatch is a bug
-        raise UserError(f"config {prefix or 'root'}: {exc}", "check the config file against `diffscale train --dry-run`") from exc
+        raise UserError(f"config {prefix or 'root'}: {exc}",
+                        "check the config file against `diffscale train --dry-run`") from exc
 
 
 def _model_config_class(task: Any) -> type:
@@ -134,7 +142,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise UserError(f"override '{pair}' has no '='", "write --set section.field=value, e.g. --set train.steps=100")
+            raise UserError(f"override '{pair}' has no '='",
+                            "write --set section.field=value, e.g. --set train.steps=100")
         key, raw = pair.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
@@ -159,11 +168,13 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise UserError(f"config file '{path}' is not valid YAML ({str(exc).splitlines()[0]})", "fix the YAML syntax") from exc
+        raise UserError(f"config file '{path}' is not valid YAML ({str(exc).splitlines()[0]})",
+                        "fix the YAML syntax") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UserError(f"config file '{path}' does not hold a mapping", "write section: followed by fields, as in RUN_DIR/config.yaml")
+        raise UserError(f"config file '{path}' does not hold a mapping",
+                        "write section: followed by fields, as in RUN_DIR/config.yaml")
     return data
 
 

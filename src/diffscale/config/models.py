@@ -54,8 +54,8 @@ class ModelConfig:
                 "model.sample_size",
                 f"{self.sample_size} px cannot be halved {len(self.block_out_channels) - 1} times "
                 f"by a {len(self.block_out_channels)}-level UNet",
-                f"use a size divisible by {downsamples} (e.g. {max(downsamples, self.sample_size // downsamples * downsamples)}) "
-                "or fewer levels",
+                f"use a size divisible by {downsamples} "
+                f"(e.g. {max(downsamples, self.sample_size // downsamples * downsamples)}) or fewer levels",
             )
         if self.channels not in (0, 1, 3, 4):
             _fail("model.channels", f"{self.channels} is not supported", "use 0 (follow the data), 1, 3 or 4")
@@ -103,10 +103,12 @@ class FieldModelConfig:
                   "use the position of the coarse value in the condition (e.g. 0), or -1 for none")
         for name in ("cond_dim", "x_dim"):
             if getattr(self, name) < 0:
-                _fail(f"model.{name}", f"{getattr(self, name)} is negative", "use 0 (follow the data) or a positive size")
+                _fail(f"model.{name}", f"{getattr(self, name)} is negative",
+                      "use 0 (follow the data) or a positive size")
         for name in ("fields", "hidden", "depth", "embed_dim"):
             if getattr(self, name) < 1:
-                _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})", f"set model.{name} to a positive number")
+                _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})",
+                      f"set model.{name} to a positive number")
         if not 0.0 <= self.dropout < 1.0:
             _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
 
@@ -143,10 +145,12 @@ class PolicyModelConfig:
         self.down_dims = tuple(int(d) for d in self.down_dims)
         for name in ("obs_dim", "action_dim"):
             if getattr(self, name) < 0:
-                _fail(f"model.{name}", f"{getattr(self, name)} is negative", "use 0 (follow the data) or a positive size")
+                _fail(f"model.{name}", f"{getattr(self, name)} is negative",
+                      "use 0 (follow the data) or a positive size")
         for name in ("obs_horizon", "pred_horizon", "action_horizon", "step_embed_dim", "n_groups"):
             if getattr(self, name) < 1:
-                _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})", f"set model.{name} to a positive number")
+                _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})",
+                      f"set model.{name} to a positive number")
         if not self.down_dims:
             _fail("model.down_dims", "is empty", "give one width per UNet level, e.g. [256, 512, 1024]")
         for width in self.down_dims:
@@ -159,7 +163,8 @@ class PolicyModelConfig:
                   f"use a multiple of {levels} (e.g. 16) or fewer down_dims")
         if self.action_horizon > self.pred_horizon - self.obs_horizon + 1:
             _fail("model.action_horizon", f"{self.action_horizon} > pred_horizon - obs_horizon + 1 "
-                  f"= {self.pred_horizon - self.obs_horizon + 1}", "lower model.action_horizon or raise model.pred_horizon")
+                  f"= {self.pred_horizon - self.obs_horizon + 1}",
+                  "lower model.action_horizon or raise model.pred_horizon")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             _fail("model.kernel_size", f"{self.kernel_size} is not a positive odd number", "use 3 or 5")
 

@@ -146,8 +146,9 @@ class DataConfig:
 
     source: str = "builtin"
     """Data spec; each task reads its own kinds, and plain ``builtin`` is each task's built-in data
-    (images: glyphs; fields: the coarse -> fine generator; policy: reach2d). Images: builtin[:glyphs|numerals|digits|mix],
-    imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT (see the README for fields and policy)."""
+    (images: glyphs; fields: the coarse -> fine generator; policy: reach2d).
+    Images: builtin[:glyphs|numerals|digits|mix], imagefolder:PATH, npz:PATH, emnist:ROOT[:split],
+    mnist:ROOT (see the README for fields and policy)."""
     shift_px: int = 1
     """Random translation of up to this many pixels (on the device), 0 to disable."""
     hflip: bool = False
@@ -230,7 +231,8 @@ class TrainConfig:
         for name in ("steps", "batch_per_gpu", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
                      "sample_count", "sample_steps", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
-                _fail(f"train.{name}", f"must be at least 1 (got {getattr(self, name)})", f"set train.{name} to a positive number")
+                _fail(f"train.{name}", f"must be at least 1 (got {getattr(self, name)})",
+                      f"set train.{name} to a positive number")
         if self.sample_every < 0:
             _fail("train.sample_every", "is negative", "use 0 (only at the end) or a step interval")
         if not 0.0 <= self.ema_decay < 1.0:

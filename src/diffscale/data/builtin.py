@@ -63,10 +63,11 @@ def _rendered(chars: str, variants_per_glyph: int, seed: int) -> torch.Tensor:
                 x = (_RENDER_PX - (right - left)) / 2 - left
                 y = (_RENDER_PX - (bottom - top)) / 2 - top
                 draw.text((x, y), char, fill=255, font=font)
-                canvas = canvas.rotate(float(rng.uniform(-12, 12)), resample=Image.BILINEAR)
+                canvas = canvas.rotate(float(rng.uniform(-12, 12)), resample=Image.Resampling.BILINEAR)
                 images.append(np.asarray(canvas))
     if not images:
-        raise UserError("no fonts found for the built-in glyphs data set", "reinstall matplotlib, or use --data builtin:digits")
+        raise UserError("no fonts found for the built-in glyphs data set",
+                        "reinstall matplotlib, or use --data builtin:digits")
     return torch.from_numpy(np.stack(images)).unsqueeze(1).float()
 
 
@@ -99,4 +100,5 @@ def load_builtin(variant: str, size: int) -> torch.Tensor:
     if variant == "mix":
         # More jittered variants: ~11k images, enough for one 4-GPU batch of the small preset.
         return torch.cat([render_glyphs(size, variants_per_glyph=20), load_digits(size)])
-    raise UserError(f"unknown built-in data set '{variant}'", f"use one of: {', '.join('builtin:' + v for v in VARIANTS)}")
+    raise UserError(f"unknown built-in data set '{variant}'",
+                    f"use one of: {', '.join('builtin:' + v for v in VARIANTS)}")

@@ -29,7 +29,8 @@ def _split(where: str, obs: np.ndarray, action: np.ndarray, ends: np.ndarray) ->
                         f"strictly to the {total} stored steps",
                         "store each episode's exclusive end row, the last one equal to the number of steps")
     starts = np.concatenate([[0], ends[:-1]])
-    return [RawEpisode(f"{where} episode {i}", obs[s:e], action[s:e]) for i, (s, e) in enumerate(zip(starts, ends))]
+    return [RawEpisode(f"{where} episode {i}", obs[s:e], action[s:e])  # no ends: starts is [0], no episode
+            for i, (s, e) in enumerate(zip(starts, ends, strict=False))]
 
 
 def read_npz(path: Path, option: str) -> list[RawEpisode]:
@@ -127,4 +128,5 @@ def read_lerobot(path: Path, option: str) -> list[RawEpisode]:
     episode = _column(table, "episode_index")[:, 0]
     ids, starts = np.unique(episode, return_index=True)
     ends = np.append(starts[1:], len(episode))
-    return [RawEpisode(f"'{path}' episode {int(i)}", obs[s:e], action[s:e]) for i, s, e in zip(ids, starts, ends)]
+    return [RawEpisode(f"'{path}' episode {int(i)}", obs[s:e], action[s:e])  # no rows: ends is [0], no episode
+            for i, s, e in zip(ids, starts, ends, strict=False)]

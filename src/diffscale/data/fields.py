@@ -159,7 +159,8 @@ def load_fields(spec: str, *, max_items: int = 0) -> FieldData:
     if kind == "builtin":
         data = _builtin(spec, rest)
     elif kind == "spool":  # FieldTask follows it into a buffer; it is never read whole
-        raise UserError(f"data source '{spec}' is a spool directory, which is followed while training, not read at once",
+        raise UserError(f"data source '{spec}' is a spool directory, which is followed while training, "
+                        "not read at once",
                         "train on it with diffscale train --data spool:DIR[:N], or merge its files into one npz:PATH")
     elif kind == "npz":
         if not rest:
@@ -191,7 +192,8 @@ def read_npz(path: Path) -> FieldData:
     if not path.is_file():
         raise UserError(f"array file '{path}' does not exist", "check the path given to --data npz:PATH")
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        # opened here: np.load leaves the file open when the archive turns out truncated
+        with open(path, "rb") as fid, np.load(fid, allow_pickle=False) as archive:
             missing = [k for k in ("cond", "x") if k not in archive.files]
             if missing:
                 raise UserError(f"array file '{path}' has no array {' or '.join(repr(k) for k in missing)} "

@@ -20,7 +20,7 @@ the buffer is first full, as ``OnlineTrainer`` does.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -128,11 +128,12 @@ def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
     if isinstance(archive, np.ndarray):
         array = archive
     else:
-        keys = list(archive.keys())
-        if not keys:
-            raise UserError(f"array file '{path}' is empty", "save it with numpy.savez(path, images=array)")
-        key = next((k for k in ("images", "x", "arr_0") if k in keys), keys[0])
-        array = archive[key]
+        with archive:  # an .npz keeps its file open until closed
+            keys = list(archive.keys())
+            if not keys:
+                raise UserError(f"array file '{path}' is empty", "save it with numpy.savez(path, images=array)")
+            key = next((k for k in ("images", "x", "arr_0") if k in keys), keys[0])
+            array = archive[key]
     if array.ndim == 3:
         array = array[:, None]
     elif array.ndim == 4 and array.shape[-1] in (1, 3, 4) and array.shape[1] not in (1, 3, 4):

@@ -29,7 +29,8 @@ class InferenceNetwork(torch.nn.Module):
         if policy.flex_min_rows is not None:
             use_flex_attention(net, policy.flex_min_rows)
         if policy.channels_last:
-            net = net.to(memory_format=torch.channels_last)
+            # Module.to(memory_format=...) is supported; torch's overloads of `to` leave it out
+            net = net.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         # CUDA graphs ("reduce-overhead") replay a whole denoising call as one launch: a
         # sampling step of a small network is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import torch
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 # Launchers prefix each line of a rank: torchrun "[rank3]:" / "[default0]:", srun --label "3: ".
 RANK_PREFIX = re.compile(r"^(?:\[(?:default|rank)?\d+\]: ?|\d+: )")

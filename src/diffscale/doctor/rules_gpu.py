@@ -8,7 +8,7 @@ UCX, and the NVIDIA kernel driver's Xid lines (NVRM).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .rules import TextRule, next_lines
 

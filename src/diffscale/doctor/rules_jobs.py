@@ -7,7 +7,7 @@ slurmctld, Grid Engine qsub / qacct, the Linux kernel, CPython and PyTorch's c10
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from .rules import TextRule
 

@@ -6,7 +6,8 @@ JSON (non-finite steps skipped, a GPU idle while it waits for data).
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .rules import RecordRule, TextRule
 

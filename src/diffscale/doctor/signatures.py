@@ -9,7 +9,8 @@ traceback is the finding (:mod:`.tracebacks`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import rules_gpu, rules_jobs, rules_training
 from .rules import Finding, RecordRule, TextRule

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,14 +93,14 @@ def slurm_job(job_id: str, ev: Evidence) -> bool:
     config = _command(["scontrol", "show", "config"])
     loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", config or "", re.M)
     if config and "jobcomp/filetxt" in config and loc and Path(loc.group(1)).is_file():
-        lines = [l for l in read_tail(Path(loc.group(1))).splitlines() if re.match(rf"JobId={job_id}\s", l)]
+        lines = [ln for ln in read_tail(Path(loc.group(1))).splitlines() if re.match(rf"JobId={job_id}\s", ln)]
         if lines:
             known = True
             ev.texts.append((f"{loc.group(1)} (job {job_id})", "\n".join(lines)))
     acct = _command(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,State,ExitCode,MaxRSS,ReqMem,Elapsed,Timelimit"])
     if acct:
         known = True
-        ev.texts.append((f"sacct -j {job_id}", "\n".join("|" + l + "|" for l in acct.splitlines())))
+        ev.texts.append((f"sacct -j {job_id}", "\n".join("|" + ln + "|" for ln in acct.splitlines())))
     return known
 
 
@@ -126,7 +127,7 @@ def from_log(path: Path, ev: Evidence) -> None:
         ev.texts.append((str(path), read_tail(path)))
 
 
-def _readable(path: Path, ev: Evidence, read) -> None:
+def _readable(path: Path, ev: Evidence, read: Callable[[Path, Evidence], None]) -> None:
     """Read one file of a run directory; one the user may not read is skipped with the reason
     (the rest of the run still tells what happened)."""
     try:
@@ -192,5 +193,6 @@ def gather(target: str) -> Evidence:
         from_job_id(target, ev)
     else:
         raise UserError(f"'{target}' is neither a run directory, a log file nor a job id",
-                        "pass RUN_DIR (the --out of diffscale train/submit), a log file, or a SLURM / Grid Engine job id")
+                        "pass RUN_DIR (the --out of diffscale train/submit), a log file, "
+                        "or a SLURM / Grid Engine job id")
     return ev

@@ -10,8 +10,8 @@ ChildFailedError comes after the worker's own traceback, which holds the cause).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .rules import RANK_PREFIX, Finding
 
@@ -105,7 +105,7 @@ def tracebacks(text: str) -> list[Traceback]:
 def last_traceback(text: str) -> Traceback | None:
     found = tracebacks(text)
     causes = [tb for tb in found if not tb.type.endswith(_WRAPPERS)]
-    return (causes or found or [None])[-1]
+    return (causes or found)[-1] if found else None
 
 
 def traceback_finding(origin: str, text: str) -> Finding | None:

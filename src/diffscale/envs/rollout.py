@@ -9,9 +9,9 @@ observation belongs to), and plans again. All running episodes plan in one batch
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +59,7 @@ def rollouts(make_env: Callable[[], Reach2D], policy: Policy, *, episodes: int, 
     while running:
         chunks = policy(np.stack([np.stack(history[i]) for i in running]))
         still = []
-        for chunk, i in zip(chunks, running):
+        for chunk, i in zip(chunks, running, strict=False):
             ended = False
             for action in chunk[obs_horizon - 1: obs_horizon - 1 + action_horizon]:
                 obs, _, terminated, truncated, _ = envs[i].step(action)

@@ -106,7 +106,7 @@ class ConditionalUnet1D(nn.Module):
             SinusoidalPosEmb(step_embed_dim), nn.Linear(step_embed_dim, step_embed_dim * 4), nn.Mish(),
             nn.Linear(step_embed_dim * 4, step_embed_dim))
         cond_dim = step_embed_dim + global_cond_dim
-        in_out = list(zip(all_dims[:-1], all_dims[1:]))
+        in_out = list(zip(all_dims[:-1], all_dims[1:], strict=True))
 
         def block(inp: int, out: int) -> ConditionalResidualBlock1D:
             return ConditionalResidualBlock1D(inp, out, cond_dim, kernel_size, n_groups)

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def step_of(path: Path) -> int:
@@ -196,7 +197,8 @@ def _write_files(tmp: Path, state: TrainingState) -> None:
 def _write_failed(exc: Exception, root: Path, name: str) -> UserError:
     """A checkpoint the disk refused (full, quota, permissions): what is left, and how to go on."""
     newest = list_checkpoints(root.parent)
-    kept = f"the newest complete checkpoint, {newest[-1].name}, is intact" if newest else "no checkpoint was written yet"
+    kept = (f"the newest complete checkpoint, {newest[-1].name}, is intact" if newest
+            else "no checkpoint was written yet")
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return UserError(f"could not write checkpoint {name} in '{root}' ({reason}); {kept}",
                      "free space there (df -h) or fix its permissions, then continue with --resume auto")
@@ -276,7 +278,8 @@ def _verify(path: Path) -> dict[str, Any]:
         if not file.is_file():
             raise CorruptCheckpoint(f"{path.name}: {name} is missing")
         if file.stat().st_size != entry["bytes"]:
-            raise CorruptCheckpoint(f"{path.name}: {name} has {file.stat().st_size} bytes, expected {entry['bytes']} (truncated?)")
+            raise CorruptCheckpoint(f"{path.name}: {name} has {file.stat().st_size} bytes, "
+                                    f"expected {entry['bytes']} (truncated?)")
         if _sha256(file) != entry["sha256"]:
             raise CorruptCheckpoint(f"{path.name}: {name} fails its checksum")
     for required in ("model.safetensors", "ema.safetensors", "optimizer.safetensors", "state.json"):
@@ -304,7 +307,7 @@ def load_checkpoint(path: Path) -> TrainingState:
                          meta=CheckpointMeta.from_json(meta, path.name), rng=rng, task=task)
 
 
-def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
+def load_latest(run_dir: Path, *, log: Callable[[str], None] = print) -> TrainingState | None:
     """Newest checkpoint that verifies; damaged or unreadable ones are skipped with a warning.
     None when the run has no checkpoint; a UserError naming each one when none is usable."""
     damaged = []
@@ -315,21 +318,24 @@ def load_latest(run_dir: Path, *, log=print) -> TrainingState | None:
             damaged.append(str(exc))
             log(f"warning: checkpoint {exc}; falling back to the previous one")
     if damaged:
-        raise UserError(f"every checkpoint in '{checkpoint_root(run_dir)}' is damaged or unreadable: {'; '.join(damaged)}",
+        raise UserError(f"every checkpoint in '{checkpoint_root(run_dir)}' is damaged or unreadable: "
+                        f"{'; '.join(damaged)}",
                         "restore one from a backup (or make it readable), or start a new run with another --out")
     return None
 
 
-def load_resume(run_dir: Path, resume: str, *, log=print) -> TrainingState | None:
+def load_resume(run_dir: Path, resume: str, *, log: Callable[[str], None] = print) -> TrainingState | None:
     """``auto``: newest good checkpoint (None when the run dir has none); else a checkpoint path."""
     if resume == "auto":
         return load_latest(run_dir, log=log)
     path = Path(resume)
     if not path.is_dir():
-        raise UserError(f"checkpoint '{resume}' does not exist", "pass --resume auto or an existing checkpoints/step_NNNNNNNN folder")
+        raise UserError(f"checkpoint '{resume}' does not exist",
+                        "pass --resume auto or an existing checkpoints/step_NNNNNNNN folder")
     step_of(path)
     try:
         return load_checkpoint(path)
     except CorruptCheckpoint as exc:
-        raise UserError(f"checkpoint {exc}", "resume from an older checkpoint, or use --resume auto to pick the newest good one") from exc
+        raise UserError(f"checkpoint {exc}",
+                        "resume from an older checkpoint, or use --resume auto to pick the newest good one") from exc
 

@@ -13,7 +13,6 @@ from ..config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
 from ..errors import UserError
 from .resources import host_memory_bytes
 
-
 FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
 rows. One H100 (docs/benchmarks.md, "Attention kernels"): small's calls (16,384 and 32,768 rows of 8-channel heads)

@@ -21,8 +21,9 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -162,7 +163,8 @@ def detect_launch(env: Mapping[str, str] | None = None,
         world = int(env["SLURM_NTASKS"])
         nodes = int(env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")))
         tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "")
-        local_world = int(re.match(r"\d+", tasks_per_node).group()) if re.match(r"\d+", tasks_per_node) else max(world // max(nodes, 1), 1)
+        counted = re.match(r"\d+", tasks_per_node)
+        local_world = int(counted.group()) if counted else max(world // max(nodes, 1), 1)
         if "MASTER_ADDR" in env:
             addr, source = env["MASTER_ADDR"], "MASTER_ADDR set in the job"
         else:
@@ -261,7 +263,7 @@ class DistContext:
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(all_counts, counts)
         dist.all_gather(parts, padded)
-        return torch.cat([p[:int(n.item())].cpu() for p, n in zip(parts, all_counts)])
+        return torch.cat([p[:int(n.item())].cpu() for p, n in zip(parts, all_counts, strict=True)])
 
     def shutdown(self) -> None:
         if self._initialised:
@@ -312,10 +314,12 @@ def init_distributed(info: LaunchInfo, device: torch.device, *, join_timeout_s: 
             )
         time.sleep(0.05)
         joined = int(store.add(key, 0))
+    bind: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(
-        backend=backend, store=dist.PrefixStore(f"diffscale/pg/{info.attempt}", store), rank=info.rank, world_size=info.world_size,
+        backend=backend, store=dist.PrefixStore(f"diffscale/pg/{info.attempt}", store),
+        rank=info.rank, world_size=info.world_size,
         timeout=datetime.timedelta(seconds=collective_timeout_s),
-        **({"device_id": device} if backend == "nccl" else {}),
+        **bind,
     )
     ctx.backend = backend
     ctx._initialised = True

@@ -20,9 +20,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from diffusers.models.attention_processor import Attention
 
 MIN_HEAD_DIM = 16
 MAX_GRID_BATCH = 65_535
@@ -51,9 +55,9 @@ class FlexAttnProcessor:
         self.kernel_options = kernel_options
         self.min_rows = min_rows
 
-    def __call__(self, attn, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+    def __call__(self, attn: Attention, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
                  attention_mask: torch.Tensor | None = None, temb: torch.Tensor | None = None,
-                 *args, **kwargs) -> torch.Tensor:
+                 *args: Any, **kwargs: Any) -> torch.Tensor:
         batch = hidden_states.shape[0]
         unsupported = (encoder_hidden_states is not None or attention_mask is not None or args or kwargs
                        or attn.spatial_norm is not None or attn.norm_q is not None or attn.norm_k is not None
@@ -91,8 +95,9 @@ class FlexAttnProcessor:
         options = self.kernel_options
         if options is None and head_dim <= MIN_HEAD_DIM:
             options = SMALL_HEAD_BACKWARD
+        # flex_attention takes the bwd_-prefixed tile keys, which its FlexKernelOptions type does not list
         out = self._flex(one_head_rows(query), one_head_rows(key), one_head_rows(value),
-                         scale=1.0 / math.sqrt(head_dim), kernel_options=options)
+                         scale=1.0 / math.sqrt(head_dim), kernel_options=options)  # type: ignore[arg-type]
         return out[..., :head_dim].reshape(batch, heads, tokens, head_dim)
 
 
@@ -114,7 +119,7 @@ def sdpa_attention(net: torch.nn.Module) -> Iterator[None]:
     function, in the form eager tools (the FLOP counter) can trace; the padding is not counted."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    swapped = [m for m in net.modules() if isinstance(getattr(m, "processor", None), FlexAttnProcessor)]
+    swapped: list[Any] = [m for m in net.modules() if isinstance(getattr(m, "processor", None), FlexAttnProcessor)]
     flex = [m.processor for m in swapped]
     sdpa = AttnProcessor2_0()
     for layer in swapped:
@@ -122,5 +127,5 @@ def sdpa_attention(net: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for layer, processor in zip(swapped, flex):
+        for layer, processor in zip(swapped, flex, strict=True):
             layer.set_processor(processor)

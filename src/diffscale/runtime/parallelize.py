@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
@@ -22,13 +23,15 @@ def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, polic
         model = wrap_ddp(net, ctx, cfg, policy)
     if not policy.compile:
         return model
-    torch._dynamo.config.optimize_ddp = cfg.runtime.ddp_graph_split == Toggle.ON  # off: all-reduces follow one whole backward
+    # ddp_graph_split off: the all-reduces follow one whole backward
+    torch._dynamo.config.optimize_ddp = cfg.runtime.ddp_graph_split == Toggle.ON
     mode = training_compile_mode(cfg, policy)
     if cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD and mode != CompileMode.REDUCE_OVERHEAD:
         say(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
             f"(this run: {cfg.train.grad_accum} on {policy.device.type}): compiling without CUDA graphs[/]")
     tune = cfg.runtime.kernel_tuning == Toggle.ON
-    return torch.compile(model, options=compile_options(mode.value, policy.layout_opt, tune))
+    # torch.compile of a Module returns an OptimizedModule (typed as a plain callable)
+    return cast(torch.nn.Module, torch.compile(model, options=compile_options(mode.value, policy.layout_opt, tune)))
 
 
 def training_compile_mode(cfg: RunConfig, policy: DevicePolicy) -> CompileMode:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 GIB = 2**30
 RANK_BASE_BYTES = 3 * GIB

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from types import FrameType
 
 EXIT_REQUEUE = 85
 """Exit code: checkpointed on a stop request before reaching the target step."""
@@ -31,14 +32,14 @@ class StopFlag:
     def requested(self) -> bool:
         return self.signal_name is not None
 
-    def _handle(self, signum: int, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _handle(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002 - signal handler signature
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:  # a second Ctrl-C means "now"
                 raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

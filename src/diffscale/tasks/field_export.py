@@ -39,7 +39,7 @@ def export_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path) -> s
     save_file({k: v.contiguous() for k, v in task.state_tensors().items()}, str(out_dir / "state.safetensors"))
     write_yaml(task.cfg, out_dir / "config.yaml")
     (out_dir / "signature.json").write_text(json.dumps(task.signature(), indent=2))
-    task.diffusion.ddim_scheduler().save_config(str(out_dir / "scheduler"))  # type: ignore[attr-defined]
+    task.diffusion.ddim_scheduler().save_config(str(out_dir / "scheduler"))
     return (f"from diffscale.tasks.field_export import load_export; task, net = load_export('{out_dir}'); "
             "task.sample_for(net, cond, members=16, steps=50, seed=0)")
 

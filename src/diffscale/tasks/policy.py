@@ -19,11 +19,11 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..config import PolicyModelConfig, RunConfig
+from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
 from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import build_unet1d
-from ..data.device_loader import DataPosition, DeviceBatcher
 from .base import Autocast, Feed, Generated, ReferenceData
 
 PREVIEW_OBSERVATIONS = 64

@@ -32,14 +32,14 @@ def _figure(chunks: torch.Tensor, title: str = "") -> Figure:
     colours = plt.get_cmap("viridis")(np.linspace(0, 1, max(count, 2)))
     if plane:
         ax = axes[0, 0]
-        for chunk, colour in zip(values, colours):
+        for chunk, colour in zip(values, colours, strict=False):  # at least 2 colours, even for 1 chunk
             ax.plot(chunk[:, 0], chunk[:, 1], color=colour, lw=1)
             ax.plot(chunk[0, 0], chunk[0, 1], "o", color=colour, ms=3)
         ax.set(xlabel="action 0", ylabel="action 1", title="chunks (dot: first step)")
         ax.set_aspect("equal", adjustable="datalim")
     for d in range(min(dims, MAX_DIMS)):
         ax = axes[0, int(plane) + d]
-        for chunk, colour in zip(values, colours):
+        for chunk, colour in zip(values, colours, strict=False):  # at least 2 colours, even for 1 chunk
             ax.plot(np.arange(horizon), chunk[:, d], color=colour, lw=1)
         ax.set(xlabel="step", title=f"action {d}")
     if title:

@@ -15,7 +15,8 @@ from cluster_fixtures import FIXTURES
 
 
 def test_slurm_partitions_from_scontrol():
-    p = slurm_profile("t", (FIXTURES / "scontrol-partitions.txt").read_text(), (FIXTURES / "scontrol-nodes.txt").read_text())
+    p = slurm_profile("t", (FIXTURES / "scontrol-partitions.txt").read_text(),
+                      (FIXTURES / "scontrol-nodes.txt").read_text())
     assert [x.name for x in p.partitions] == ["cpu", "gpu", "short"] and p.default_partition == "cpu"
     short = p.partition("short")
     assert (short.cpus_per_node, short.mem_per_node_gb, short.gpus_per_node, short.max_time_s) == (4, 8.0, 2, 60)
@@ -26,7 +27,8 @@ def test_slurm_partitions_from_scontrol():
 def test_sge_queue_pes_and_gpu_complex_from_qconf():
     outputs = json.loads((FIXTURES / "qconf-outputs.json").read_text())
     p = sge_profile("t", lambda argv: outputs[" ".join(argv)])
-    assert (p.sge.pe_single_host, p.sge.pe_multi_host, p.sge.gpu_scope, p.sge.notify_s) == ("smp", "mpi", GpuScope.JOB, 5)
+    assert (p.sge.pe_single_host, p.sge.pe_multi_host, p.sge.gpu_scope, p.sge.notify_s) == \
+        ("smp", "mpi", GpuScope.JOB, 5)
     q = p.partition("all.q")
     assert (q.submit_name, q.gpus_per_node, q.cpus_per_node, q.max_time_s) == ("all.q", 2, 2, None)
     assert profile_from_dict(yaml.safe_load(dump_profile(p))).sge.pe_multi_host == "mpi"

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from diffscale import presets
+from diffscale.cluster.couple import coupled_plans
 from diffscale.cluster.jobspec import RaceSpec, job_name
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.profile_io import available, load_profile
 from diffscale.cluster.shape import Shape
-from diffscale.cluster.couple import coupled_plans
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge
 from diffscale.data.spool import SpoolSpec
@@ -64,7 +64,8 @@ def _cases():
     rivals = (job_name(RUN_DIR, "4x1"),)
     cases.append(("purdue-gilbreth-race-1x4", "purdue-gilbreth", Shape(1, 4), run,
                   PlanOptions(race=RaceSpec("1x4", rivals))))
-    cases.append(("sge-two-host-train", "sge-two-host", Shape(2, 2), DiffscaleRun(config=tiny, run_dir=RUN_DIR, python=PYTHON),
+    cases.append(("sge-two-host-train", "sge-two-host", Shape(2, 2),
+                  DiffscaleRun(config=tiny, run_dir=RUN_DIR, python=PYTHON),
                   PlanOptions(race=RaceSpec("2x2", (job_name(RUN_DIR, "1x2"),)))))
     cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
     cases.append(("sge-two-host-user", "sge-two-host", Shape(2, 2), user, PlanOptions()))
@@ -178,6 +179,6 @@ def test_hostile_path_is_one_literal_word_in_every_script():
         directives = [ln for ln in text.splitlines() if ln.startswith(("#SBATCH", "#$"))]
         # directive lines are parsed by sbatch/qsub, not a shell: only safe characters there
         for line in directives:
-            assert re.fullmatch(r"(#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?|#\$ -[A-Za-z_]+( [A-Za-z0-9_.+:=/@,%-]+)*)",
-                                line), (stem, line)
+            assert re.fullmatch(r"(#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?"
+                                r"|#\$ -[A-Za-z_]+( [A-Za-z0-9_.+:=/@,%-]+)*)", line), (stem, line)
         assert "RUN_DIR='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two'" in text, stem

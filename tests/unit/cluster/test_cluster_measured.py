@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from diffscale import presets

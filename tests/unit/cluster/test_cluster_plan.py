@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from diffscale import presets
 from diffscale.cluster.jobspec import Continuation, job_name
 from diffscale.cluster.plan import PlanOptions, make_plan
@@ -12,8 +14,6 @@ from diffscale.cluster.shape import Shape, parse_race
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.errors import UserError
 from diffscale.runtime.distributed import port_from_job_id
-
-import pytest
 
 from cluster_fixtures import fixture_profile
 
@@ -79,7 +79,8 @@ def test_user_command_has_no_continuation_and_no_warning_unless_asked():
     cmd = UserCommand(("python", "train.py"), "/runs/r", "python3")
     plan = make_plan(load_profile("purdue-gilbreth"), Shape(4, 1), cmd)
     assert plan.spec.continuation is Continuation.NONE and plan.spec.signal is None
-    assert "--signal" not in plan.script() and "srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1" in plan.script()
+    assert "--signal" not in plan.script()
+    assert "srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1" in plan.script()
     lightning = make_plan(load_profile("purdue-gilbreth"), Shape(4, 1), cmd, PlanOptions(signal="USR1"))
     assert "#SBATCH --signal=B:USR1@120" in lightning.script()
 
@@ -109,11 +110,11 @@ def test_shape_validation_names_the_flag():
 
 
 def test_a_field_run_is_estimated_from_its_network_counted_on_the_meta_device():
+    import torch
+
     from diffscale.cluster import estimates
     from diffscale.models import count_parameters
     from diffscale.tasks import build_task
-
-    import torch
 
     tiny = presets.get_preset("tiny")  # the meta-device count agrees with the UNet walk where both apply
     walked, counted = estimates.model_cost(tiny.model), estimates.network_cost(tiny)
@@ -127,7 +128,7 @@ def test_a_field_run_is_estimated_from_its_network_counted_on_the_meta_device():
     # A step of this ~1 MFLOP network is bound by launches, not FLOPs: no millions of samples per second.
     rate = estimates.samples_per_s_per_rank(field, "A100-80GB", 8, has_gpus=True)
     assert rate.value == field.train.batch_per_gpu / estimates.ASSUMED_MIN_GPU_STEP_S
-    plan = make_plan(load_profile("dkrz-levante"), Shape(1, 1), DiffscaleRun(config=field, run_dir="/runs/r",
-                                                                             python="python3"), PlanOptions(account="bb1"))
+    run = DiffscaleRun(config=field, run_dir="/runs/r", python="python3")
+    plan = make_plan(load_profile("dkrz-levante"), Shape(1, 1), run, PlanOptions(account="bb1"))
     assert plan.ok and plan.estimate_s is not None
     assert [c.ok for c in plan.checks if c.name == "GPU memory"] == [True]

@@ -64,7 +64,8 @@ def _base(**over):
 @pytest.mark.parametrize("data,message", [
     (_base(schedular="slurm"), "cluster profile t.yaml: schedular is not a known field (did you mean 'scheduler'?) -- "
                                "valid fields: name, title, scheduler"),
-    (_base(scheduler="pbs"), "cluster profile t.yaml: scheduler 'pbs' is not one of slurm, sge -- use one of: slurm, sge"),
+    (_base(scheduler="pbs"),
+     "cluster profile t.yaml: scheduler 'pbs' is not one of slurm, sge -- use one of: slurm, sge"),
     (_base(partitions={}), "cluster profile t.yaml: partitions must map at least one partition name to its facts"),
     (_base(partitions={"p": {"gpus_per_node": "four"}}),
      "cluster profile t.yaml: partitions.p.gpus_per_node must be a whole number >= 0 or null (unknown), got 'four' -- "
@@ -113,5 +114,6 @@ def test_user_profiles_dir_shadows_and_adds(tmp_path, monkeypatch):
 
 
 def test_sge_section():
-    p = profile_from_dict(_base(scheduler="sge", sge={"pe_single_host": "smp", "gpu_scope": "slot", "notify": "00:00:30"}))
+    p = profile_from_dict(_base(scheduler="sge",
+                                sge={"pe_single_host": "smp", "gpu_scope": "slot", "notify": "00:00:30"}))
     assert p.sge.gpu_scope is GpuScope.SLOT and p.sge.notify_s == 30

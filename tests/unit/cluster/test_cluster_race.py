@@ -30,7 +30,8 @@ def test_exactly_one_of_many_simultaneous_claims_wins(tmp_path):
 
 
 def _shell(run_dir: Path, key: str, rivals: tuple[str, ...], stub_dir: Path) -> subprocess.CompletedProcess:
-    script = f"RUN_DIR={__import__('shlex').quote(str(run_dir))}\n{claim_snippet(key, rivals, 'scancel --name=')}\necho TRAINING\n"
+    script = (f"RUN_DIR={__import__('shlex').quote(str(run_dir))}\n"
+              f"{claim_snippet(key, rivals, 'scancel --name=')}\necho TRAINING\n")
     env = {**os.environ, "PATH": f"{stub_dir}:{os.environ['PATH']}"}
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
 

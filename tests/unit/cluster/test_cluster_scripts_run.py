@@ -21,8 +21,8 @@ from diffscale import presets
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
-from diffscale.runtime.signals import EXIT_REQUEUE
 from diffscale.runtime.distributed import port_from_job_id
+from diffscale.runtime.signals import EXIT_REQUEUE
 
 from cluster_fixtures import fixture_profile
 

@@ -11,8 +11,15 @@ from diffscale.cluster.jobs import JobRecord, JobState, Submission
 from diffscale.cluster.plan import make_plan
 from diffscale.cluster.profile_io import load_profile
 from diffscale.cluster.report import time_limit
-from diffscale.cluster.scheduler import (SLURM_FINAL, parse_qacct, parse_qstat_xml, parse_scontrol_line,
-                                         sge_finished_state, sge_state_words, slurm_state)
+from diffscale.cluster.scheduler import (
+    SLURM_FINAL,
+    parse_qacct,
+    parse_qstat_xml,
+    parse_scontrol_line,
+    sge_finished_state,
+    sge_state_words,
+    slurm_state,
+)
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.timefmt import parse_duration, parse_time_limit
 from diffscale.cluster.workload import DiffscaleRun, UserCommand
@@ -136,7 +143,8 @@ def test_wall_times_in_every_scheduler_form(text, seconds):
 @pytest.mark.parametrize("text, says", [("00:00:00", "not a positive duration"), ("0", "not a positive duration"),
                                         ("99:99:99", "has 99 minutes"), ("1:99", "has 99 seconds"),
                                         ("1-24:00", "has 24 hours"), ("1-0:60", "has 60 minutes"),
-                                        ("x-1", "is not a duration"), ("1:2:3:4", "is not a duration"), (0, "positive")])
+                                        ("x-1", "is not a duration"), ("1:2:3:4", "is not a duration"),
+                                        (0, "positive")])
 def test_wall_times_out_of_range_are_refused(text, says):
     with pytest.raises(UserError, match=says):
         parse_duration(text, what="--time")
