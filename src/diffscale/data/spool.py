@@ -142,19 +142,24 @@ class SpoolReader:
         return chunks
 
     def _read(self, path: Path) -> SpoolChunk | None:
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        try:  # opened here: np.load leaves a file it opened itself open when the archive is cut short
+            fid = open(path, "rb")
+        except OSError as exc:
             raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
-        try:
-            with archive:
-                cond, x, sim_time = archive["cond"], archive["x"], float(archive["sim_time"])
-            c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
-        except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a member cut short
-            raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
-        except (ValueError, TypeError, KeyError, UserError) as exc:
-            self.skipped.append(f"{path.name}: {exc}")
-            return None
+        with fid:
+            try:
+                archive = np.load(fid, allow_pickle=False)
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+            try:
+                with archive:
+                    cond, x, sim_time = archive["cond"], archive["x"], float(archive["sim_time"])
+                c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
+            except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a member cut short
+                raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+            except (ValueError, TypeError, KeyError, UserError) as exc:
+                self.skipped.append(f"{path.name}: {exc}")
+                return None
         return SpoolChunk(_sequence(path), c, v, times, dropped)
 
 
