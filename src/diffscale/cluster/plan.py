@@ -113,6 +113,16 @@ def _printable(text: str) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", "?", text)
 
 
+def _title(profile: ClusterProfile, part: Partition, shape: Shape, workload: Workload, role: str,
+           gpu_ranks: bool) -> str:
+    """The job's one-line description: the script's title comment."""
+    g = shape.ranks_per_node
+    return _printable(
+        f"{role + ' job on ' if role else ''}{profile.name} / {part.name}: "
+        f"{shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
+        f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
+
+
 def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options: PlanOptions = PlanOptions()) -> Plan:
     part = profile.partition(shape.partition)
     g = shape.ranks_per_node
@@ -133,10 +143,6 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     signal = options.signal
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
-    title = _printable(
-        f"{options.role + ' job on ' if options.role else ''}{profile.name} / {part.name}: "
-        f"{shape.nodes} node(s) x {g} {'GPU' if gpu_ranks else 'CPU process'}"
-        f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
     spec = JobSpec(
         scheduler=profile.scheduler,
         job_name=options.job_name or job_name(workload.run_dir,
@@ -169,7 +175,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         signal_lead_s=lead,
         race=options.race,
         sge=profile.sge,
-        title=title,
+        title=_title(profile, part, shape, workload, options.role, gpu_ranks),
     )
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
