@@ -19,7 +19,8 @@ def test_presets_keep_the_reference_widths():
         assert (cfg.model.sample_size, cfg.model.block_out_channels, cfg.model.attention, cfg.train.batch_per_gpu) == (
             px, widths, attention, batch)
         assert cfg.model.layers_per_block == 2
-    assert set(PRESETS) == {"tiny", "small", "medium", "large", "xl", "field-icon", "field-large"}
+    assert set(PRESETS) == {"tiny", "small", "medium", "large", "xl", "field-icon", "field-large", "policy",
+                            "policy-tiny"}
 
 
 def test_yaml_round_trip_is_identity():
@@ -65,7 +66,8 @@ def test_cli_prints_one_line_and_exits_2(capsys):
     assert main(["train", "--preset", "smal"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("error: unknown preset 'smal' (did you mean 'small'?) -- choose one of: "
-                           "tiny, small, medium, large, xl, field-icon, field-large (see `diffscale presets`)")
+                           "tiny, small, medium, large, xl, field-icon, field-large, policy, policy-tiny "
+                           "(see `diffscale presets`)")
     assert "Traceback" not in err
 
 

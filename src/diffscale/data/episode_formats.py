@@ -4,6 +4,7 @@ end here in a ``UserError`` naming the file and the fix."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def read_npz(path: Path, option: str) -> list[RawEpisode]:
     for file in files:
         try:
             arrays = np.load(file)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:  # a truncated archive is a bad zip
             raise UserError(f"'{file}' is not a readable .npz file ({exc})", "write it with numpy.savez") from exc
         with arrays:
             missing = [k for k in ("obs", "action") if k not in arrays.files]
