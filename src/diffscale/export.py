@@ -19,6 +19,7 @@ from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 
 from .errors import UserError
 from .paths import refused
+from .runtime.checkpoint import process_alive
 
 if TYPE_CHECKING:
     from .tasks.base import Task
@@ -43,21 +44,11 @@ def export_ddpm_pipeline(unet: UNet2DModel, scheduler: DDPMScheduler, out_dir: P
     return out_dir
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_partials(out_dir: Path) -> None:
     """Temporary folders of exports that were killed (their process is gone)."""
     for leftover in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL}*"):
         pid = leftover.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
 
 

@@ -241,11 +241,12 @@ def prune(run_dir: Path, keep: int) -> None:
     root = checkpoint_root(run_dir)
     for leftover in root.glob(".tmp-*"):
         pid = leftover.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a temporary folder named for a dead writer may be removed)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
