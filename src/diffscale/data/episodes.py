@@ -2,7 +2,7 @@
 
 Specs (``data.source``):
 
-* ``builtin:reach2d``: scripted two-mode demonstrations of the built-in environment (envs/reach2d.py).
+* ``builtin`` or ``builtin:reach2d``: scripted two-mode demonstrations of the built-in environment (envs/reach2d.py).
 * ``npz:PATH``: a ``.npz`` file with ``obs`` (N, O), ``action`` (N, A) and optionally
   ``episode_ends`` (E,) (without it, one episode), or a folder of such files.
 * ``zarr:PATH[:KEYS]``: the replay-buffer layout of the diffusion-policy code: ``data/<key>``
@@ -30,7 +30,7 @@ KINDS = ("builtin", "npz", "zarr", "lerobot")
 BUILTIN = ("reach2d",)
 BUILTIN_EPISODES = 200
 """Scripted demonstrations in ``builtin:reach2d`` (about 7,000 steps)."""
-SPECS = "builtin:reach2d, npz:PATH, zarr:PATH[:KEYS] or lerobot:PATH[:COLUMNS]"
+SPECS = "builtin[:reach2d], npz:PATH, zarr:PATH[:KEYS] or lerobot:PATH[:COLUMNS]"
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ def split_spec(spec: str) -> tuple[str, str, str]:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise UserError(f"unknown episode source '{spec}'{closest(kind, KINDS)}", f"use {SPECS}")
+    if kind == "builtin" and not rest.strip():
+        return kind, "reach2d", ""  # plain ``builtin`` is each task's own built-in data
     if not rest:
-        raise UserError(f"data source '{spec}' has no {'name' if kind == 'builtin' else 'path'}",
-                        "write builtin:reach2d" if kind == "builtin" else f"write {kind}:PATH")
+        raise UserError(f"data source '{spec}' has no path", f"write {kind}:PATH")
     head, sep, tail = rest.rpartition(":")
     if kind != "builtin" and sep and head and "/" not in tail and not Path(rest).exists():
         return kind, head, tail
@@ -86,7 +87,9 @@ def load_episodes(spec: str, *, min_length: int, max_episodes: int = 0) -> Episo
     kind, path, option = split_spec(spec)
     if kind == "builtin":
         if path not in BUILTIN:
-            raise UserError(f"unknown built-in episodes '{path}'{closest(path, BUILTIN)}", "use builtin:reach2d")
+            raise UserError(f"unknown built-in episodes '{path}'{closest(path, BUILTIN)}",
+                            "for task policy use builtin:reach2d, npz:PATH, zarr:PATH or lerobot:PATH "
+                            "(data.source, or --data)")
         raw = formats.read_reach2d(BUILTIN_EPISODES)
     else:
         where = Path(path).expanduser()

@@ -3,7 +3,7 @@
 Every episode plans from its last ``obs_horizon`` observations (the first one repeated at
 the start, as training windows are padded), executes ``action_horizon`` actions of the
 chunk starting at the current step (index ``obs_horizon - 1``, the step the newest
-observation belongs to), and plans again. All running episodes plan in one batch.
+observation belongs to), and plans again. All episodes plan in one batch.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Rollout:
 
 def environment_for(source: str, obs_dim: int, action_dim: int) -> Callable[[], Reach2D]:
     """The environment the data source ``source`` was recorded in, checked against the policy's sizes."""
-    if source.strip().lower() != "builtin:reach2d":
+    if source.strip().lower() not in ("builtin", "builtin:reach2d"):
         raise UserError(f"no environment to roll out a policy trained on '{source}'",
                         "evaluate policies trained on builtin:reach2d; for other data, run the policy in your "
                         "own environment (task.plan gives action chunks)")
@@ -57,10 +57,12 @@ def rollouts(make_env: Callable[[], Reach2D], policy: Policy, *, episodes: int, 
     frames: list[list[np.ndarray]] = [[env.render()] for env in envs[:record]]
     running = list(range(episodes))
     while running:
-        chunks = policy(np.stack([np.stack(history[i]) for i in running]))
+        # Ended episodes plan too: one batch shape throughout (a compiled sampling network
+        # records its CUDA graphs once) and the same noise for an episode whichever others end.
+        chunks = policy(np.stack([np.stack(h) for h in history]))
         still = []
-        for chunk, i in zip(chunks, running, strict=False):
-            ended = False
+        for i in running:
+            chunk, ended = chunks[i], False
             for action in chunk[obs_horizon - 1: obs_horizon - 1 + action_horizon]:
                 obs, _, terminated, truncated, _ = envs[i].step(action)
                 history[i].append(obs)

@@ -28,6 +28,10 @@ from .base import Autocast, Feed, Generated, ReferenceData
 
 PREVIEW_OBSERVATIONS = 64
 """Observation histories kept (as task state) for previews: episode starts, seeded."""
+EVAL_EPISODES = 50
+"""Rollouts of ``diffscale eval`` unless ``--count`` says otherwise."""
+EVAL_GIFS = 4
+"""Rollouts of an evaluation written as GIFs."""
 
 
 class WindowDataset(Dataset):
@@ -43,10 +47,6 @@ class WindowDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         rows = self.windows[index]
         return {"obs": self.obs[rows[: self.obs_horizon]], "action": self.action[rows]}
-
-
-EVAL_EPISODES = 50
-"""Rollouts of ``diffscale eval`` when ``--count`` is not given."""
 
 
 class PolicyTask:
@@ -153,13 +153,20 @@ class PolicyTask:
                 torch.randn(batch_size, m.obs_horizon * self.obs_dim, device=self.device))
 
     # -- protocol: generation ------------------------------------------------------------------
-    def plan(self, network: torch.nn.Module, obs_history: torch.Tensor, noise: torch.Tensor, *, steps: int,
-             sampler: str, generator: torch.Generator, autocast: Autocast | None = None,
-             trajectory: bool = False) -> Generated:
-        """Action chunks for observation histories (B, To, O) in the data's units, denoised from
-        ``noise`` (B, T, A). Returns actions (B, T, A) in the data's units, on the CPU."""
+    @torch.no_grad()
+    def plan(self, network: torch.nn.Module, obs_history: torch.Tensor | np.ndarray, *, steps: int = 10,
+             sampler: str = "ddim", generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+             autocast: Autocast | None = None, trajectory: bool = False) -> Generated:
+        """Action chunks for observation histories (B, To, O) in the data's units: the policy as
+        a controller calls it. Denoises ``noise`` (B, T, A) (default: drawn from ``generator``,
+        itself seeded 0 by default). Returns actions (B, T, A) in the data's units, on the CPU;
+        execute ``model.action_horizon`` of them from index ``model.obs_horizon - 1``."""
         obs_norm, action_norm = self._norms()
-        cond = obs_norm.normalize(obs_history.to(self.device, torch.float32)).flatten(1)
+        history = torch.as_tensor(obs_history)
+        generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        if noise is None:
+            noise = torch.randn((history.shape[0], self.model.pred_horizon, self.action_dim), generator=generator)
+        cond = obs_norm.normalize(history.to(self.device, torch.float32)).flatten(1)
         was_training = network.training
         network.eval()
 
@@ -191,8 +198,8 @@ class PolicyTask:
             which, noise = which[rows], noise[rows]
         if noise.shape[0] == 0:
             return Generated(noise)
-        return self.plan(network, self.preview_obs[which], noise, steps=steps, sampler=sampler,
-                         generator=generator, autocast=autocast, trajectory=trajectory)
+        return self.plan(network, self.preview_obs[which], steps=steps, sampler=sampler, generator=generator,
+                         noise=noise, autocast=autocast, trajectory=trajectory)
 
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:
         from .policy_views import save_chunk_animation, save_chunks
@@ -203,26 +210,22 @@ class PolicyTask:
         return written
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 autocast: Autocast | None = None, sampler: str = "ddpm", gifs: int = 4) -> dict[str, float]:
-        """Closed-loop rollouts of ``network`` (the EMA weights) in the data's environment:
-        ``count`` episodes (None: 50), each planning with ``steps`` denoising steps, executing
-        ``model.action_horizon`` actions, planning again. Returns success rate, the share of
-        episodes in each mode, mean episode length; writes ``gifs`` rollout GIFs to ``out_dir``."""
-        episodes = count or EVAL_EPISODES
+                 sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float]:
+        """``count`` closed-loop rollouts (None: 50) of ``network`` (the EMA weights, run as given:
+        ``sampling_network`` applies precision) in the data's environment: plan with ``steps``
+        denoising steps, execute ``model.action_horizon`` actions, plan again. DDPM by default,
+        as the reference evaluates. Returns the success rate, the share of episodes in each
+        mode and the mean episode length; writes ``gifs`` rollout GIFs to ``out_dir``."""
         from ..envs.rollout import environment_for, rollouts, summarize, write_gifs
 
         make_env = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim)
         generator = torch.Generator().manual_seed(seed)
-        shape = (self.model.pred_horizon, self.action_dim)
 
-        @torch.no_grad()
         def policy(obs_history: np.ndarray) -> np.ndarray:
-            noise = torch.randn((len(obs_history), *shape), generator=generator)
-            return self.plan(network, torch.from_numpy(obs_history), noise, steps=steps, sampler=sampler,
-                             generator=generator, autocast=autocast).samples.numpy()
+            return self.plan(network, obs_history, steps=steps, sampler=sampler, generator=generator).samples.numpy()
 
-        results = rollouts(make_env, policy, episodes=episodes, seed=seed, obs_horizon=self.model.obs_horizon,
-                           action_horizon=self.model.action_horizon, record=gifs)
+        results = rollouts(make_env, policy, episodes=count or EVAL_EPISODES, seed=seed,
+                           obs_horizon=self.model.obs_horizon, action_horizon=self.model.action_horizon, record=gifs)
         write_gifs(results[:gifs], Path(out_dir))
         return summarize(results)
 
