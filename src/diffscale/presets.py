@@ -165,17 +165,18 @@ def policy() -> RunConfig:
 
 
 def policy_tiny() -> RunConfig:
-    """CPU demo of a diffusion policy: the built-in reach2d, a 2-level ConditionalUnet1D of widths
-    32/64 (0.27 M parameters), 600 steps of batch 64 (about 45 s on one core). Its rollouts
-    reach the goal in 97-98 % of episodes, passing left and right about equally often."""
+    """CPU demo of a diffusion policy: the built-in reach2d, a one-level ConditionalUnet1D of width
+    64 (0.2 M parameters), 800 steps of batch 64 (about 46 s on one core). Its rollouts reached
+    the goal in 99 % of episodes for seeds 0 and 1, passing on both sides. Two levels (32/64)
+    cost 20 % more per step on a CPU and reached 96-97 % in as many steps."""
     return RunConfig(
         preset="policy-tiny", task="policy",
         model=PolicyModelConfig(obs_dim=REACH2D_OBS_DIM, action_dim=REACH2D_ACTION_DIM, obs_horizon=2, pred_horizon=16,
-                                action_horizon=8, down_dims=(32, 64), kernel_size=5, n_groups=8, step_embed_dim=32),
+                                action_horizon=8, down_dims=(64,), kernel_size=5, n_groups=8, step_embed_dim=32),
         diffusion=_policy_diffusion(),
         data=DataConfig(source="builtin:reach2d", shift_px=0),
         optim=OptimConfig(lr=2e-3, warmup_steps=50, schedule=LrSchedule.COSINE),
-        train=TrainConfig(steps=600, batch_per_gpu=64, ema_decay=0.99, log_every=50, checkpoint_every=200,
+        train=TrainConfig(steps=800, batch_per_gpu=64, ema_decay=0.99, log_every=50, checkpoint_every=200,
                           sample_every=0, sample_count=16, sample_steps=10),
     )
 
