@@ -1,10 +1,12 @@
 """Runs outlive their jobs on the real SLURM and Grid Engine; the doctor explains real failed jobs.
 
-* SLURM ``short`` partition (1-minute limit): the run needs more than a minute of compute, so the
-  first job must be stopped. ``--signal=B:USR2@30`` -> every rank checkpoints -> exit 85 ->
-  ``scontrol requeue`` -> the job resumes from the newest checkpoint and finishes.
-* Grid Engine ``h_rt=60`` with a soft limit ``s_rt=30``: SIGUSR1 -> checkpoint -> exit 85 -> the
+* SLURM, a 2-minute limit: the run needs more compute than a job holds, so the first job must be
+  stopped. ``--signal=B:USR2@30`` -> every rank checkpoints -> exit 85 -> ``scontrol requeue`` ->
+  the job resumes from the newest checkpoint, as often as it takes, and finishes.
+* Grid Engine ``h_rt=120`` with a soft limit ``s_rt=90``: SIGUSR1 -> checkpoint -> exit 85 -> the
   script submits a continuation job held on itself -> it resumes, and so on until it finishes.
+* Waits end when the jobs do; their deadline is time without a new checkpoint, so a busy machine
+  (slower jobs, more of them) passes and a stuck run fails.
 * Either way the final weights, EMA and optimizer state equal those of an uninterrupted run of the
   same config in this process, bit for bit (CPU, one thread on both sides: the thread count
   changes float summation order).
@@ -28,10 +30,15 @@ from diffscale.runtime import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 
-STEPS = 600  # ~75 s of compute on one core of the test machine: more than a 60 s job can hold
+STEPS = 900  # ~110 s of compute on one idle core of the test machine: more than a 2-minute job warned 30 s early holds
+LIMIT = ["--time", "00:02:00", "--signal-lead", "30"]
+"""Each job has 90 s before its warning: start-up takes 10-15 s on an idle machine and several
+times that on a busy one, which must still leave every job time to train (a 1-minute limit did
+not: a job warned before its trainer had started made no progress at all)."""
 RUN = ["--preset", "tiny", "--set", f"train.steps={STEPS}", "--set", "train.batch_per_gpu=16",
        "--set", "train.log_every=5", "--set", "train.checkpoint_every=50", "--set", "train.sample_count=4",
-       "--set", "train.sample_steps=2"]
+       "--set", "train.sample_steps=2",
+       "--max-restarts", "200"]  # a busy machine needs more segments (each is mostly start-up): never the limit here
 
 
 def ds(*argv: str, timeout: float = 300) -> tuple[int, str]:
@@ -64,20 +71,30 @@ def job_ids(run_dir: Path) -> list[str]:
     return [j["job_id"] for j in json.loads((run_dir / "jobs.json").read_text())["submissions"][-1]["jobs"]]
 
 
+def _newest_step(run_dir: Path) -> int:
+    found = ckpt.list_checkpoints(run_dir)
+    return ckpt.step_of(found[-1]) if found else -1
+
+
 def wait_done(run_dir: Path, timeout: float) -> list[dict]:
+    """States once no job of the run is active. The deadline is ``timeout`` s without progress:
+    each new checkpoint moves it on, so a busy machine (slower segments, more of them) has the
+    time it needs and a stuck run still fails."""
     from diffscale.cluster import jobs
     from diffscale.cluster.profiles import SchedulerKind
     from diffscale.cluster.scheduler import for_kind
 
     sched = for_kind(SchedulerKind(jobs.latest(run_dir).scheduler))
-    deadline = time.monotonic() + timeout
+    deadline, newest = time.monotonic() + timeout, _newest_step(run_dir)
     while time.monotonic() < deadline:
         sub = jobs.latest(run_dir)  # re-read: job scripts may have submitted continuations
         states = sched.states([j.job_id for j in sub.jobs])
         if not any(s.active for s in states) and all(s.state != "GONE" for s in states):
             return [s.__dict__ for s in states]
+        if _newest_step(run_dir) != newest:
+            deadline, newest = time.monotonic() + timeout, _newest_step(run_dir)
         time.sleep(1)
-    raise TimeoutError(f"jobs of {run_dir} still active: {states}")
+    raise TimeoutError(f"jobs of {run_dir} made no progress for {timeout} s: {states}")
 
 
 def reference_run(config: Path, out: Path) -> None:
@@ -117,10 +134,11 @@ def timed_out_job(slurm_profile, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.timeout(3600)  # each job ends at its time limit: a busy machine needs more of them
 def test_slurm_time_limit_requeue_resumes_and_matches_an_uninterrupted_run(slurm_profile, timed_out_job, tmp_path):
     run_dir = tmp_path / "run"
-    rc, out = ds("submit", "--cluster", str(slurm_profile), "--partition", "short", "--procs-per-node", "1",
-                 "--signal-lead", "30", "--no-chain", "--out", str(run_dir), *RUN)
+    rc, out = ds("submit", "--cluster", str(slurm_profile), "--partition", "cpu", "--procs-per-node", "1", *LIMIT,
+                 "--no-chain", "--out", str(run_dir), *RUN)
     assert rc == 0, out
     reference_run(run_dir / "config.yaml", tmp_path / "reference")  # meanwhile, on the other core
     states = wait_done(run_dir, timeout=400)
@@ -145,7 +163,7 @@ def test_doctor_explains_a_real_oom_killed_job(slurm_profile, tmp_path, capsys):
     assert main(["doctor", str(run_dir)]) == 0
     report = capsys.readouterr().out
     assert "host memory exhausted (OOM kill)" in report
-    assert "fix:   ask for more host memory (diffscale submit --mem GB" in report
+    assert "fix:   ask for more host memory (diffscale submit --mem GiB" in report
     assert "Detected 1 oom-kill event(s) in StepId=" in report
     assert main(["doctor", job_ids(run_dir)[0]]) == 0  # the job id alone: scontrol + its StdOut + jobcomp
     assert "host memory exhausted (OOM kill)" in capsys.readouterr().out
@@ -162,12 +180,13 @@ def test_doctor_explains_a_real_time_limit_kill(timed_out_job, capsys):
 
 # ----------------------------------------------------------------------------- Grid Engine
 
+@pytest.mark.timeout(3600)
 def test_sge_soft_limit_continues_in_new_jobs_and_matches_an_uninterrupted_run(sge_profile, tmp_path):
     """s_rt (h_rt - lead) sends SIGUSR1 in time; every rank checkpoints and the script submits a
     continuation job (held on this one), until the target step is reached."""
     run_dir = tmp_path / "run"
-    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "1", "--time", "00:01:00",
-                 "--signal-lead", "30", "--no-chain", "--out", str(run_dir), *RUN)
+    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "1", *LIMIT, "--no-chain",
+                 "--out", str(run_dir), *RUN)
     assert rc == 0, out
     reference_run(run_dir / "config.yaml", tmp_path / "reference")
     states = wait_done(run_dir, timeout=400)
