@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
+from ..paths import folder_target
 from ..presets import PRESETS
 from .comm import describe
 from .profile import render_profile
@@ -116,6 +117,20 @@ def render_sampling(records: list[dict]):
     return table
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """Counts below their range would run and report nonsense (a negative throughput): refused first."""
+    for flag, value, least in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                               ("--two-node", args.two_node, 0), ("--plain-workers", args.plain_workers, 0),
+                               ("--profile", args.profile, 0),
+                               ("--sampling-steps", args.sampling_steps, 1),
+                               ("--sampling-repeats", args.sampling_repeats, 1),
+                               ("--sampling-batch", args.sampling_batch, 0)):
+        if value < least:
+            raise UserError(f"{flag} {value} is out of range (it must be {least} or more)", f"e.g. {flag} {least + 1}")
+    if not args.timeout > 0:
+        raise UserError(f"--timeout {args.timeout:g} is out of range (seconds, more than 0)", "e.g. --timeout 900")
+
+
 def _options(args: argparse.Namespace) -> tuple[list[str], list[str], list[int], list[Variant]]:
     """Presets, recipes, GPU counts and variants, each checked before anything starts."""
     presets = args.preset or ["small"]
@@ -130,6 +145,9 @@ def _options(args: argparse.Namespace) -> tuple[list[str], list[str], list[int],
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     except ValueError as exc:
         raise UserError(f"--gpus '{args.gpus}' is not a list of numbers", "e.g. --gpus 1,2,4") from exc
+    if not gpus or min(gpus) < 1:
+        raise UserError(f"--gpus '{args.gpus}' is out of range: every count is 1 or more", "e.g. --gpus 1,2,4")
+    _check_counts(args)
     if args.trace and not args.profile:
         raise UserError("--trace writes the timeline of the profiled steps, and none are profiled",
                         "add --profile N (e.g. --profile 5)")
@@ -165,7 +183,7 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus asks for {needed} GPUs but {available} are visible", f"use --gpus up to {available}")
     jobs = plan_jobs(presets, recipes, variants, gpus, args.two_node)
     samplings = [(p, v) for p in presets for v in [Variant(), *variants]] if args.sampling else []
-    out_dir = Path(args.out)
+    out_dir = folder_target(args.out, "--out")
     if args.dry_run:
         return _dry_run(args, jobs, samplings, out_dir, available, console)
     out_dir.mkdir(parents=True, exist_ok=True)

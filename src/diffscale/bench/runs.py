@@ -257,8 +257,8 @@ def run_sampling(args, preset: str, variant: Variant, out_dir: Path) -> dict | N
 
 def command_line(args) -> str:
     """The ``diffscale bench`` command that repeats this measurement (options in a fixed order)."""
-    parts = ["diffscale", "bench", "--preset", *args.preset, "--gpus", args.gpus, "--recipe", args.recipe,
-             "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    parts = ["diffscale", "bench", "--preset", *(args.preset or ["small"]), "--gpus", args.gpus,
+             "--recipe", args.recipe, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.two_node:
         parts += ["--two-node", str(args.two_node)]
     for item in args.set or []:
