@@ -179,6 +179,7 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         return plan
 
     if getattr(args, "couple", None):  # one GPU for the trainer unless told: the simulation has the nodes
+        from ..data.spool import parse_spool_spec
         from . import couple
 
         run_dir = folder_target(args.out or f"runs/coupled-{_stamp()}", "--out").absolute()
@@ -186,6 +187,7 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         trainer = shape(args.nodes, next((n for n in (args.gpus_per_node, args.procs_per_node) if n), 1))
         trainer_options = dataclasses.replace(options, signal=warning_signal(args.signal, diffscale_run=True))
         plans, trainer_cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
+        folder_target(parse_spool_spec(trainer_cfg.data.source).directory, "--couple")  # the simulation makes it
         return profile, what, run_dir, trainer_cfg, [planned(plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
     options = dataclasses.replace(options, signal=warning_signal(args.signal,
