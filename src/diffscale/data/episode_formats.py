@@ -44,18 +44,17 @@ def read_npz(path: Path, option: str) -> list[RawEpisode]:
         raise UserError(f"folder '{path}' holds no .npz files", "point npz:PATH at a .npz file or a folder of them")
     episodes: list[RawEpisode] = []
     for file in files:
-        try:
-            arrays = np.load(file)
+        try:  # opened here: np.load leaves a file it opened itself open when the archive is cut short
+            with open(file, "rb") as fid, np.load(fid, allow_pickle=False) as arrays:
+                missing = [k for k in ("obs", "action") if k not in arrays.files]
+                if missing:
+                    raise UserError(f"'{file}' has no {' or '.join(repr(k) for k in missing)} array "
+                                    f"(it holds: {', '.join(arrays.files) or 'nothing'})",
+                                    "save the episodes with numpy.savez(path, obs=..., action=..., episode_ends=...)")
+                obs, action = arrays["obs"], arrays["action"]
+                ends = arrays["episode_ends"] if "episode_ends" in arrays.files else np.array([len(obs)])
         except (OSError, ValueError, zipfile.BadZipFile) as exc:  # a truncated archive is a bad zip
             raise UserError(f"'{file}' is not a readable .npz file ({exc})", "write it with numpy.savez") from exc
-        with arrays:
-            missing = [k for k in ("obs", "action") if k not in arrays.files]
-            if missing:
-                raise UserError(f"'{file}' has no {' or '.join(repr(k) for k in missing)} array "
-                                f"(it holds: {', '.join(arrays.files) or 'nothing'})",
-                                "save the episodes with numpy.savez(path, obs=..., action=..., episode_ends=...)")
-            obs, action = arrays["obs"], arrays["action"]
-            ends = arrays["episode_ends"] if "episode_ends" in arrays.files else np.array([len(obs)])
         if len(obs) != len(action):
             raise UserError(f"'{file}': {len(obs)} observations but {len(action)} actions",
                             "store one observation and one action per step")

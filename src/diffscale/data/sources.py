@@ -9,6 +9,7 @@ get it.
 from __future__ import annotations
 
 import gzip
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,20 +121,21 @@ def _imagefolder(root: Path, size: int, max_items: int) -> torch.Tensor:
 def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
     if not path.is_file():
         raise UserError(f"array file '{path}' does not exist", "check the path given to --data npz:PATH")
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    try:  # opened here: np.load leaves a file it opened itself open when an archive is cut short
+        with open(path, "rb") as fid:
+            archive = np.load(fid, allow_pickle=False)
+            if isinstance(archive, np.ndarray):
+                array = archive
+            else:
+                with archive:
+                    keys = list(archive.keys())
+                    if not keys:
+                        raise UserError(f"array file '{path}' is empty", "save it with numpy.savez(path, images=array)")
+                    key = next((k for k in ("images", "x", "arr_0") if k in keys), keys[0])
+                    array = archive[key]
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:  # a truncated archive is a bad zip
         raise UserError(f"cannot read array file '{path}' ({exc})",
                         "save it with numpy.savez(path, images=array)") from exc
-    if isinstance(archive, np.ndarray):
-        array = archive
-    else:
-        with archive:  # an .npz keeps its file open until closed
-            keys = list(archive.keys())
-            if not keys:
-                raise UserError(f"array file '{path}' is empty", "save it with numpy.savez(path, images=array)")
-            key = next((k for k in ("images", "x", "arr_0") if k in keys), keys[0])
-            array = archive[key]
     if array.ndim == 3:
         array = array[:, None]
     elif array.ndim == 4 and array.shape[-1] in (1, 3, 4) and array.shape[1] not in (1, 3, 4):
