@@ -76,6 +76,17 @@ def _jobs(ws: Path) -> None:
     (ws / "jobs" / "jobs.json").write_text(json.dumps({"submissions": [sub]}))
 
 
+def _npz(name: str, truncated: bool = False, **arrays: list[float]) -> Setup:
+    def make(ws: Path) -> None:
+        import numpy as np
+
+        path = ws / name
+        np.savez(path, **{k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
+        if truncated:  # as a copy cut short by a full disk leaves it
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    return make
+
+
 _BAD_PROFILE = "name: x\nscheduler: slurm\npartitions:\n  cpu:\n    gpus_per_node: 0\n    gpu_count: 2\n"
 
 
@@ -95,6 +106,9 @@ class Case:
 PLAN = "plan --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/p"
 SUBMIT = "submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/s"
 USER_CMD = "plan --cluster purdue-gilbreth --account mylab --out {ws}/p"
+FIELDS = "train --preset field-icon --set train.steps=2 --out {ws}/t"
+POLICY = "train --preset policy-tiny --set train.steps=2 --out {ws}/t"
+COUPLE = "plan --cluster dkrz-levante --account a --preset field-icon --couple {ws}/sp"
 RUN = (_run,)
 LOCKED_DIR = _folder("locked", 0o555)
 NO_SCHEDULER = (("PATH", "/nonexistent"),)
@@ -121,6 +135,8 @@ CASES = [
     Case("train --data npz:{ws}/missing.npz --out {ws}/t", "missing.npz"),
     Case("train --data imagefolder:{ws}/empty --out {ws}/t", "empty", (_folder("empty"),)),
     Case("train --data emnist:{ws}/nothing --out {ws}/t", "EMNIST"),
+    Case("train --data npz:{ws}/cut.npz --out {ws}/t", "cannot read array file",
+         (_npz("cut.npz", truncated=True, images=[[[0.0] * 8] * 8] * 64),)),
     Case("train --out {run}", "already holds checkpoints", RUN),
     Case("train --out {run} --resume auto", "every checkpoint in", (_run, _damaged)),
     Case("train --out {run} --resume auto", "is not readable", (_run, _unreadable), locked=True),
@@ -156,6 +172,23 @@ CASES = [
     Case("export {run} --diffusers {ws}/out", "is not readable", (_run, _unreadable), locked=True),
     Case("export {run} --diffusers {ws}/locked/out", "no permission to write", (_run, LOCKED_DIR), locked=True),
     Case("export {run}", "the following arguments are required: --diffusers", RUN),
+    # the fields and policy tasks' data specs
+    Case(f"{FIELDS} --data npz:{{ws}}/missing.npz", "array file"),
+    Case(f"{FIELDS} --data npz:{{ws}}/x.npz", "has no array 'cond'", (_npz("x.npz", x=[[1.0]]),)),
+    Case(f"{FIELDS} --data npz:{{ws}}/afile", "cannot read array file", (_file("afile"),)),
+    Case(f"{FIELDS} --data builtin:nope", "holds images, not fields"),
+    Case(f"{FIELDS} --data imagefolder:{{ws}}", "is not field data"),
+    Case(f"{FIELDS} --data spool:{{ws}}/nospool", "spool directory"),
+    Case(f"{POLICY} --data npz:{{ws}}/missing.npz", "episode data"),
+    Case(f"{POLICY} --data npz:{{ws}}/x.npz", "has no 'obs' or 'action' array", (_npz("x.npz", x=[[1.0]]),)),
+    Case(f"{POLICY} --data npz:{{ws}}/cut.npz", "is not a readable .npz file",
+         (_npz("cut.npz", truncated=True, obs=[[1.0]] * 64, action=[[1.0]] * 64, episode_ends=[64]),)),
+    Case(f"{POLICY} --data zarr:{{ws}}/missing.zarr", "episode data"),
+    Case(f"{POLICY} --data zarr:{{ws}}/afile", "is not a zarr group", (_file("afile"),)),
+    Case(f"{POLICY} --data lerobot:{{ws}}/nothing", "episode data"),
+    Case(f"{POLICY} --data lerobot:{{ws}}/afile", "could not be read", (_file("afile"),)),
+    Case(f"{POLICY} --data builtin:nope", "unknown built-in episodes 'nope'"),
+    Case(f"{POLICY} --data spool:{{ws}}/sp", "unknown episode source"),
     # eval
     Case("eval {run} --count 0", "--count 0 is out of range", RUN),
     Case("eval {run} --steps 0", "--steps 0 is out of range", RUN),
@@ -224,6 +257,16 @@ CASES = [
     Case("submit --cluster purdue-gilbreth --account mylab --preset tiny --out {ws}/locked/run",
          "no permission to write", (LOCKED_DIR,), locked=True),
     Case(f"{SUBMIT} --gpus-per-node 8", "or pass --force to go ahead anyway"),
+    # plan and submit --couple: a simulation feeding a trainer
+    Case(f"{COUPLE} --sim-nodes 0 -- ./sim", "--sim-nodes 0 is out of range"),
+    Case(f"{COUPLE} --sim-procs-per-node 0 -- ./sim", "--sim-procs-per-node 0 is out of range"),
+    Case(f"{COUPLE} --sim-time 00:00:00 -- ./sim", "is not a positive duration"),
+    Case(f"{COUPLE} --sim-partition nope -- ./sim", "has no partition 'nope'"),
+    Case(f"{COUPLE} --race 1x1,2x1 -- ./sim", "--race and --couple cannot be combined"),
+    Case(COUPLE, "--couple needs the simulation's command"),
+    Case("plan --cluster dkrz-levante --account a --couple {ws}/sp -- ./sim", "--couple needs the trainer's config"),
+    Case("plan --cluster dkrz-levante --account a --preset field-icon --couple {ws}/afile/sp -- ./sim", "lies under",
+         (_file("afile"),)),
     # status, logs, cancel
     Case("status {ws}/nowhere", "has no jobs.json"),
     Case("status {run}", "has no jobs.json", RUN),
@@ -252,6 +295,25 @@ CASES = [
     Case("cluster discover --out {ws}/locked/x.yaml", "no permission to write", (LOCKED_DIR,), locked=True),
     Case("cluster discover", "no scheduler answers here", env=NO_SCHEDULER),
     Case("cluster discover --scheduler pbs", "invalid choice: 'pbs'"),
+    # bench
+    Case("bench --steps -1 --out {ws}/b", "--steps -1 is out of range"),
+    Case("bench --steps 0 --out {ws}/b", "--steps 0 is out of range"),
+    Case("bench --warmup -1 --out {ws}/b", "--warmup -1 is out of range"),
+    Case("bench --gpus 0 --out {ws}/b", "--gpus '0' is out of range"),
+    Case("bench --gpus 1,-2 --out {ws}/b", "--gpus '1,-2' is out of range"),
+    Case("bench --gpus a --out {ws}/b", "is not a list of numbers"),
+    Case("bench --two-node -1 --out {ws}/b", "--two-node -1 is out of range"),
+    Case("bench --profile -1 --out {ws}/b", "--profile -1 is out of range"),
+    Case("bench --sampling-steps 0 --out {ws}/b", "--sampling-steps 0 is out of range"),
+    Case("bench --timeout 0 --out {ws}/b", "--timeout 0 is out of range"),
+    Case("bench --concurrent 0 --out {ws}/b", "starts no run"),
+    Case("bench --preset nope --out {ws}/b", "unknown preset 'nope'"),
+    Case("bench --recipe bogus --out {ws}/b", "unknown recipe 'bogus'"),
+    Case("bench --trace --out {ws}/b", "none are profiled"),
+    Case("bench --out {ws}/afile", "is a regular file, not a folder", (_file("afile"),)),
+    Case("bench --out {ws}/afile/sub", "lies under", (_file("afile"),)),
+    Case("bench --out {ws}/locked/b", "no permission to write", (LOCKED_DIR,), locked=True),
+    Case("bench --collect --out {ws}/empty", "no worker records", (_folder("empty"),)),
     # doctor
     Case("doctor {ws}/nowhere", "is neither a run directory, a log file nor a job id"),
     Case("doctor {ws}/locked.log", "cannot read the log", (_file("locked.log", "boom", 0),), locked=True),
@@ -287,7 +349,7 @@ def _snapshot(root: Path) -> dict[str, tuple]:
 
 def _argv(case: Case, ws: Path) -> list[str]:
     words = [w.format(ws=ws, run=ws / "run") for w in shlex.split(case.argv)]
-    if words[0] == "train":  # a wrongly accepted train then takes seconds, not the demo's minutes
+    if words[0] == "train" and "--preset" not in words:  # a wrongly accepted train then takes seconds
         words[1:1] = micro_args(steps=8)
     return words
 
