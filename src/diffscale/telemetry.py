@@ -98,13 +98,7 @@ class Telemetry:
             self._close_files()
             self._open(step - 1)
         self._last_step = step
-        assert self._jsonl is not None
-        try:
-            self._jsonl.write(json.dumps(record) + "\n")
-        except OSError as exc:
-            raise UserError(f"could not write {self._path} at step {step} ({exc.strerror})",
-                            "free space there (df -h), then continue with --resume auto "
-                            "from the newest checkpoint") from exc
+        self._write_line(record)
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -122,7 +116,12 @@ class Telemetry:
         only, with a ``kind``, so a resume's clean-up of later training records keeps it."""
         if not self.enabled:
             return
-        assert self._jsonl is not None and "kind" in record
+        assert "kind" in record
+        self._write_line(record)
+
+    def _write_line(self, record: dict[str, Any]) -> None:
+        """One JSON line in metrics.jsonl; a full disk is one clear error, the checkpoints untouched."""
+        assert self._jsonl is not None
         try:
             self._jsonl.write(json.dumps(record) + "\n")
         except OSError as exc:
