@@ -28,3 +28,28 @@ def test_online_bench_times_a_round_sampling_and_pushes_during_training(tmp_path
     assert record["round_steps"] == 3 and record["round_s"] > 0 and record["device"] == "CPU"
     assert record["sampling"]["cells"] == 80 and record["sampling"]["p50_ms"] > 0
     assert record["push"]["count"] == 3 and 0 < record["push"]["p50_ms"] <= record["push"]["p99_ms"]
+
+
+def test_compare_loop_times_per_call_graphs_beside_and_both_give_the_same_samples(tmp_path):
+    out = tmp_path / "latency.json"
+    assert latency.main(["--preset", "policy-tiny", "--count", "1", "--steps", "3", "--repeats", "2", "--warmup", "1",
+                         "--device", "cpu", "--compare-loop", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["loop_graph"] is False  # recorded loops are a CUDA feature: the CPU samples step by step
+    assert record["per_call_graphs"]["p50_ms"] > 0 and record["max_abs_diff"] == 0.0
+
+
+def test_sampling_graph_on_without_a_gpu_is_one_clear_error():
+    import pytest
+    import torch
+
+    from diffscale import config as C
+    from diffscale.diffusion.inference import sampling_network
+    from diffscale.errors import UserError
+
+    cfg = C.resolve_config(C.ConfigSources(preset="policy-tiny", device="cpu",
+                                           overrides=["runtime.sampling_graph=on"]))
+    with pytest.raises(UserError) as err:
+        sampling_network(torch.nn.Linear(2, 2), cfg.runtime)
+    assert err.value.cause == "runtime.sampling_graph on needs a CUDA GPU (this run samples on cpu)"
+    assert err.value.fix == "set runtime.sampling_graph to auto or off"

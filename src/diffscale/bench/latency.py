@@ -10,8 +10,11 @@ latency does not depend on their values.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,31 +26,45 @@ from ..runtime.device import pick_device, synchronize
 from ..tasks import build_task
 
 
-def measure(args: argparse.Namespace) -> dict:
-    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
-    device = pick_device(cfg.runtime.device)
-    task = build_task(cfg, device)
-    torch.manual_seed(cfg.train.seed)
-    network = sampling_network(task.build_network().to(device), cfg.runtime)
-
-    def call(seed: int) -> None:
-        task.generate(network, count=args.count, steps=args.steps, seed=seed, sampler=args.sampler)
-
-    for seed in range(args.warmup):  # compilation and CUDA-graph recording happen here
+def _timed(call: Callable[[int], object], device: torch.device, warmup: int, repeats: int) -> dict[str, float]:
+    for seed in range(warmup):  # compilation and CUDA-graph recording happen here
         call(seed)
     synchronize(device)
     times = []
-    for seed in range(args.repeats):
+    for seed in range(repeats):
         start = time.perf_counter()
         call(seed)
         synchronize(device)
         times.append(time.perf_counter() - start)
     ms = np.array(times) * 1e3
-    return {"preset": args.preset, "task": cfg.task, "count": args.count, "steps": args.steps,
-            "sampler": args.sampler, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
-            "threads": torch.get_num_threads(), "compiled": network.policy.compile, "repeats": args.repeats,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
-            "torch": torch.__version__}
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """The task's generation as ``diffscale sample`` runs it; with ``--compare-loop`` also with
+    ``runtime.sampling_graph off`` (a graph per network call) side by side, and how far apart
+    the two outputs of one seed are."""
+    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
+    device = pick_device(cfg.runtime.device)
+    task = build_task(cfg, device)
+    torch.manual_seed(cfg.train.seed)
+    net = task.build_network().to(device)
+    network = sampling_network(net, cfg.runtime)
+
+    def caller(on: torch.nn.Module) -> Callable[[int], torch.Tensor]:
+        return lambda seed: task.generate(on, count=args.count, steps=args.steps, seed=seed,
+                                          sampler=args.sampler).samples
+
+    record = {"preset": args.preset, "task": cfg.task, "count": args.count, "steps": args.steps,
+              "sampler": args.sampler, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+              "threads": torch.get_num_threads(), "compiled": network.policy.compile, "repeats": args.repeats,
+              "loop_graph": network.loops is not None, **_timed(caller(network), device, args.warmup, args.repeats),
+              "torch": torch.__version__}
+    if args.compare_loop:
+        per_call = sampling_network(copy.deepcopy(net), dataclasses.replace(cfg.runtime, sampling_graph=C.Toggle.OFF))
+        record["per_call_graphs"] = _timed(caller(per_call), device, args.warmup, args.repeats)
+        record["max_abs_diff"] = float((caller(network)(0) - caller(per_call)(0)).abs().max())
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--set", action="append", metavar="KEY=VALUE")
+    parser.add_argument("--compare-loop", action="store_true",
+                        help="also time runtime.sampling_graph off (one graph per network call) side by side")
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     for name in ("count", "steps", "repeats", "warmup"):

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from diffusers import DDIMPipeline
 
     from .. import config as C
-    from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+    from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
     from ..diffusion.inference import sampling_network
     from ..errors import UserError
     from ..models import Denoiser, build_unet
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = denoise.policy
 
     def ours():
-        sample(denoise, diffusion, shape, sampler=Sampler(SamplerKind.DDIM, args.steps),
+        sample(Conditioned(denoise), diffusion, shape, sampler=Sampler(SamplerKind.DDIM, args.steps),
                generator=torch.Generator().manual_seed(0), device=device)
 
     with torch.no_grad():

@@ -265,6 +265,11 @@ class RuntimeConfig:
     (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
     instead of ~190 s (cached after); xl's DDIM sampling 5.3 % faster on an H100
     (docs/benchmarks.md, "Defaults and why")."""
+    sampling_graph: Toggle = Toggle.AUTO
+    """DDIM sampling on CUDA: the whole denoising loop (every network call and scheduler update)
+    recorded once per batch shape as one CUDA graph and replayed per call, so a small network's
+    sampling is not bound by kernel launches. ``auto``: on where sampling compiles on CUDA;
+    ``off``: one graph per network call, the loop in Python (docs/benchmarks.md, "Sampling latency")."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
     (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md, "Attention kernels"), else

@@ -1,5 +1,5 @@
 """The network as sampling runs it: autocast, channels_last images, compiled on CUDA with
-CUDA graphs and frozen weights."""
+CUDA graphs and frozen weights; DDIM's whole loop replayed as one graph (``graphed.py``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from typing import Any
 import torch
 
 from ..config import RuntimeConfig, Toggle
+from ..errors import UserError
 from ..runtime.device import DevicePolicy, configure_backends, inference_policy
 from ..runtime.flex_attention import use_flex_attention
 from ..runtime.parallelize import compile_options
+from .graphed import LoopCache
 
 
 class InferenceNetwork(torch.nn.Module):
@@ -22,9 +24,12 @@ class InferenceNetwork(torch.nn.Module):
     after the first call are not seen: build a new ``InferenceNetwork`` for new weights
     (training previews sample the EMA network eagerly, so they always see its latest weights)."""
 
-    def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False) -> None:
+    def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False,
+                 loop_graphs: bool = False, live: bool = False) -> None:
         super().__init__()
         self.policy = policy
+        self.loops: LoopCache | None = LoopCache() if loop_graphs and policy.device.type == "cuda" else None
+        """Whole DDIM loops recorded as CUDA graphs (``sampler.sample`` replays them), or None."""
         net = net.eval().requires_grad_(False)
         if policy.flex_min_rows is not None:
             use_flex_attention(net, policy.flex_min_rows)
@@ -34,9 +39,15 @@ class InferenceNetwork(torch.nn.Module):
         # CUDA graphs ("reduce-overhead") replay a whole denoising call as one launch: a
         # sampling step of a small network is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
-        options = sampling_compile_options(policy, tune_kernels)
+        # live: weights are read at each call (not frozen), for a network updated in place
+        options = sampling_compile_options(policy, tune_kernels, freeze=not live)
         self.graphs = bool(options.get("triton.cudagraphs"))
         self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
+        # Inside a recorded loop the network must not record graphs of its own. A module of its
+        # own: dynamo keeps compiled code per function, and the network's forward has self.run's.
+        step = _LoopStep(net, policy)
+        plain = compile_options("default", policy.layout_opt, tune_kernels, freeze=not live)
+        self.loop_step = torch.compile(step, options=plain, dynamic=False) if policy.compile and self.loops is not None else step
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last and x.dim() == 4:  # the memory format exists for image batches only
@@ -48,17 +59,39 @@ class InferenceNetwork(torch.nn.Module):
         return out.clone() if self.graphs else out  # a graph's output buffer is reused by the next replay
 
 
-def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
+class _LoopStep(torch.nn.Module):
+    """One network call inside a loop being recorded as a CUDA graph (precision and layout as
+    ``InferenceNetwork.forward`` sets them)."""
+
+    def __init__(self, net: torch.nn.Module, policy: DevicePolicy) -> None:
+        super().__init__()
+        self.net = net
+        self.policy = policy
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
+        if self.policy.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with self.policy.autocast():
+            return self.net(x, t, *condition)
+
+
+def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False, freeze: bool = True) -> dict[str, Any]:
     """Inductor options for sampling: CUDA graphs on CUDA, frozen weights, and the layout
     optimisation only where set on (``auto`` keeps inductor's own choice, as measured)."""
     graphs = policy.compile and policy.device.type == "cuda"
-    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels, freeze=True)
+    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels, freeze=freeze)
 
 
-def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig) -> InferenceNetwork:
+def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False) -> InferenceNetwork:
     """``net`` as `diffscale sample` runs it on its device: bf16 + channels_last + compiled
     with CUDA graphs and frozen weights on CUDA, fp32 eager elsewhere (``inference_policy``);
-    ``runtime.kernel_tuning`` tunes its kernels as it does training's."""
+    ``runtime.kernel_tuning`` tunes its kernels as it does training's; ``runtime.sampling_graph``
+    replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen."""
     policy = inference_policy(runtime, next(net.parameters()).device)
     configure_backends(policy)
-    return InferenceNetwork(net, policy, tune_kernels=runtime.kernel_tuning == Toggle.ON)
+    if runtime.sampling_graph == Toggle.ON and policy.device.type != "cuda":
+        raise UserError(f"runtime.sampling_graph on needs a CUDA GPU (this run samples on {policy.device.type})",
+                        "set runtime.sampling_graph to auto or off")
+    loops = runtime.sampling_graph == Toggle.ON or (runtime.sampling_graph == Toggle.AUTO and policy.compile)
+    return InferenceNetwork(net, policy, tune_kernels=runtime.kernel_tuning == Toggle.ON, loop_graphs=loops,
+                            live=live)

@@ -14,10 +14,11 @@ import contextvars
 import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from .graphed import LoopCache
 from .process import GaussianDiffusion
 
 
@@ -30,6 +31,24 @@ class SamplerKind(str, enum.Enum):
 class Sampler:
     kind: SamplerKind = SamplerKind.DDIM
     steps: int = 50
+
+
+@dataclass(frozen=True)
+class Conditioned:
+    """The denoiser ``x_t, t -> network(x_t, t, *condition)`` (under ``autocast`` when given).
+
+    Passed to :func:`sample` instead of a closure, it lets a DDIM loop on a network that
+    records loops (``InferenceNetwork.loops``) run as one replayed CUDA graph."""
+
+    network: Callable[..., torch.Tensor]
+    condition: tuple[torch.Tensor, ...] = ()
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+
+    def __call__(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self.network(x, t, *self.condition)
+        with self.autocast():
+            return self.network(x, t, *self.condition)
 
 
 class SamplingProgress(Protocol):
@@ -89,6 +108,18 @@ def sample(
     progress = _PROGRESS.get()
     if progress is not None:
         progress.start(sampler.kind, len(scheduler.timesteps), shape[0])
+    loops = _recorded_loops(denoise, sampler, trajectory_every)
+    if loops is not None:  # the whole loop as one replayed CUDA graph (DDIM without noise: nothing drawn inside)
+        assert isinstance(denoise, Conditioned)
+        try:
+            key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in denoise.condition), steps, id(diffusion))
+            x = loops.run(key, _ddim_loop(denoise.network, diffusion, steps), x, denoise.condition)
+            if progress is not None:
+                progress.advance(len(scheduler.timesteps))
+        finally:
+            if progress is not None:
+                progress.finish()
+        return _bounded(x, diffusion).cpu(), frames
     try:
         for i, t in enumerate(scheduler.timesteps):
             t_batch = torch.full((shape[0],), int(t), device=device, dtype=torch.long)
@@ -105,6 +136,32 @@ def sample(
         if progress is not None:
             progress.finish()
     return _bounded(x, diffusion).cpu(), frames
+
+
+def _recorded_loops(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sampler: Sampler,
+                    trajectory_every: int) -> LoopCache | None:
+    """Where ``sample`` replays a recorded loop: DDIM, no trajectory, a network that records
+    loops (``InferenceNetwork`` on CUDA), called as it sets its own precision."""
+    if not isinstance(denoise, Conditioned) or denoise.autocast is not None:
+        return None
+    if sampler.kind != SamplerKind.DDIM or trajectory_every:
+        return None
+    loops = getattr(denoise.network, "loops", None)
+    return loops if isinstance(loops, LoopCache) else None
+
+
+def _ddim_loop(network: Any, diffusion: GaussianDiffusion,
+               steps: int) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
+    """The DDIM loop :func:`sample` runs step by step, as one function to record: diffusers'
+    scheduler computes each update from host-side schedule values, which recording fixes."""
+    def body(x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        scheduler = diffusion.ddim_scheduler()
+        scheduler.set_timesteps(steps)
+        for t in scheduler.timesteps:
+            t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
+            x = scheduler.step(network.loop_step(x, t_batch, *condition).float(), t, x, eta=0.0).prev_sample
+        return x
+    return body
 
 
 def _bounded(x: torch.Tensor, diffusion: GaussianDiffusion) -> torch.Tensor:

@@ -51,6 +51,7 @@ from rich.console import Console
 from ..config import RunConfig, write_yaml
 from ..data.buffer import BufferPolicy, BufferSpec, as_chunk
 from ..data.spool import SpoolReader
+from ..diffusion.inference import InferenceNetwork, sampling_network
 from ..errors import UserError
 from ..runtime import checkpoint as ckpt
 from ..runtime.device import configure_backends, pick_device, resolve_policy
@@ -111,6 +112,7 @@ class OnlineTrainer:
         """What ended background training, if anything did (``stop`` raises it)."""
         self.dropped_rows = 0
         self.spool: SpoolReader | None = None
+        self._sampling: InferenceNetwork | None = None
 
     def _say(self, text: str) -> None:
         self.console.print(f"diffscale online: {text}", highlight=False)
@@ -205,8 +207,10 @@ class OnlineTrainer:
                             "push data and train (ready() must be true) before sampling")
         c = torch.as_tensor(np.asarray(cond), dtype=torch.float32)
         with self._busy:  # never the weights of half an optimizer step
-            fields = self.task.sample_for(self.trainer.ema, c.reshape(-1, self.task.cond_dim), members=n_members,
-                                          steps=steps, seed=seed, autocast=self.trainer.policy.autocast)
+            if self._sampling is None:  # the EMA as sampling runs it, reading its weights as they are now
+                self._sampling = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
+            fields = self.task.sample_for(self._sampling, c.reshape(-1, self.task.cond_dim), members=n_members,
+                                          steps=steps, seed=seed)
         return fields.numpy()
 
     def checkpoint(self) -> Path:

@@ -21,7 +21,7 @@ from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.fields import FieldData, load_fields
 from ..data.follow import SpoolBatcher
 from ..data.spool import SpoolReader, SpoolSpec, parse_spool_spec
-from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import FieldMLP
 from .base import Autocast, Batcher, Feed, Generated, ReferenceData
@@ -266,11 +266,7 @@ class FieldTask:
         network.eval()
         cond_std = self.stats.cond(cond)
 
-        def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if autocast is None:
-                return network(x, t, cond_std)
-            with autocast():
-                return network(x, t, cond_std)
+        denoise = Conditioned(network, (cond_std,), autocast)
 
         x, frames = sample(denoise, self.diffusion, tuple(start.shape), sampler=Sampler(sampler, steps),
                            generator=generator, device=self.device,

@@ -10,7 +10,7 @@ import torch
 from ..config import ModelConfig, RunConfig
 from ..data.device_loader import DataPosition, DeviceBatcher, shift_augment
 from ..data.sources import describe, load_images
-from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
@@ -117,11 +117,7 @@ class ImageTask:
         was_training = network.training
         network.eval()
 
-        def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if autocast is None:
-                return network(x, t)
-            with autocast():
-                return network(x, t)
+        denoise = Conditioned(network, (), autocast)
 
         images, frames = sample(
             denoise, self.diffusion, tuple(start.shape), sampler=Sampler(SamplerKind(sampler), steps),

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, default_collate
 from ..config import PolicyModelConfig, RunConfig
 from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
-from ..diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
 from ..errors import UserError
 from ..models import build_unet1d
 from .base import Autocast, Feed, Generated, ReferenceData
@@ -170,11 +170,7 @@ class PolicyTask:
         was_training = network.training
         network.eval()
 
-        def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if autocast is None:
-                return network(x, t, cond)
-            with autocast():
-                return network(x, t, cond)
+        denoise = Conditioned(network, (cond,), autocast)
 
         kind = SamplerKind(sampler)
         every = max(1, min(steps, self.diffusion.num_timesteps) // 25) if trajectory else 0
