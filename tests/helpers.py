@@ -41,3 +41,46 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "diffscale", *args], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=cwd)
+
+
+def fake_run(run_dir: Path, *, steps: int = 40, gpus: int = 2) -> Path:
+    """A run folder as training and a cluster submission leave it, written directly (no training):
+    metrics with GPU fields, two preview grids, a checkpoint folder, config.yaml, system.json,
+    jobs.json with a continuation (a requeue), and a job log with a failure the doctor knows."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from diffscale.cluster import jobs
+    from diffscale.config import RunConfig, write_yaml
+
+    run_dir.mkdir(parents=True)
+    cfg = RunConfig()
+    cfg.train.steps = steps
+    write_yaml(cfg, run_dir / "config.yaml")
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        for step in range(5, steps + 1, 5):
+            record = {"step": step, "total_steps": steps, "loss": 1.0 / step, "lr": 1e-3 * step / steps,
+                      "samples_per_s": 100.0 + step, "eta_s": float(steps - step), "time": 1.7e9 + step}
+            for i in range(gpus):
+                record.update({f"gpu{i}_util_pct": 90.0 + i, f"gpu{i}_mem_mb": 1000.0 * (i + 1),
+                               f"gpu{i}_mem_pct": 10.0})
+            fh.write(json.dumps(record) + "\n")
+    (run_dir / "samples").mkdir()
+    for step in (steps // 2, steps):
+        pixels = np.random.default_rng(step).integers(0, 255, (34, 34, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(run_dir / "samples" / f"step{step:08d}.png")
+    (run_dir / "checkpoints" / f"step_{steps:08d}").mkdir(parents=True)
+    (run_dir / "system.json").write_text(json.dumps({"collected_at": "2026-11-26T10:00:00", "topology": "GPU0 X NV18",
+                                                      "sections": [{"title": "GPUs", "rows": [["GPU 0", "H100"]]}]}))
+    record = jobs.JobRecord(job_id="777001", name="ds-run", shape="1x2", partition="gpu", script="job.sh",
+                            log="logs/job-777001.out", segment=1, segments=2)
+    jobs.append(run_dir, jobs.Submission(scheduler="slurm", cluster="testcluster", submitted_at="2026-11-26 10:00",
+                                         run_dir=str(run_dir), what="diffscale tiny", jobs=(record,)))
+    (run_dir / jobs.CONTINUATIONS).write_text("777002\t777001\tlogs/job-777002.out\n")
+    (run_dir / "logs").mkdir()
+    (run_dir / "logs" / "job-777001.out").write_text(
+        "step 10/40\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    return run_dir

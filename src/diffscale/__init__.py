@@ -1,3 +1,46 @@
-"""diffscale: train diffusion models on any device, node or cluster with one config."""
+"""diffscale: train diffusion models on any device, node or cluster with one config.
+
+From Python (a notebook), the same calls the command line makes::
+
+    import diffscale
+    cfg = diffscale.get_preset("tiny")                         # or diffscale.resolve_config(...)
+    diffscale.train_run(cfg, "runs/tiny", resume="auto")       # a reset runtime continues with the same call
+    files = diffscale.sample_run("runs/tiny", n=16, steps=20)  # PNG grid from the EMA weights
+    run = diffscale.load_trained("runs/tiny")                  # config, task and EMA network for your own code
+
+The names load on first use, so ``import diffscale`` stays light (no torch until needed). They
+are not called ``train`` and ``sample``: those are the modules ``diffscale.train`` and
+``diffscale.sample``, which an attribute of the same name would shadow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "train_run": ("diffscale.train", "train"),
+    "sample_run": ("diffscale.sample", "sample_run"),
+    "load_trained": ("diffscale.trained", "load_trained"),
+    "get_preset": ("diffscale.presets", "get_preset"),
+    "resolve_config": ("diffscale.config", "resolve_config"),
+    "ConfigSources": ("diffscale.config", "ConfigSources"),
+    "RunConfig": ("diffscale.config", "RunConfig"),
+    "write_report": ("diffscale.report", "write_report"),
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'diffscale' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

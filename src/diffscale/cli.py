@@ -48,23 +48,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .diffusion.inference import sampling_network
-    from .diffusion.sampler import reporting
-    from .sample import MP4_MISSING, mp4_writer_installed, progress_for
-    from .tasks import preview
-    from .trained import load_trained
+    from .sample import MP4_MISSING, mp4_writer_installed, sample_run
 
     at_least(args.n, 1, "--n", "64")
     at_least(args.steps, 1, "--steps", "50")
     if args.out:
         file_target(args.out, "--out", example="samples.png")
-    run = load_trained(Path(args.run_dir), args.device)
-    name = f"sample_step{run.step:08d}_seed{args.seed}_{args.sampler}{args.steps}.png"
-    out = Path(args.out) if args.out else run.run_dir / "samples" / name
     status = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr: stdout lists the files written
-    with reporting(progress_for(status)):
-        written = preview(run.task, sampling_network(run.network, run.cfg.runtime), out, count=args.n,
-                          steps=args.steps, seed=args.seed, sampler=args.sampler, trajectory=args.gif)
+    written = sample_run(args.run_dir, n=args.n, steps=args.steps, seed=args.seed, sampler=args.sampler,
+                         gif=args.gif, out=args.out, device=args.device, console=status)
     for path in written:
         print(path)
     if args.gif and not mp4_writer_installed():
@@ -74,12 +66,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_network
+    from .modelcard import CARD_NAME, model_card, write_card
+    from .models import count_parameters
     from .trained import load_trained
 
     folder_target(args.diffusers, "--diffusers")
     run = load_trained(Path(args.run_dir), "cpu")
-    how = export_network(run.task, run.network, Path(args.diffusers))
-    print(f"exported EMA weights of step {run.step} to {args.diffusers} (load with {how})")
+    params = count_parameters(run.network)
+
+    def card(folder: Path, how_to_load: str) -> None:
+        write_card(folder, model_card(run.cfg, run.run_dir, step=run.step, params=params, how_to_load=how_to_load),
+                   run.run_dir)
+
+    how = export_network(run.task, run.network, Path(args.diffusers), card=card)
+    print(f"exported EMA weights of step {run.step} to {args.diffusers} (load with {how}); "
+          f"model card: {Path(args.diffusers) / CARD_NAME}")
     return 0
 
 
@@ -114,6 +115,21 @@ def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
     return 0
 
 
+def cmd_env(args: argparse.Namespace) -> int:  # noqa: ARG001
+    from .sysinfo import collect, markdown
+
+    print(markdown(collect()))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    out = file_target(args.out, "--out", example="report.html") if args.out else None
+    print(write_report(Path(args.run_dir), out))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's own refusals (an unknown flag, a bad choice, a missing argument) in the one-line
     form every other error has, instead of a usage block and a differently shaped message."""
@@ -122,15 +138,50 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
 
 
+class _ExampleFormatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual and keeps the example epilog's lines as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def verb(sub: argparse._SubParsersAction, name: str, help: str, example: str,
+         description: str | None = None) -> argparse.ArgumentParser:
+    """A verb's parser, its ``--help`` ending in a short example (``example`` lines, one command each)."""
+    lines = "\n".join(f"  {line}" for line in example.splitlines())
+    return sub.add_parser(name, help=help, epilog=f"example:\n{lines}",
+                          formatter_class=_ExampleFormatter, description=description)
+
+
+def _device_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"],
+                   help="where to run (default: the config's runtime.device; auto picks CUDA, then MPS, then CPU)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(
         prog="diffscale",
         description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster "
                     "with one config.",
+        epilog="example:\n  diffscale train            # the CPU demo\n  diffscale train --help     # each verb's "
+               "options and an example", formatter_class=_ExampleFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"diffscale {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_train(sub)
+    _add_trained_run_verbs(sub)
+    _register_optional(sub)
+    return parser
 
-    p = sub.add_parser("train", help="train a diffusion model (no arguments: the CPU demo)")
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = verb(sub, "train", "train a diffusion model (no arguments: the CPU demo)",
+             "diffscale train --preset small --data builtin:glyphs --out runs/glyphs --set train.steps=2000")
     p.add_argument("config", nargs="?", help="YAML config (e.g. a RUN_DIR/config.yaml)")
     p.add_argument("--preset", help="start from a preset (see `diffscale presets`)")
     p.add_argument("--data", help="data spec: images builtin[:glyphs|numerals|digits|mix], imagefolder:PATH, npz:PATH, "
@@ -141,45 +192,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint (auto) or a given one")
     p.add_argument("--max-steps", type=int,
                    help="stop this invocation at this step (the run's target stays train.steps)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"])
-    p.add_argument("--recipe", choices=["fast", "plain"])
+    _device_flag(p)
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="forward/backward precision (auto: bf16 where the GPU has it, fp16 on older GPUs, fp32 on CPU)")
+    p.add_argument("--recipe", choices=["fast", "plain"],
+                   help="fast (default: compiled, resident data) or plain (the common recipe, for comparison)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sample", help="generate samples from a trained run (EMA weights)")
-    p.add_argument("run_dir")
-    p.add_argument("--n", type=int, default=64)
-    p.add_argument("--steps", type=int, default=50)
+
+def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
+    """Verbs that read a run folder (sample, export, eval, report) and the catalogue ones."""
+    p = verb(sub, "sample", "generate samples from a trained run (EMA weights)",
+             "diffscale sample runs/tiny --n 64 --steps 50 --gif")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
+    p.add_argument("--n", type=int, default=64, help="samples to generate (default 64)")
+    p.add_argument("--steps", type=int, default=50, help="denoising steps (default 50)")
     p.add_argument("--sampler", choices=["ddim", "ddpm"], default="ddim", help="--steps applies to both (DDPM strided)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
                    "imageio-ffmpeg is installed (pip install 'diffscale[video]')")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
+    _device_flag(p)
     p.add_argument("--out", help="PNG path (default RUN_DIR/samples/...)")
     p.set_defaults(func=cmd_sample)
 
-    p = sub.add_parser("export", help="export a run's EMA weights (images: a diffusers.DDPMPipeline folder)")
-    p.add_argument("run_dir")
+    p = verb(sub, "export", "export a run's EMA weights and a model card (images: a diffusers.DDPMPipeline folder)",
+             "diffscale export runs/emnist --diffusers hf/emnist-ddpm")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
     p.add_argument("--diffusers", required=True, metavar="OUT_DIR", help="a new or empty folder")
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("eval", help="evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",
-                       description="example: diffscale eval runs/policy-tiny --count 50 --json")
-    p.add_argument("run_dir")
+    p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",
+             "diffscale eval runs/policy-tiny --count 50 --json")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
     p.add_argument("--count", type=int, help="rollouts (policy) or ensemble members (fields); default: the task's")
     p.add_argument("--steps", type=int,
                    help="denoising steps per generated sample (default: the run's train.sample_steps)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
+    p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")
+    _device_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("presets", help="list the model presets")
+    p = verb(sub, "presets", "list the model presets", "diffscale presets")
     p.set_defaults(func=cmd_presets)
 
-    _register_optional(sub)
-    return parser
+    p = verb(sub, "report", "write one self-contained HTML page about a run (curves, samples, config, jobs, system)",
+             "diffscale report runs/tiny && xdg-open runs/tiny/report.html")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (local or submitted)")
+    p.add_argument("--out", help="HTML file to write (default RUN_DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
+    p = verb(sub, "env", "print a Markdown report of this machine: GPUs, topology, CPU, RAM, job, versions",
+             "diffscale env > system.md   # attach it to a question or an issue")
+    p.set_defaults(func=cmd_env)
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:

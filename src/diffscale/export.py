@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,8 +53,10 @@ def _remove_stale_partials(out_dir: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def export_network(task: Task, network: torch.nn.Module, out_dir: Path) -> str:
-    """The task's own export of ``network`` into a new or empty ``out_dir``; returns how to load it."""
+def export_network(task: Task, network: torch.nn.Module, out_dir: Path,
+                   card: Callable[[Path, str], None] | None = None) -> str:
+    """The task's own export of ``network`` into a new or empty ``out_dir``; returns how to load it.
+    ``card(folder, how_to_load)`` adds the model card to the folder before it is renamed into place."""
     out_dir = check_export_dir(Path(out_dir))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(out_dir)
@@ -62,6 +65,8 @@ def export_network(task: Task, network: torch.nn.Module, out_dir: Path) -> str:
     try:
         partial.mkdir()
         how = task.export(network, partial)
+        if card is not None:
+            card(partial, how.replace(str(partial), str(out_dir)))
         # rename(2) replaces an empty folder: the target appears complete, at once
         os.replace(partial, out_dir)
     except BaseException as exc:

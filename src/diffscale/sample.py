@@ -147,3 +147,26 @@ def progress_for(console: Console) -> SamplingProgress:
     if console.is_terminal:
         return TerminalProgress(console)
     return LogProgress(lambda line: console.print(line, markup=False, highlight=False))
+
+
+def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int = 0, sampler: str = "ddim",
+               gif: bool = False, out: Path | str | None = None, device: str | None = None,
+               console: Console | None = None) -> list[Path]:
+    """Generate ``n`` samples from a trained run's EMA weights (``diffscale sample``, from Python).
+
+    Writes ``out`` (default ``RUN_DIR/samples/sample_step..._seed.._ddimN.png``), plus the
+    denoising trajectory as GIF (and MP4 where imageio-ffmpeg is installed) with ``gif``;
+    returns the files written. Progress goes to ``console`` (default: stderr).
+    """
+    from .diffusion.inference import sampling_network
+    from .diffusion.sampler import reporting
+    from .tasks import preview
+    from .trained import load_trained
+
+    run = load_trained(Path(run_dir), device)
+    name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}.png"
+    target = Path(out) if out else run.run_dir / "samples" / name
+    status = console or Console(stderr=True, soft_wrap=True)
+    with reporting(progress_for(status)):
+        return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
+                       seed=seed, sampler=sampler, trajectory=gif)

@@ -27,9 +27,14 @@ from rich.progress import (
 )
 
 from .errors import UserError
+from .rundir import gpu_summary
 
 if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broken)
     from torch.utils.tensorboard import SummaryWriter
+
+    from .config import RunConfig
+    from .gpustats import GpuStats
+    from .trackers import Tracker
 
 
 class ThroughputMeter:
@@ -51,12 +56,16 @@ class ThroughputMeter:
 
 
 class Telemetry:
-    """Writes metrics.jsonl and TensorBoard scalars, and shows progress (rich bar on a TTY,
-    a plain line per report in batch logs)."""
+    """Writes metrics.jsonl, TensorBoard scalars and preview images (and the same to the
+    optional trackers), and shows progress (rich bar on a TTY, a plain line per report in batch
+    logs). With ``gpus``, each record carries the GPUs' utilisation and memory (NVML)."""
 
     def __init__(self, run_dir: Path, *, enabled: bool, total_steps: int, start_step: int,
-                 console: Console | None = None, tensorboard: bool = True) -> None:
+                 console: Console | None = None, tensorboard: bool = True, gpus: GpuStats | None = None,
+                 trackers: list[Tracker] | None = None) -> None:
         self.enabled = enabled
+        self._gpus = gpus
+        self._trackers = trackers or []
         self.console = console or Console(stderr=False)
         self._path = Path(run_dir) / "metrics.jsonl"
         self._tb_dir = Path(run_dir) / "tb"
@@ -98,18 +107,40 @@ class Telemetry:
             self._close_files()
             self._open(step - 1)
         self._last_step = step
+        gpus = self._gpus.read() if self._gpus is not None else {}
+        record = {**record, **gpus}
         self._write_line(record)
+        numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
+                   and not isinstance(v, bool)}
         if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"train/{key}", value, step)
+            for key, value in numbers.items():
+                self._tb.add_scalar(f"{'gpu' if key in gpus else 'train'}/{key}", value, step)
+        for tracker in self._trackers:
+            tracker.log(numbers, step)
         info = f"loss {record['loss']:.4f}  {record['samples_per_s']:.0f} samples/s"
+        if gpus:
+            info += f"  {gpu_summary(gpus)}"
         if self._progress is not None:
             assert self._task is not None  # added with the progress bar
             self._progress.update(self._task, completed=record["step"], info=info)
         else:
             self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  "
                                f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s", highlight=False)
+
+    def images(self, paths: list[Path], step: int) -> None:
+        """Preview grids (PNG) into TensorBoard's Images tab (``samples/NAME``) and the trackers."""
+        if not self.enabled:
+            return
+        for path in (p for p in paths if p.suffix == ".png"):
+            if self._tb is not None:
+                import numpy as np
+                from PIL import Image
+
+                with Image.open(path) as picture:
+                    pixels = np.asarray(picture.convert("RGB"))
+                self._tb.add_image("samples/preview", pixels, step, dataformats="HWC")
+            for tracker in self._trackers:
+                tracker.image(path, step)
 
     def event(self, record: dict[str, Any]) -> None:
         """A record that is not a training report (waiting for data, a skipped file): metrics.jsonl
@@ -147,6 +178,28 @@ class Telemetry:
             self._progress.stop()
             self._progress = None
         self._close_files()
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
+        if self._gpus is not None:
+            self._gpus.close()
+            self._gpus = None
+
+
+def open_telemetry(run_dir: Path, cfg: RunConfig, *, main: bool, on_gpu: bool, start_step: int,
+                   console: Console) -> Telemetry:
+    """The run's telemetry: on rank 0 with NVML readings where there are GPUs and the trackers
+    the config turns on, after recording the system this invocation runs on (``system.json``)."""
+    if not main:
+        return Telemetry(run_dir, enabled=False, total_steps=cfg.train.steps, start_step=start_step, console=console)
+    from .gpustats import open_gpu_stats
+    from .sysinfo import write_system
+    from .trackers import open_trackers
+
+    write_system(Path(run_dir) / "system.json")
+    gpus = open_gpu_stats(on_gpu, lambda text: console.print(text, highlight=False, markup=False))
+    return Telemetry(run_dir, enabled=True, total_steps=cfg.train.steps, start_step=start_step, console=console,
+                     gpus=gpus, trackers=open_trackers(cfg.logging, Path(run_dir), cfg.to_dict()))
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -30,7 +30,7 @@ from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
 from .step import StepRunner, learning_rate
 from .tasks import Feed, Generated, StopWaiting
-from .telemetry import Telemetry, ThroughputMeter
+from .telemetry import Telemetry, ThroughputMeter, open_telemetry
 from .trainer import Trainer
 
 MAX_ROLLBACKS = 3
@@ -168,7 +168,8 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
-    telemetry = Telemetry(run_dir, enabled=ctx.is_main, total_steps=target, start_step=trainer.step, console=console)
+    telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
+                               start_step=trainer.step, console=console)
     try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)
         trainer.feed = _feed(trainer, telemetry, stop, say)
         runner = StepRunner(trainer, model, trainer.make_batcher())
@@ -176,7 +177,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             torch.cuda.reset_peak_memory_stats(policy.device)
         stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say)
         if stopped_by is None:
-            samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say)
+            samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say, telemetry)
             if trainer.step >= target:
                 say(f"done: {trainer.step} steps; samples in {run_dir / 'samples'}")
             else:
@@ -223,7 +224,7 @@ def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: Stop
         if trainer.step % t.checkpoint_every == 0 or trainer.step == stop_at:
             trainer.save(runner.batcher)
         if t.sample_every and trainer.step % t.sample_every == 0 and trainer.step != stop_at:
-            samples += _preview(trainer, ctx, trainer.run_dir, f"step{trainer.step:08d}", say)
+            samples += _preview(trainer, ctx, trainer.run_dir, f"step{trainer.step:08d}", say, telemetry)
     return None, samples
 
 
@@ -292,7 +293,8 @@ def _roll_back(trainer: Trainer, runner: StepRunner, say: Say) -> None:
         f"to step {state.step} with the learning rate halved (rollback {trainer.rollbacks} of {MAX_ROLLBACKS})")
 
 
-def _preview(trainer: Trainer, ctx: DistContext, run_dir: Path, name: str, say: Say) -> list[Path]:
+def _preview(trainer: Trainer, ctx: DistContext, run_dir: Path, name: str, say: Say,
+             telemetry: Telemetry) -> list[Path]:
     """Samples from the EMA weights. Every rank generates a share (no rank idles at a
     collective while rank 0 samples); rank 0 gathers and writes."""
     t = trainer.cfg.train
@@ -311,4 +313,5 @@ def _preview(trainer: Trainer, ctx: DistContext, run_dir: Path, name: str, say: 
     tmp = latest.with_suffix(".tmp.png")
     tmp.write_bytes(path.read_bytes())
     os.replace(tmp, latest)
+    telemetry.images(written, trainer.step)
     return written

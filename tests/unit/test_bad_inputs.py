@@ -268,8 +268,10 @@ CASES = [
     Case("plan --cluster dkrz-levante --account a --preset field-icon --couple {ws}/afile/sp -- ./sim", "lies under",
          (_file("afile"),)),
     # status, logs, cancel
-    Case("status {ws}/nowhere", "has no jobs.json"),
-    Case("status {run}", "has no jobs.json", RUN),
+    Case("status {ws}/nowhere", "does not exist -- pass the --out folder of `diffscale train` or `diffscale submit`"),
+    Case("status {ws}/empty", "holds no training records (metrics.jsonl) and no checkpoints", (_folder("empty"),)),
+    Case("report {ws}/nowhere", "does not exist"),
+    Case("report {run} --out {ws}/afile/r.html", "is a regular file", (*RUN, _file("afile"))),
     Case("status {ws}/jobs", "is not a diffscale jobs file", (_file("jobs/jobs.json", "{not json"),)),
     Case("status {ws}/jobs", "is not a diffscale jobs file", (_file("jobs/jobs.json", '{"submissions": [{}]}'),)),
     Case("status {ws}/jobs", "cannot read", (_file("jobs/jobs.json", "{}", 0),), locked=True),

@@ -310,7 +310,10 @@ def _report(records: list[dict], sampled: list[dict], infos: list[dict], out_dir
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="measure samples/s, memory, TFLOP/s and scaling; fast vs plain recipe")
+    from ..cli import verb
+
+    p = verb(sub, "bench", "measure samples/s, memory, TFLOP/s and scaling; fast vs plain recipe",
+             "diffscale bench --preset small medium --gpus 1,2,4 --recipe fast,plain --out bench")
     p.add_argument("--preset", nargs="+", help="presets to measure (default small)")
     p.add_argument("--gpus", default="1", help="GPU counts, e.g. 1,2,4 (processes on a CPU)")
     p.add_argument("--recipe", default="fast,plain", help="fast, plain or fast,plain")

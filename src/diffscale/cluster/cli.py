@@ -71,39 +71,47 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plan", help="show the job script, every rank and the preflight checks (dry run)",
-                              description="Dry run: print the job script, a table of every rank and the preflight "
-                              "checks. Exits 2 when a check fails (unless --force).")
+    from ..cli import verb
+
+    shape = "--cluster purdue-gilbreth --nodes 2 --gpus-per-node 4 --preset xl --account mylab"
+    p = verb(subparsers, "plan", "show the job script, every rank and the preflight checks (dry run)",
+             f"diffscale plan {shape}",
+             description="Dry run: print the job script, a table of every rank and the preflight "
+             "checks. Exits 2 when a check fails (unless --force).")
     _job_args(p, race=True)
     p.set_defaults(func=cmd_plan)
 
-    p = subparsers.add_parser("submit", help="plan, then submit the job(s) and record them in RUN_DIR/jobs.json")
+    p = verb(subparsers, "submit", "plan, then submit the job(s) and record them in RUN_DIR/jobs.json",
+             f"diffscale submit {shape} --out runs/xl\n"
+             "diffscale submit --cluster bu-scc --nodes 1 --gpus-per-node 2 -- python train.py --lr 1e-4")
     _job_args(p, race=True)
     p.set_defaults(func=cmd_submit)
 
-    p = subparsers.add_parser("status", help="state of the jobs submitted for a run")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = verb(subparsers, "status", "where a run stands: its jobs (submitted runs), step, rate, ETA, newest "
+             "checkpoint and last sample", "diffscale status runs/xl")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale train or submit")
     p.set_defaults(func=cmd_status)
 
-    p = subparsers.add_parser("logs", help="print the log of a run's job(s)")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = verb(subparsers, "logs", "print the log of a run's job(s)", "diffscale logs runs/xl -n 50")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit")
     p.add_argument("--job", help="job id (default: the latest job that has a log)")
     p.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
     p.set_defaults(func=cmd_logs)
 
-    p = subparsers.add_parser("cancel", help="cancel the pending/running jobs of a run")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = verb(subparsers, "cancel", "cancel the pending/running jobs of a run", "diffscale cancel runs/xl")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit")
     p.set_defaults(func=cmd_cancel)
 
-    p = subparsers.add_parser("cluster", help="cluster profiles: list, show, discover")
+    p = verb(subparsers, "cluster", "cluster profiles: list, show, discover",
+             "diffscale cluster list\ndiffscale cluster show purdue-gilbreth")
     sub = p.add_subparsers(dest="cluster_verb", metavar="{list,show,discover}")
     sub.required = True
-    q = sub.add_parser("list", help="bundled and discovered profiles")
+    q = verb(sub, "list", "bundled and discovered profiles", "diffscale cluster list")
     q.set_defaults(func=cmd_cluster_list)
-    q = sub.add_parser("show", help="a profile's partitions and facts")
-    q.add_argument("name", metavar="NAME")
+    q = verb(sub, "show", "a profile's partitions and facts", "diffscale cluster show nyu-torch")
+    q.add_argument("name", metavar="NAME", help="a profile name (`diffscale cluster list`) or a profile YAML path")
     q.set_defaults(func=cmd_cluster_show)
-    q = sub.add_parser("discover", help="write a profile from the live scheduler")
+    q = verb(sub, "discover", "write a profile from the live scheduler", "diffscale cluster discover --name mycluster")
     q.add_argument("--name", default="local", help="profile name (default: local)")
     q.add_argument("--scheduler", choices=["slurm", "sge"], help="default: whichever answers (scontrol, then qconf)")
     q.add_argument("--out", help="profile YAML to write (default: $DIFFSCALE_CLUSTERS_DIR or "
@@ -269,10 +277,19 @@ def _checked_states(run_dir: str) -> tuple[Submission, Scheduler, list[JobState]
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from . import report
+    """A submitted run: its jobs, then its progress once training has logged. A local run (no
+    jobs.json): its progress from metrics.jsonl, checkpoints and samples."""
+    from .. import rundir
+    from . import jobs, report
 
-    sub, _, states = _checked_states(args.run_dir)
-    report.print_status(sub, states, Path(args.run_dir))
+    run_dir = Path(args.run_dir)
+    if jobs.path(run_dir).is_file():
+        sub, _, states = _checked_states(args.run_dir)
+        report.print_status(sub, states, run_dir)
+        if not (run_dir / "metrics.jsonl").is_file() and not rundir.checkpoints(run_dir):
+            return 0  # no step trained yet: the job table says why
+    for line in rundir.describe(rundir.progress(run_dir)):
+        print(line)
     return 0
 
 

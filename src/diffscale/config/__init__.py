@@ -27,11 +27,13 @@ from .schema import (
     Toggle,
     TrainConfig,
 )
+from .trackers import LoggingConfig, WandbMode
 
 __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",
     "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
-    "Toggle", "TrainConfig", "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",
+    "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
+    "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",
     "parse_overrides", "write_yaml",
 ]

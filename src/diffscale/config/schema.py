@@ -14,6 +14,7 @@ import yaml
 
 from .errors import fail as _fail
 from .models import ModelConfig, TaskModelConfig
+from .trackers import LoggingConfig
 
 
 class Device(str, enum.Enum):
@@ -314,6 +315,8 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Optional experiment trackers (W&B, MLflow); off unless set."""
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)

@@ -40,9 +40,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "doctor", help="explain why a run or job failed, and what to change",
+    from ..cli import verb
+
+    p = verb(
+        subparsers, "doctor", "explain why a run or job failed, and what to change",
+        "diffscale doctor runs/xl\ndiffscale doctor runs/xl/logs/job-123.out",
         description="Read a run's logs, metrics and scheduler records (or one log file, or a job id) and "
         "print each recognised failure with its cause and fix. Exit 0 when something was recognised, 1 when not.")
-    p.add_argument("target", metavar="RUN_DIR | JOB_ID | LOG_FILE")
+    p.add_argument("target", metavar="RUN_DIR | JOB_ID | LOG_FILE",
+                   help="a run folder, a SLURM / Grid Engine job id, or one log file")
     p.set_defaults(func=cmd_doctor)

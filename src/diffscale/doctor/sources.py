@@ -164,7 +164,7 @@ def from_run_dir(run_dir: Path, ev: Evidence) -> None:
     if metrics.is_file():
         _readable(metrics, ev, _metrics)
     for path in sorted(run_dir.glob("*.json")):
-        if path.name != "jobs.json":
+        if path.name not in ("jobs.json", "system.json") and not path.name.startswith("."):  # not failure records
             records = _json_records(path)
             if records:
                 ev.records.append((str(path), records))
