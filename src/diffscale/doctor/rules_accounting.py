@@ -66,7 +66,11 @@ def _sacct(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mappi
 
 
 def _qacct(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mapping[str, str] | None:
-    f = dict(parts for ln in lines if len(parts := tuple(ln.split(None, 1))) == 2)
+    f: dict[str, str] = {}
+    for ln in lines:
+        parts = ln.split(None, 1)
+        if len(parts) == 2:
+            f[parts[0]] = parts[1].strip()
     failed = f.get("failed", "0").split()[0]
     code = f.get("exit_status", "0").split()[0]
     if failed == "0" and code == "0":
