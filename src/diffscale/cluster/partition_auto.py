@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -118,7 +119,8 @@ def print_table(found: list[Candidate], best: Candidate | None, now: dt.datetime
                       starts, c.start.source, _hours(c.run.seconds), str(c.segments or "-"), finish,
                       f"{c.gpu_hours:.1f}" if c.gpu_hours is not None else "-",
                       f"{c.charge:.1f}" if c.charge is not None else "-", c.problem or mark or c.run.source)
-    Console(width=None, highlight=False).print(table)
+    # wide enough for one line per shape when piped to a file
+    Console(width=None if sys.stdout.isatty() else 240, highlight=False).print(table)
     if best is None:
         return
     s = best.plan.shape
