@@ -62,6 +62,16 @@ CASES = {
     "sbatch-invalid-partition.txt": ("submit-rejected", "(Invalid partition name specified)", "sinfo -s"),
     "sbatch-invalid-qos.txt": ("submit-rejected", "(Invalid qos specification)", "pass --qos"),
     "qsub-unknown-queue.txt": ("submit-rejected", "unknown queue \"gpu.q\"", "qconf -sql"),
+    # users' own Lightning trainers, and the schedulers' accounting
+    "lightning-hang-rank0.log": ("lightning-rendezvous-hang", "called itself global rank 0 (8 times)",
+                                 "--ntasks-per-node=<devices per node>"),
+    "lightning-hang-no-srun.log": ("lightning-rendezvous-hang", "only global ranks 0, 1, 2, 3 of 16 joined",
+                                   "`srun python my_trainer.py`"),
+    "sacct-oom.sacct": ("sacct-limit", "ReqMem 256.0 GiB (256G), largest task MaxRSS 251.3 GiB (step 48377.batch) "
+                        "= 98% of it", "--mem"),
+    "sacct-timeout.sacct": ("sacct-limit", "Elapsed 2-00:00:12 of Timelimit 2-00:00:00, 12 s past it", "--time"),
+    "qacct-h-vmem.qacct": ("qacct-limit", "the memory limit (h_vmem) -- failed 0, exit_status 137, maxvmem 15.8 GiB "
+                           "of h_vmem 16.0 GiB (99%)", "-l h_vmem"),
     # the program's own error, when nothing else explains the log
     "python-traceback.log": ("python-traceback", "RuntimeError: Given groups=1, weight of size [64, 3, 3, 3], "
                              "expected input[32, 1, 64, 64] to have 3 channels, but got 1 channels instead "
@@ -204,3 +214,12 @@ def test_every_config_field_a_fix_names_exists():
     for section, name in sorted(named):
         assert name in {f.name for f in dataclasses.fields(getattr(cfg, section))}, f"{section}.{name}"
     assert not any("data.workers" in f"{r.cause} {r.fix}" for r in rules)
+
+
+def test_a_lightning_job_whose_ranks_all_joined_is_no_hang():
+    assert "lightning-rendezvous-hang" not in _rules("lightning-joined.log")
+
+
+def test_qacct_of_a_job_stopped_at_h_rt_names_the_time_limit():
+    found = {f.rule: f for f in diagnose(gather(str(LOGS / "sge-h-rt.qacct")))}
+    assert "the time limit (h_rt)" in found["qacct-limit"].cause and "ran 172802 s" in found["qacct-limit"].cause

@@ -61,6 +61,9 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
                    help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
     p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
+    from .probe_cli import add_command_arguments
+
+    add_command_arguments(p)
     if race:
         p.add_argument("--race", metavar="NxG,...",
                        help="submit several shapes (nodes x GPUs per node); "
@@ -86,6 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "diffscale submit --cluster bu-scc --nodes 1 --gpus-per-node 2 -- python train.py --lr 1e-4")
     _job_args(p, race=True)
     p.set_defaults(func=cmd_submit)
+
+    from .probe_cli import register as register_probe
+
+    register_probe(subparsers)
 
     p = verb(subparsers, "status", "where a run stands: its jobs (submitted runs), step, rate, ETA, newest "
              "checkpoint and last sample", "diffscale status runs/xl")
@@ -136,6 +143,9 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
         if args.preset and target:
             raise UserError("both --preset and a positional argument given",
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
+        from .probe_cli import check_no_command_facts
+
+        check_no_command_facts(args)
         cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset,
                                                          config_file=None if args.preset else target[0],
                                                          overrides=args.overrides or []))
@@ -151,7 +161,10 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
         raise UserError("--set applies to diffscale runs, not to a user command",
                         "drop --set, or pass the options to your command")
     run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
-    return UserCommand(tuple(target), str(run_dir), args.python), run_dir, None
+    from .probe_cli import command_facts
+
+    launcher, usage = command_facts(args, tuple(target), run_dir)
+    return UserCommand(tuple(target), str(run_dir), args.python, launcher=launcher, usage=usage), run_dir, None
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
@@ -227,6 +240,12 @@ def _refuse_failed(plans: list[Plan], force: bool) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import report
 
+    if args.partition == "auto":
+        from .flags import check_numbers
+        from .partition_auto import cmd_auto
+
+        check_numbers(args)
+        return cmd_auto(args, _workload(args)[0])
     _, _, _, _, plans = _plans(args)
     for plan in plans:
         report.print_plan(plan, time_asked=args.time is not None)
@@ -240,6 +259,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from . import report, submit
     from .scheduler import for_kind
 
+    if args.partition == "auto":
+        raise UserError("--partition auto compares partitions; it does not submit",
+                        "run diffscale plan --partition auto, then submit the pick with its --partition and shape")
     profile, what, run_dir, cfg, plans = _plans(args)
     for plan in plans:
         report.print_checks(plan, time_asked=args.time is not None)

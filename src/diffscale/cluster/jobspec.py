@@ -11,6 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from .launcher import Launcher
 from .profiles import GpuRequest, SchedulerKind, SgeSettings
 
 
@@ -78,6 +79,8 @@ class JobSpec:
     """One line describing the job for the script header (cluster, shape, what runs)."""
     script_file: str = ""
     """File name of this script in the run directory (Grid Engine continuations submit it again)."""
+    launcher: Launcher = Launcher.PLAIN
+    """LIGHTNING: the SLURM script leaves the rendezvous to Lightning's SLURMEnvironment."""
 
     @property
     def world_size(self) -> int:

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 from . import estimates, preflight
 from .jobspec import Continuation, JobSpec, RaceSpec, job_name
+from .launcher import Launcher
 from .preflight import Check, Resolved
 from .profiles import ClusterProfile, Partition, SchedulerKind
 from .shape import Shape
-from .workload import DiffscaleRun, Workload
+from .workload import DiffscaleRun, UserCommand, Workload
 
 SEGMENT_MARGIN_S = 600
 """Time kept free in every segment besides start-up: checkpoint, final sampling, slack."""
@@ -176,6 +177,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         race=options.race,
         sge=profile.sge,
         title=_title(profile, part, shape, workload, options.role, gpu_ranks),
+        launcher=workload.launcher if isinstance(workload, UserCommand) else Launcher.PLAIN,
     )
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
@@ -196,6 +198,13 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
     """Training-time estimate (diffscale runs only) and host memory per node to ask for (GiB)."""
     estimate_s: int | None = None
     mem = shape.mem_per_node_gb
+    if isinstance(workload, UserCommand) and workload.usage is not None and mem is None:
+        from .preflight_usage import request_gib
+
+        asked = request_gib(workload.usage, shape.ranks_per_node, part.mem_per_node_gb)
+        if asked is not None:
+            mem = asked[0]
+            notes.append(asked[1])
     if isinstance(workload, DiffscaleRun):
         cfg = workload.config
         rate = estimates.samples_per_s_per_rank(cfg, part.gpu_type, cpus, gpu_ranks)
@@ -250,7 +259,9 @@ def rank_table(spec: JobSpec, part: Partition) -> list[RankRow]:
         if spec.scheduler is SchedulerKind.SLURM:
             host = f"node {node} of SLURM_JOB_NODELIST"
             started = f"srun task (SLURM_PROCID={rank}, SLURM_LOCALID={local}, SLURM_NODEID={node})"
-            master = "first host of SLURM_JOB_NODELIST : 20000 + SLURM_JOB_ID % 20000 (script exports)"
+            master = ("Lightning's SLURMEnvironment: first host of SLURM_NODELIST, port from SLURM_JOB_ID"
+                      if spec.launcher is Launcher.LIGHTNING else
+                      "first host of SLURM_JOB_NODELIST : 20000 + SLURM_JOB_ID % 20000 (script exports)")
         elif spec.nodes == 1:
             host = "the job's host"
             started = f"torchrun --standalone (RANK={rank}, LOCAL_RANK={local})"

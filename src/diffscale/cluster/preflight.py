@@ -14,7 +14,7 @@ from ..runtime import resources
 from . import estimates
 from .profiles import ClusterProfile, Fact, Partition, SchedulerKind
 from .timefmt import hms, human
-from .workload import DiffscaleRun, Workload
+from .workload import DiffscaleRun, UserCommand, Workload
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,14 @@ def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
         return Check(name, False,
                      f"--mem {r.mem_per_node_gb:g} GiB > {part.mem_per_node_gb:g} GiB per '{part.name}' node",
                      f"ask at most --mem {int(part.mem_per_node_gb)}")
+    if isinstance(workload, UserCommand) and workload.usage is not None:
+        from . import preflight_usage
+
+        return preflight_usage.host_memory(part, r, workload.usage)
     if not isinstance(workload, DiffscaleRun):
-        return Check(name, None, "a user command: its memory needs are not known to diffscale")
+        return Check(name, None, "a user command: its memory needs are not known to diffscale",
+                     "measure them: diffscale probe --out RUN_DIR -- COMMAND (or state --mem-per-rank, "
+                     "--workers-per-rank, --worker-mem)")
     m = estimates.host_memory(r.ranks_per_node, workload.data_bytes)
     what = f"{m.describe()} (estimated)"
     limit = part.mem_per_node_gb
@@ -176,6 +182,10 @@ def gpu_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
     name = "GPU memory"
     if not r.use_gpus:
         return Check(name, True, "CPU ranks: no GPU memory to check")
+    if isinstance(workload, UserCommand) and workload.usage is not None:
+        from . import preflight_usage
+
+        return preflight_usage.gpu_memory(part, r, workload.usage)
     if not isinstance(workload, DiffscaleRun):
         return Check(name, None, "a user command: its GPU memory needs are not known to diffscale")
     cfg = workload.config

@@ -81,7 +81,7 @@ _TOP_KEYS = ("name", "title", "scheduler", "docs", "account", "default_partition
              "sets_cuda_visible_devices", "partitions", "sge", "required")
 _PART_KEYS = ("submit_name", "gpus_per_node", "gpu_type", "gpu_memory_gb", "cpus_per_node", "mem_per_node_gb",
               "max_time", "max_nodes", "interconnect", "gpu_request", "gres_type", "qos", "constraint",
-              "resources", "note")
+              "resources", "note", "charge_per_gpu_hour")
 _SGE_KEYS = ("pe_single_host", "pe_multi_host", "gpu_resource", "gpu_scope", "notify", "export_env")
 
 
@@ -279,6 +279,7 @@ def _partition_from_dict(r: _Reader, pname: Any, praw: Any) -> Partition:
         constraint=r.opt_str(f"{where}.constraint", p.get("constraint"), safe=True),
         resources=r.str_map(f"{where}.resources", p.get("resources"), safe_values=True),
         note=r.opt_str(f"{where}.note", p.get("note")),
+        charge_per_gpu_hour=r.opt_float(f"{where}.charge_per_gpu_hour", p.get("charge_per_gpu_hour")),
     )
 
 
@@ -326,6 +327,8 @@ def profile_to_dict(profile: ClusterProfile) -> dict[str, Any]:
         })
         if p.note:
             entry["note"] = p.note
+        if p.charge_per_gpu_hour is not None:
+            entry["charge_per_gpu_hour"] = p.charge_per_gpu_hour
         parts[p.name] = entry
     data: dict[str, Any] = {
         "name": profile.name,

@@ -97,6 +97,8 @@ class Partition:
     resources: tuple[tuple[str, str], ...] = ()
     """Grid Engine: extra ``-l name=value`` requests (``gpu_c=7.0``, ``gpu_type=A100``)."""
     note: str | None = None
+    charge_per_gpu_hour: float | None = None
+    """What the site charges for one GPU-hour here (service units, core-hours, ...); None: not stated."""
 
     @property
     def has_gpus(self) -> bool:

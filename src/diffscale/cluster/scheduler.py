@@ -100,6 +100,16 @@ class Slurm:
     def log_path(self, job_name: str, job_id: str) -> str:
         return slurm.log_path(job_name, job_id)
 
+    def test_only(self, script: Path, cwd: Path) -> str:
+        """What ``sbatch --test-only`` says of a script (it submits nothing): "... to start at ..."."""
+        proc = run(["sbatch", "--test-only", str(script)], cwd=cwd, check=False)
+        return proc.stderr + proc.stdout
+
+    def pending_starts(self, partition: str | None) -> str:
+        """``squeue --start`` of the jobs pending in a partition: "ID START" lines."""
+        argv = ["squeue", "--start", "-h", "-t", "PD", "-o", "%i %S"] + (["-p", partition] if partition else [])
+        return run(argv, check=False).stdout
+
 
 def slurm_state(job_id: str, fields: dict[str, str]) -> JobState:
     """One ``scontrol show job -o`` record as a JobState: final only in :data:`SLURM_FINAL`."""

@@ -29,6 +29,7 @@ import hashlib
 from ..runtime.signals import EXIT_REQUEUE
 from .jobs import CONTINUATIONS
 from .jobspec import Continuation, JobSpec
+from .launcher import Launcher
 from .profiles import GpuScope
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, q, wait_for, words
@@ -116,6 +117,12 @@ def render(spec: JobSpec) -> str:
             "# every host. torchrun's workers run in sessions of their own, so torchrun must pass the",
             "# signals on (and give them time to checkpoint before it kills them).",
             *(f"export {k}={q(v)}" for k, v in signal_env),
+        ]
+    if spec.launcher is Launcher.LIGHTNING:
+        lines += [
+            "# A Lightning Trainer: torchrun's RANK / LOCAL_RANK / WORLD_SIZE / GROUP_RANK select Lightning's",
+            "# TorchElasticEnvironment (Grid Engine has none of its own); nothing else is set by hand.",
+            f"# The Trainer must say devices={spec.ranks_per_node} and num_nodes={spec.nodes} (Lightning checks both).",
         ]
     if spec.nodes == 1:
         start = _start_one_host(spec)

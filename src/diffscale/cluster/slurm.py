@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from ..runtime.signals import EXIT_REQUEUE
 from .jobspec import Continuation, JobSpec
+from .launcher import Launcher
 from .profiles import GpuRequest
 from .race import claim_snippet
 from .shellparts import REQUEUE_NOTE, header, preamble, wait_for, words
@@ -60,14 +61,7 @@ def render(spec: JobSpec) -> str:
     greeting = "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\""
     lines += preamble(spec.run_dir, greeting, spec.race, "scancel --name=", spec.setup, spec.env, claim_snippet,
                       spec.command_env)
-    lines += [
-        "",
-        "# Rendezvous of every rank: the first host of the allocation, a port derived from the",
-        "# job id (diffscale, Lightning and torch env:// all read MASTER_ADDR/MASTER_PORT).",
-        "MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"",
-        "export MASTER_ADDR",
-        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-    ]
+    lines += ["", *_rendezvous(spec)]
     step = (f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node={spec.ranks_per_node} "
             f"--cpus-per-task={spec.cpus_per_rank} {words(spec.argv)} &")
     lines.append("")
@@ -94,6 +88,24 @@ def render(spec: JobSpec) -> str:
         lines.append("got_signal=0")
     lines += ["", *_exit_handling(spec)]
     return "\n".join(lines) + "\n"
+
+
+def _rendezvous(spec: JobSpec) -> list[str]:
+    if spec.launcher is Launcher.LIGHTNING:
+        return [
+            "# A Lightning Trainer: its SLURMEnvironment reads SLURM_NTASKS / SLURM_PROCID / SLURM_LOCALID /",
+            "# SLURM_NODEID of the srun tasks below and derives MASTER_ADDR/PORT from the allocation.",
+            "# Nothing is set by hand; values inherited from the submitting shell would override it.",
+            "unset MASTER_ADDR MASTER_PORT RANK LOCAL_RANK WORLD_SIZE NODE_RANK GROUP_RANK",
+            f"# The Trainer must say devices={spec.ranks_per_node} and num_nodes={spec.nodes} (Lightning checks both).",
+        ]
+    return [
+        "# Rendezvous of every rank: the first host of the allocation, a port derived from the",
+        "# job id (diffscale, Lightning and torch env:// all read MASTER_ADDR/MASTER_PORT).",
+        "MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"",
+        "export MASTER_ADDR",
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+    ]
 
 
 def _checkpointed_test() -> str:

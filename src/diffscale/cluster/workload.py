@@ -12,6 +12,8 @@ from pathlib import PurePosixPath
 
 from ..config import RunConfig
 from ..errors import UserError
+from .launcher import Launcher
+from .usage import RankUsage
 
 Env = tuple[tuple[str, str], ...]
 
@@ -70,6 +72,10 @@ class UserCommand:
     env: Env = ()
     """Variables the command needs on every rank beyond PYTHONUNBUFFERED (a coupled
     simulation's ``DIFFSCALE_SPOOL``)."""
+    launcher: Launcher = Launcher.PLAIN
+    """How the command starts its ranks (a Lightning Trainer gets the script Lightning expects)."""
+    usage: RankUsage | None = None
+    """What one rank uses (a probe or the user's statement); None: unknown."""
 
     def __post_init__(self) -> None:
         if not self.argv_:
@@ -94,12 +100,15 @@ class UserCommand:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return ("the job exports PYTHONUNBUFFERED=1, so what your command prints reaches the job log as it "
-                "happens (Python block-buffers output to a file); the profile's env: can set it to 0",)
+        lightning = ("a Lightning command: the Trainer must say devices=<GPUs per node> and num_nodes=<nodes> "
+                     "(Lightning checks them against the job's tasks)",) if self.launcher is Launcher.LIGHTNING else ()
+        return lightning + ("the job exports PYTHONUNBUFFERED=1, so what your command prints reaches the job log as "
+                            "it happens (Python block-buffers output to a file); the profile's env: can set it to 0",)
 
     @property
     def title(self) -> str:
-        return "user command: " + " ".join(self.argv_)
+        kind = "Lightning command" if self.launcher is Launcher.LIGHTNING else "user command"
+        return f"{kind}: " + " ".join(self.argv_)
 
 
 Workload = DiffscaleRun | UserCommand

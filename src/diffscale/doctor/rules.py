@@ -18,8 +18,9 @@ from typing import Any
 # Launchers prefix each line of a rank: torchrun "[rank3]:" / "[default0]:", srun --label "3: ".
 RANK_PREFIX = re.compile(r"^(?:\[(?:default|rank)?\d+\]: ?|\d+: )")
 
-Derive = Callable[[Mapping[str, str], Sequence[str], int], Mapping[str, str]]
-"""(named groups, the text's lines, index of the matching line) -> more template values."""
+Derive = Callable[[Mapping[str, str], Sequence[str], int], Mapping[str, str] | None]
+"""(named groups, the text's lines, index of the matching line) -> more template values, or
+None when the whole text shows the match is not the signature (all ranks joined after all)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,10 @@ class TextRule:
             raw = lines[index]
             values = dict(m.groupdict())
             if self.derive is not None:
-                values.update(self.derive(values, lines, index))
+                more = self.derive(values, lines, index)
+                if more is None:
+                    continue
+                values.update(more)
             finding = Finding(self.name, self.title, fill(self.cause, values), fill(self.fix, values), origin,
                               raw.strip()[:300], index)
             found.setdefault(finding.cause, finding)

@@ -12,14 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import rules_gpu, rules_jobs, rules_training
+from . import rules_accounting, rules_gpu, rules_jobs, rules_lightning, rules_training
 from .rules import Finding, RecordRule, TextRule
 from .tracebacks import PYTHON_TRACEBACK, traceback_finding
 
 __all__ = ["Finding", "RecordRule", "TextRule", "TEXT_RULES", "RECORD_RULES", "RULE_NAMES", "EVERY_RULES",
            "match_text", "match_records"]
 
-TEXT_RULES: tuple[TextRule, ...] = rules_jobs.TEXT_RULES + rules_gpu.TEXT_RULES + rules_training.TEXT_RULES
+TEXT_RULES: tuple[TextRule, ...] = (rules_jobs.TEXT_RULES + rules_lightning.TEXT_RULES + rules_accounting.TEXT_RULES
+                                    + rules_gpu.TEXT_RULES + rules_training.TEXT_RULES)
 RECORD_RULES: tuple[RecordRule, ...] = rules_training.RECORD_RULES
 RULE_NAMES: frozenset[str] = frozenset({r.name for r in TEXT_RULES} | {r.name for r in RECORD_RULES}
                                        | {PYTHON_TRACEBACK})

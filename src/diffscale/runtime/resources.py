@@ -15,7 +15,8 @@ The model: every process that holds the training data in host memory holds its o
 ``diffscale train`` keeps its data on the device and starts no loader workers (workers = 0);
 the plain recipe of ``diffscale bench`` does, and a user command's DataLoader may.
 (A user's 16-GPU job was OOM-killed: 8 workers per GPU x 4 GPUs per node, each worker
-holding a copy of the data, exhausted 256 GB nodes.)
+holding a copy of the data, exhausted 256 GB nodes.) For a user's command the two terms come
+from ``diffscale probe`` (measured peaks) or the user's own statement instead of the estimates.
 """
 
 from __future__ import annotations
@@ -51,14 +52,19 @@ class HostMemory:
     """Loader workers per rank (0 for ``diffscale train``: its data stays on the device)."""
     data_bytes: int
     """Training data each process holds in host memory."""
+    rank_bytes: int | None = None
+    """A measured (probe) or stated (--mem-per-rank) figure for one training process, data
+    included; None: the estimate ``RANK_BASE_BYTES + data_bytes``."""
+    worker_bytes: int | None = None
+    """Likewise for one loader worker (--worker-mem, or a probe's largest worker)."""
 
     @property
     def per_rank_bytes(self) -> int:
-        return RANK_BASE_BYTES + self.data_bytes
+        return RANK_BASE_BYTES + self.data_bytes if self.rank_bytes is None else self.rank_bytes
 
     @property
     def per_worker_bytes(self) -> int:
-        return WORKER_BASE_BYTES + self.data_bytes
+        return WORKER_BASE_BYTES + self.data_bytes if self.worker_bytes is None else self.worker_bytes
 
     @property
     def node_bytes(self) -> int:
@@ -83,9 +89,12 @@ class HostMemory:
         return f"{self.ranks} ranks x {each} = {gib(self.node_bytes):.0f} GiB"
 
 
-def host_memory(ranks: int, *, workers: int = 0, data_bytes: int = 0) -> HostMemory:
-    """The node's processes: ``ranks`` training processes with ``workers`` loader workers each."""
-    return HostMemory(ranks=ranks, workers=workers, data_bytes=data_bytes)
+def host_memory(ranks: int, *, workers: int = 0, data_bytes: int = 0, rank_bytes: int | None = None,
+                worker_bytes: int | None = None) -> HostMemory:
+    """The node's processes: ``ranks`` training processes with ``workers`` loader workers each;
+    ``rank_bytes`` / ``worker_bytes`` replace the estimates where a figure was measured or stated."""
+    return HostMemory(ranks=ranks, workers=workers, data_bytes=data_bytes, rank_bytes=rank_bytes,
+                      worker_bytes=worker_bytes)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""Users' own trainers on the real test schedulers: a Lightning DDP job through the script
+diffscale writes for it, --partition auto with one partition kept busy, and qacct's record of a
+job that hit its memory limit."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+# A Lightning Trainer on CPUs: ddp over num_nodes x devices processes; every rank prints what it sees.
+LIGHTNING = r'''
+import sys
+import torch
+import lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+nodes, devices = int(sys.argv[1]), int(sys.argv[2])
+data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=nodes, strategy="ddp", max_steps=3,
+                    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(Tiny(), data)
+import torch.distributed as dist
+print(f"LIGHTNING rank={trainer.global_rank} world={trainer.world_size} dist={dist.get_world_size()} "
+      f"env={type(trainer.strategy.cluster_environment).__name__}", flush=True)
+'''
+
+
+def ds(*argv: str, timeout: float = 300) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "diffscale", *argv], capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def wait_done(run_dir: Path, timeout: float = 120) -> list[dict]:
+    from diffscale.cluster import jobs
+    from diffscale.cluster.profiles import SchedulerKind
+    from diffscale.cluster.scheduler import for_kind
+
+    sub = jobs.latest(run_dir)
+    sched = for_kind(SchedulerKind(sub.scheduler))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = sched.states([j.job_id for j in sub.jobs])
+        if not any(s.active for s in states):
+            return [s.__dict__ for s in states]
+        time.sleep(0.5)
+    raise TimeoutError(f"jobs of {run_dir} still active: {states}")
+
+
+@pytest.fixture(scope="module")
+def slurm_profile(slurm_cluster, tmp_path_factory) -> Path:
+    hosts = Path("/etc/hosts").read_text()
+    missing = [n for n in slurm_cluster.nodes if not re.search(rf"^\s*127\.0\.0\.1\s.*\b{n}\b", hosts, re.M)]
+    if missing:
+        with open("/etc/hosts", "a") as f:
+            f.write(f"127.0.0.1 {' '.join(missing)}  # diffscale test SLURM nodes\n")
+    out = tmp_path_factory.mktemp("profiles") / "slurm-test.yaml"
+    rc, text = ds("cluster", "discover", "--scheduler", "slurm", "--name", "slurm-test", "--out", str(out))
+    assert rc == 0, text
+    return out
+
+
+@pytest.fixture(scope="module")
+def sge_profile(sge_cluster, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("profiles") / "sge-test.yaml"
+    rc, text = ds("cluster", "discover", "--scheduler", "sge", "--name", "sge-test", "--out", str(out))
+    assert rc == 0, text
+    return out
+
+
+def test_lightning_ddp_two_nodes_on_slurm(slurm_profile, tmp_path):
+    pytest.importorskip("lightning")
+    script = tmp_path / "train.py"
+    script.write_text(LIGHTNING)
+    run_dir = tmp_path / "run it's"
+    rc, out = ds("submit", "--cluster", str(slurm_profile), "--nodes", "2", "--procs-per-node", "1",
+                 "--time", "00:05:00", "--out", str(run_dir), "--", sys.executable, str(script), "2", "1")
+    assert rc == 0, out
+    script_text = next(run_dir.glob("job-*.slurm.sh")).read_text()
+    assert "unset MASTER_ADDR" in script_text and "export MASTER_ADDR" not in script_text  # detected as Lightning
+    states = wait_done(run_dir, timeout=150)
+    rc, log = ds("logs", str(run_dir))
+    assert states[0]["state"] == "COMPLETED", (states, log)
+    seen = sorted(re.findall(r"LIGHTNING rank=(\d) world=2 dist=2 env=SLURMEnvironment", log))
+    assert seen == ["0", "1"], log
+
+
+def test_lightning_ddp_on_grid_engine_through_torchrun(sge_profile, tmp_path):
+    """The test Grid Engine has one host: 1 node x 2 processes (Lightning reads torchrun's variables)."""
+    pytest.importorskip("lightning")
+    script = tmp_path / "train.py"
+    script.write_text(LIGHTNING)
+    run_dir = tmp_path / "run"
+    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "2", "--time", "00:05:00",
+                 "--out", str(run_dir), "--", sys.executable, str(script), "1", "2")
+    assert rc == 0, out
+    states = wait_done(run_dir, timeout=180)
+    rc, log = ds("logs", str(run_dir))
+    assert states[0]["state"] == "COMPLETED", (states, log)
+    seen = sorted(re.findall(r"LIGHTNING rank=(\d) world=2 dist=2 env=TorchElasticEnvironment", log))
+    assert seen == ["0", "1"], log
+
+
+def _probe(path: Path, gpu: str | None, steps_per_s: float) -> str:
+    fig = {"pid": 1, "cmdline": "python train.py", "memory_bytes": 2**28, "rss_bytes": 2**28, "pss_bytes": 2**28,
+           "uss_bytes": 2**28, "threads": 4}
+    path.write_text(json.dumps({
+        "version": 1, "command": ["python", "train.py"], "seconds": 30, "ran_s": 30.0, "ended": "limit",
+        "exit_code": None, "measure": "PSS (/proc/PID/smaps_rollup)", "main": fig, "workers": [],
+        "workers_at_once": 0, "tree_peak_bytes": 2**28, "threads_peak": 4, "gpu_bytes": None, "gpu_name": gpu,
+        "gpu_note": "recorded", "steps_per_s": steps_per_s, "progress_line": "x", "host": "n1", "cpus": 4,
+        "notes": []}))
+    return str(path)
+
+
+def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_cluster, tmp_path):
+    """'fast' (the GPU partition, probed at 10 steps/s) is held for 30 min by a job on every GPU;
+    'slow' (the CPU partition, 1 step/s) is free: slow finishes first, fast would start in ~30 min."""
+    profile = tmp_path / "two.yaml"
+    profile.write_text("name: two\nscheduler: slurm\npartitions:\n"
+                       "  fast: {submit_name: gpu, gpus_per_node: 2, gpu_type: H200, cpus_per_node: 4, "
+                       "mem_per_node_gb: 8, max_nodes: 2, charge_per_gpu_hour: 2.0}\n"
+                       "  slow: {submit_name: cpu, gpus_per_node: 0, cpus_per_node: 4, mem_per_node_gb: 8, "
+                       "max_nodes: 2}\n")
+    blocker = slurm_cluster.sbatch("--partition=gpu", "--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1",
+                                   "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
+    try:
+        slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})
+        rc, out = ds("plan", "--cluster", str(profile), "--partition", "auto", "--procs-per-node", "1",
+                     "--total-steps", "1000", "--probe", _probe(tmp_path / "fast.json", "NVIDIA H200", 10.0),
+                     "--probe", _probe(tmp_path / "slow.json", None, 1.0), "--out", str(tmp_path / "r"),
+                     "--", "python", "train.py")
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+    assert rc == 0, out
+    assert re.search(r"pick: partition slow, 2 node\(s\) x 1", out), out
+    fast = [ln for ln in out.splitlines() if ln.lstrip("│ ").startswith("fast")]
+    assert fast and all("sbatch --test-only" in ln for ln in fast), out
+    assert all(re.search(r"\b(2\d|30) min\b", ln) for ln in fast), out  # starts when the blocker's 30 min end
+
+
+def test_qacct_of_a_job_over_its_memory_limit(sge_cluster, tmp_path):
+    """A job asking -l h_vmem=300M that allocates more: the doctor reads qacct's maxvmem against it."""
+    script = tmp_path / "hog.sh"
+    script.write_text("#!/bin/bash\n#$ -S /bin/bash\n#$ -cwd\n#$ -j y\n#$ -l h_vmem=300M\n"
+                      f"{sys.executable} -c \"b = bytearray(600 * 2**20)\"\n")
+    job = sge_cluster.qsub(str(script), cwd=tmp_path)
+    sge_cluster.wait(job, timeout=60)
+    rc, out = ds("doctor", job)
+    assert rc == 0, out
+    assert re.search(r"Grid Engine's accounting \(qacct\) shows .*maxvmem [\d.]+ GiB of h_vmem 0\.3 GiB", out), out
