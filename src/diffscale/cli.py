@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from .cli_parser import ExampleFormatter, Parser, verb
 from .config import ConfigSources, resolve_config
 from .errors import EXIT_USER_ERROR, UserError
 from .paths import file_target, folder_target, refused
@@ -130,31 +130,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse's own refusals (an unknown flag, a bad choice, a missing argument) in the one-line
-    form every other error has, instead of a usage block and a differently shaped message."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
-
-
-class _ExampleFormatter(argparse.HelpFormatter):
-    """Wraps descriptions as usual and keeps the example epilog's lines as written."""
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        if text.startswith("example:"):
-            return "\n".join(indent + line for line in text.splitlines())
-        return super()._fill_text(text, width, indent)
-
-
-def verb(sub: argparse._SubParsersAction, name: str, help: str, example: str,
-         description: str | None = None) -> argparse.ArgumentParser:
-    """A verb's parser, its ``--help`` ending in a short example (``example`` lines, one command each)."""
-    lines = "\n".join(f"  {line}" for line in example.splitlines())
-    return sub.add_parser(name, help=help, epilog=f"example:\n{lines}",
-                          formatter_class=_ExampleFormatter, description=description)
-
-
 def _device_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"],
                    help="where to run (default: the config's runtime.device; auto picks CUDA, then MPS, then CPU)")
@@ -163,12 +138,12 @@ def _device_flag(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = _Parser(
+    parser = Parser(
         prog="diffscale",
         description="Train diffusion models on a laptop, a GPU, a node or a SLURM / Grid Engine cluster "
                     "with one config.",
         epilog="example:\n  diffscale train            # the CPU demo\n  diffscale train --help     # each verb's "
-               "options and an example", formatter_class=_ExampleFormatter,
+               "options and an example", formatter_class=ExampleFormatter,
     )
     parser.add_argument("--version", action="version", version=f"diffscale {__version__}",
                         help="print the version and exit")

@@ -310,7 +310,7 @@ def _report(records: list[dict], sampled: list[dict], infos: list[dict], out_dir
 
 
 def register(sub) -> None:
-    from ..cli import verb
+    from ..cli_parser import verb
 
     p = verb(sub, "bench", "measure samples/s, memory, TFLOP/s and scaling; fast vs plain recipe",
              "diffscale bench --preset small medium --gpus 1,2,4 --recipe fast,plain --out bench")

@@ -74,7 +74,7 @@ def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli import verb
+    from ..cli_parser import verb
 
     shape = "--cluster purdue-gilbreth --nodes 2 --gpus-per-node 4 --preset xl --account mylab"
     p = verb(subparsers, "plan", "show the job script, every rank and the preflight checks (dry run)",
@@ -91,7 +91,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_submit)
 
     from .probe_cli import register as register_probe
-
     register_probe(subparsers)
 
     p = verb(subparsers, "status", "where a run stands: its jobs (submitted runs), step, rate, ETA, newest "

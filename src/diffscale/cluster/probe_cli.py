@@ -62,13 +62,17 @@ def check_no_command_facts(args: argparse.Namespace) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "probe", help="run a command for a bounded time and measure one rank (RAM, workers, GPU, steps/s)",
+    from ..cli_parser import verb
+
+    p = verb(
+        subparsers, "probe", "run a command for a bounded time and measure one rank (RAM, workers, GPU, steps/s)",
+        "diffscale probe --seconds 90 --out runs/mine -- python train.py --num-workers 8\n"
+        "diffscale plan --cluster nyu-torch --partition h200 --probe runs/mine/probe.json -- python train.py",
         description="Run COMMAND here for at most --seconds, sample its process tree from /proc (peak PSS/USS or "
                     "RSS of the main process and of each child), threads, GPU memory (NVML) and steps/s from "
                     "progress lines, and store RUN_DIR/probe.json for plan. With --cluster: a one-GPU job that "
                     "runs the probe on a node.")
-    p.add_argument("command", nargs="*", metavar="-- COMMAND")
+    p.add_argument("command", nargs="*", metavar="-- COMMAND", help="the command to measure, after `--`")
     p.add_argument("--seconds", type=int, default=60, help="how long the command runs (default 60)")
     p.add_argument("--out", help="run directory for probe.json and probe.log (default runs/probe-<time>)")
     p.add_argument("--cluster", help="write a short one-GPU job running the probe on this profile's nodes")

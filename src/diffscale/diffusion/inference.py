@@ -47,7 +47,8 @@ class InferenceNetwork(torch.nn.Module):
         # own: dynamo keeps compiled code per function, and the network's forward has self.run's.
         step = _LoopStep(net, policy)
         plain = compile_options("default", policy.layout_opt, tune_kernels, freeze=not live)
-        self.loop_step = torch.compile(step, options=plain, dynamic=False) if policy.compile and self.loops is not None else step
+        compiled = policy.compile and self.loops is not None
+        self.loop_step = torch.compile(step, options=plain, dynamic=False) if compiled else step
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last and x.dim() == 4:  # the memory format exists for image batches only

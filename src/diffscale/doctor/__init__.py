@@ -40,7 +40,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli import verb
+    from ..cli_parser import verb
 
     p = verb(
         subparsers, "doctor", "explain why a run or job failed, and what to change",
