@@ -12,4 +12,10 @@ if [ "${DIFFSCALE_CHECKS:-1}" != 0 ]; then
   echo "+ mypy (src/diffscale; settings in pyproject.toml)" >&2
   .venv/bin/python -m mypy
 fi
+# Two pytest-xdist workers (DIFFSCALE_TEST_WORKERS=0: none): the tests that use the real schedulers
+# all run on one of them (group "schedulers"), in order, while the other takes the rest.
+workers=${DIFFSCALE_TEST_WORKERS:-2}
+if [ "$workers" != 0 ]; then
+  set -- -n "$workers" --dist loadgroup "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -7,8 +7,9 @@
   script submits a continuation job held on itself -> it resumes, and so on until it finishes.
 * Waits end when the jobs do; their deadline is time without a new checkpoint, so a busy machine
   (slower jobs, more of them) passes and a stuck run fails.
-* Either way the final weights, EMA and optimizer state equal those of an uninterrupted run of the
-  same config in this process, bit for bit (CPU, one thread on both sides: the thread count
+* Both runs are submitted at once and wait out their limits side by side. Either way the final
+  weights, EMA and optimizer state equal those of one uninterrupted run of the same config in this
+  process, bit for bit (CPU, one thread on both sides: the thread count
   changes float summation order).
 * The doctor names the cause of a job OOM-killed under ``--mem`` and of a job killed at its time limit.
 """
@@ -134,20 +135,33 @@ def timed_out_job(slurm_profile, tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.mark.timeout(3600)  # each job ends at its time limit: a busy machine needs more of them
-def test_slurm_time_limit_requeue_resumes_and_matches_an_uninterrupted_run(slurm_profile, timed_out_job, tmp_path):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def interrupted_runs(slurm_profile, sge_profile, tmp_path_factory) -> dict[str, Path]:
+    """The same run submitted at once to SLURM (``--no-chain``: one job requeued at each limit)
+    and to Grid Engine (continuation jobs), and the uninterrupted reference of its config in this
+    process meanwhile: the schedulers' jobs wait out their time limits side by side."""
+    base = tmp_path_factory.mktemp("interrupted")
+    runs = {"slurm": base / "slurm", "sge": base / "sge", "reference": base / "reference"}
     rc, out = ds("submit", "--cluster", str(slurm_profile), "--partition", "cpu", "--procs-per-node", "1", *LIMIT,
-                 "--no-chain", "--out", str(run_dir), *RUN)
+                 "--no-chain", "--out", str(runs["slurm"]), *RUN)
     assert rc == 0, out
-    reference_run(run_dir / "config.yaml", tmp_path / "reference")  # meanwhile, on the other core
+    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "1", *LIMIT, "--no-chain",
+                 "--out", str(runs["sge"]), *RUN)
+    assert rc == 0, out
+    reference_run(runs["slurm"] / "config.yaml", runs["reference"])
+    return runs
+
+
+@pytest.mark.timeout(3600)  # each job ends at its time limit: a busy machine needs more of them
+def test_slurm_time_limit_requeue_resumes_and_matches_an_uninterrupted_run(interrupted_runs, timed_out_job):
+    run_dir = interrupted_runs["slurm"]
     states = wait_done(run_dir, timeout=400)
     log = job_log(run_dir)
     assert states[0]["state"] == "COMPLETED", (states, log)
     assert "restarts " in states[0]["detail"], states  # it did not fit in one job
     assert "stop requested (SIGUSR2) at step" in log and "requeueing job" in log, log
     assert "resumed from step" in log and f"done: {STEPS} steps" in log, log
-    assert_same_final_state(tmp_path / "reference", run_dir)
+    assert_same_final_state(interrupted_runs["reference"], run_dir)
 
 
 def test_doctor_explains_a_real_oom_killed_job(slurm_profile, tmp_path, capsys):
@@ -181,17 +195,13 @@ def test_doctor_explains_a_real_time_limit_kill(timed_out_job, capsys):
 # ----------------------------------------------------------------------------- Grid Engine
 
 @pytest.mark.timeout(3600)
-def test_sge_soft_limit_continues_in_new_jobs_and_matches_an_uninterrupted_run(sge_profile, tmp_path):
+def test_sge_soft_limit_continues_in_new_jobs_and_matches_an_uninterrupted_run(interrupted_runs):
     """s_rt (h_rt - lead) sends SIGUSR1 in time; every rank checkpoints and the script submits a
     continuation job (held on this one), until the target step is reached."""
-    run_dir = tmp_path / "run"
-    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "1", *LIMIT, "--no-chain",
-                 "--out", str(run_dir), *RUN)
-    assert rc == 0, out
-    reference_run(run_dir / "config.yaml", tmp_path / "reference")
+    run_dir = interrupted_runs["sge"]
     states = wait_done(run_dir, timeout=400)
     log = job_log(run_dir)
     assert len(states) >= 2 and all(s["state"] == "COMPLETED" for s in states), (states, log)
     assert "stop requested (SIGUSR1) at step" in log and "continuation job" in log, log
     assert "resumed from step" in log and f"done: {STEPS} steps" in log, log
-    assert_same_final_state(tmp_path / "reference", run_dir)
+    assert_same_final_state(interrupted_runs["reference"], run_dir)
