@@ -24,7 +24,7 @@ echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 # prints appears in the log as it happens.
 export PYTHONUNBUFFERED=1
 
-# Site set-up from the cluster profile (module load, conda activate, ...)
+# Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
 module load cuda/12.4
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0

@@ -33,7 +33,7 @@ elif [ "$(readlink "$RUN_DIR/race.claim")" != 2x2 ]; then
     exit 0
 fi
 
-# Site set-up from the cluster profile (module load, conda activate, ...)
+# Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
 module load cuda/12.4
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0

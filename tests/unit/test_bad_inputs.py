@@ -236,6 +236,8 @@ CASES = [
     Case(f"{PLAN} --race 0x1,1x1", "is not NODESxGPUS"),
     Case(f"{PLAN} --race 1x4", "needs at least two shapes"),
     Case(f"{PLAN} --race 1x4,1x4", "lists 1x4 twice"),
+    Case(f"{PLAN} --setup 'module load a\nconda activate b'", "is not one shell line"),
+    Case(f"{PLAN} --setup ' '", "is not one shell line"),
     # plan and submit: what runs, where it goes, the profile
     Case("plan --cluster nope --preset tiny", "unknown cluster 'nope'"),
     Case("plan --cluster {ws}/missing.yaml --preset tiny", "does not exist"),

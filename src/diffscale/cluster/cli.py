@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..paths import file_target, folder_target
+from .flags import add_job_arguments
 
 if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from ..config import RunConfig
@@ -31,48 +32,6 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 # ----------------------------------------------------------------------------- arguments
 
-def _job_args(p: argparse.ArgumentParser, *, race: bool) -> None:
-    p.add_argument("target", nargs="*", metavar="CONFIG.yaml | -- COMMAND",
-                   help="a diffscale run config (or use --preset), or any command after `--`")
-    p.add_argument("--cluster", required=True,
-                   help="bundled profile name (`diffscale cluster list`) or profile YAML path")
-    p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set train.steps=1000 (repeatable)")
-    p.add_argument("--out", help="run directory (default: runs/<preset or job>-<time>)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    gpus = p.add_mutually_exclusive_group()
-    gpus.add_argument("--gpus-per-node", type=int, help="GPUs per node = ranks per node (default: all of a node's)")
-    gpus.add_argument("--procs-per-node", type=int,
-                      help="CPU ranks per node, asking for no GPUs (CPU partitions, tests)")
-    p.add_argument("--partition", help="partition (SLURM) / GPU class or queue (Grid Engine) from the profile")
-    p.add_argument("--time",
-                   help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
-    p.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (default: the node's cores shared, at most 8)")
-    p.add_argument("--mem", type=float, help="host memory per node in GB (default: estimated)")
-    p.add_argument("--account", help="SLURM --account / Grid Engine -P project")
-    p.add_argument("--qos", help="SLURM QOS")
-    p.add_argument("--global-batch", type=int, help="check that this global batch divides over the ranks")
-    p.add_argument("--max-restarts", type=int, default=20, help="requeues after a checkpoint-on-signal (default 20)")
-    p.add_argument("--signal", default="auto",
-                   help="warning signal before the time limit: USR2 (default for diffscale runs), USR1, ... or none")
-    p.add_argument("--signal-lead", type=int, help="seconds of warning before the time limit (default 120)")
-    p.add_argument("--no-chain", action="store_true",
-                   help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
-    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
-    p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
-    from .probe_cli import add_command_arguments
-
-    add_command_arguments(p)
-    if race:
-        p.add_argument("--race", metavar="NxG,...",
-                       help="submit several shapes (nodes x GPUs per node); "
-                            "the first to start wins, the others are cancelled")
-        from .couple import add_arguments
-
-        add_arguments(p)
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..cli_parser import verb
 
@@ -81,13 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              f"diffscale plan {shape}",
              description="Dry run: print the job script, a table of every rank and the preflight "
              "checks. Exits 2 when a check fails (unless --force).")
-    _job_args(p, race=True)
+    add_job_arguments(p, race=True)
     p.set_defaults(func=cmd_plan)
 
     p = verb(subparsers, "submit", "plan, then submit the job(s) and record them in RUN_DIR/jobs.json",
              f"diffscale submit {shape} --out runs/xl\n"
              "diffscale submit --cluster bu-scc --nodes 1 --gpus-per-node 2 -- python train.py --lr 1e-4")
-    _job_args(p, race=True)
+    add_job_arguments(p, race=True)
     p.set_defaults(func=cmd_submit)
 
     from .probe_cli import register as register_probe
@@ -187,7 +146,8 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
     shapes = parse_race(race) if race else None
     profile = load_profile(args.cluster)
     options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
-                          signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch)
+                          signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
+                          setup=tuple(args.setup))
 
     def shape(nodes: int, per_node: int) -> Shape:
         return Shape(nodes=nodes, ranks_per_node=per_node, partition=args.partition, time_s=time_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import signal as signals
+import sys
 
 from ..errors import UserError, closest
 from ..runtime.signals import STOP_SIGNALS
@@ -45,6 +46,11 @@ def check_numbers(args: argparse.Namespace) -> None:
     if lead is not None and not 1 <= lead <= MAX_SIGNAL_LEAD_S:
         raise UserError(f"--signal-lead {lead} is out of range: the warning comes 1 to {MAX_SIGNAL_LEAD_S} s before "
                         "the time limit", "pass e.g. --signal-lead 120, or leave it out for the default")
+    for line in getattr(args, "setup", ()):
+        if "\n" in line or "\r" in line or not line.strip():
+            raise UserError(f"--setup {line!r} is not one shell line",
+                            "pass each line as its own --setup, e.g. --setup 'module load miniconda' "
+                            "--setup 'conda activate dp'")
 
 
 def warning_signal(text: str | None, *, diffscale_run: bool) -> str | None:
@@ -66,3 +72,49 @@ def check_signal_lead(lead_s: int, time_s: int | None, signal: str | None) -> No
     if signal and time_s is not None and lead_s >= time_s:
         raise UserError(f"--signal-lead {lead_s} s is not shorter than the job's time limit ({time_s} s)",
                         f"pass --signal-lead below {time_s} (e.g. {max(1, time_s // 4)}), or a longer --time")
+
+
+def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
+    """The flags of ``plan`` and ``submit`` (``race``: also --race and the coupled layout's)."""
+    p.add_argument("target", nargs="*", metavar="CONFIG.yaml | -- COMMAND",
+                   help="a diffscale run config (or use --preset), or any command after `--`")
+    p.add_argument("--cluster", required=True,
+                   help="bundled profile name (`diffscale cluster list`) or profile YAML path")
+    p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set train.steps=1000 (repeatable)")
+    p.add_argument("--out", help="run directory (default: runs/<preset or job>-<time>)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    gpus = p.add_mutually_exclusive_group()
+    gpus.add_argument("--gpus-per-node", type=int, help="GPUs per node = ranks per node (default: all of a node's)")
+    gpus.add_argument("--procs-per-node", type=int,
+                      help="CPU ranks per node, asking for no GPUs (CPU partitions, tests)")
+    p.add_argument("--partition", help="partition (SLURM) / GPU class or queue (Grid Engine) from the profile")
+    p.add_argument("--time",
+                   help="wall time per job, HH:MM:SS or D-HH:MM:SS (default: estimated, capped at the maximum)")
+    p.add_argument("--cpus-per-task", type=int, help="CPU cores per rank (default: the node's cores shared, at most 8)")
+    p.add_argument("--mem", type=float, help="host memory per node in GB (default: estimated)")
+    p.add_argument("--account", help="SLURM --account / Grid Engine -P project")
+    p.add_argument("--qos", help="SLURM QOS")
+    p.add_argument("--setup", action="append", default=[], metavar="LINE",
+                   help="a shell line the job runs before the command, after the profile's own "
+                        "(e.g. --setup 'module load miniconda' --setup 'conda activate dp'; repeatable)")
+    p.add_argument("--global-batch", type=int, help="check that this global batch divides over the ranks")
+    p.add_argument("--max-restarts", type=int, default=20, help="requeues after a checkpoint-on-signal (default 20)")
+    p.add_argument("--signal", default="auto",
+                   help="warning signal before the time limit: USR2 (default for diffscale runs), USR1, ... or none")
+    p.add_argument("--signal-lead", type=int, help="seconds of warning before the time limit (default 120)")
+    p.add_argument("--no-chain", action="store_true",
+                   help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
+    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
+    from .probe_cli import add_command_arguments
+
+    add_command_arguments(p)
+    if race:
+        p.add_argument("--race", metavar="NxG,...",
+                       help="submit several shapes (nodes x GPUs per node); "
+                            "the first to start wins, the others are cancelled")
+        from .couple import add_arguments
+
+        add_arguments(p)

@@ -40,6 +40,9 @@ class PlanOptions:
     chain: bool = True
     """Split a run longer than the partition's limit into a chain of segment jobs (else
     one job that requeues itself at each limit)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines the job runs before the command, after the profile's ``setup`` (``module
+    load``, ``conda activate``: one user's environment on a shared profile)."""
     role: str = ""
     """What this job is in a layout of several (``simulation``, ``trainer``): it names the job,
     its script and its title line. Empty: the run's only job (or one shape of a race)."""
@@ -162,7 +165,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         gpu_request=part.gpu_request,
         gres_type=part.gres_type,
         resources=part.resources,
-        setup=profile.setup,
+        setup=profile.setup + options.setup,
         env=profile.env,
         command_env=workload.job_env,
         argv=workload.argv(),

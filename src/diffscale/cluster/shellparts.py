@@ -57,7 +57,7 @@ def site_setup(setup: Iterable[str], env: Iterable[tuple[str, str]]) -> list[str
     lines = list(setup)
     out = []
     if lines:
-        out.append("# Site set-up from the cluster profile (module load, conda activate, ...)")
+        out.append("# Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)")
         out.extend(lines)
     env_lines = exports(env)
     if env_lines:

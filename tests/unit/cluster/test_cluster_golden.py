@@ -67,6 +67,10 @@ def _cases():
     cases.append(("sge-two-host-train", "sge-two-host", Shape(2, 2),
                   DiffscaleRun(config=tiny, run_dir=RUN_DIR, python=PYTHON),
                   PlanOptions(race=RaceSpec("2x2", (job_name(RUN_DIR, "1x2"),)))))
+    # A diffusion-policy run as BU SCC users submit it: their module and conda environment first.
+    policy = DiffscaleRun(config=presets.get_preset("policy"), run_dir=RUN_DIR, python=PYTHON)
+    cases.append(("bu-scc-policy", "bu-scc", Shape(1, 1), policy,
+                  PlanOptions(account="myproject", setup=("module load miniconda", "conda activate dp-$USER"))))
     cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
     cases.append(("sge-two-host-user", "sge-two-host", Shape(2, 2), user, PlanOptions()))
     return cases
