@@ -260,6 +260,30 @@ def test_sge_one_host_two_slot_diffscale_training(sge_profile, tmp_path):
     assert any(run_dir.rglob("*.png")), log
 
 
+POLICY = ["--preset", "policy-tiny", "--set", "runtime.device=cpu", "--set", "train.steps=12", "--set",
+          "train.log_every=4", "--set", "train.checkpoint_every=6", "--set", "train.sample_count=2",
+          "--set", "train.sample_steps=2"]
+
+
+def test_sge_policy_run_on_two_slots_trains_and_evaluates(sge_profile, tmp_path):
+    """A diffusion policy as BU SCC users run it, on the test Grid Engine's CPU slots: two ranks
+    train on the built-in demonstrations, then ``diffscale eval`` rolls the result out."""
+    run_dir = hostile(tmp_path, sge=True)
+    rc, out = ds("submit", "--cluster", str(sge_profile), "--procs-per-node", "2", "--time", "00:10:00",
+                 "--setup", "export DIFFSCALE_SITE_SETUP=ran", "--out", str(run_dir), *POLICY)
+    assert rc == 0, out
+    states = wait_done(run_dir, timeout=300)
+    rc, log = ds("logs", str(run_dir))
+    assert states[0]["state"] == "COMPLETED", log
+    assert "world size 2" in log and "done: 12 steps" in log, log
+    assert "export DIFFSCALE_SITE_SETUP=ran" in next(run_dir.glob("job-*.sge.sh")).read_text()
+    rc, report = ds("eval", str(run_dir), "--count", "4", "--json")
+    assert rc == 0, report
+    scores = json.loads(report.strip().splitlines()[-1])
+    assert scores["task"] == "policy" and scores["step"] == 12 and scores["episodes"] == 4, scores
+    assert 0.0 <= scores["success"] <= 1.0, scores
+
+
 # ----------------------------------------------------------------------------- coupled simulation + trainer
 
 # The simulation: three output steps of 80 cells into the spool its job names, a second apart.
