@@ -14,6 +14,7 @@ from .config import LrScaling, LrSchedule, RunConfig
 from .data.device_loader import micro_slice
 from .runtime.distributed import DistContext
 from .runtime.parallelize import trains_in_cuda_graphs
+from .step_graph import WholeStepGraph, records_whole_steps
 from .tasks import Batcher
 from .trainer import Trainer
 
@@ -67,7 +68,9 @@ class StepRunner:
         cfg = trainer.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(trainer.ctx.world_size)
-        self.graphs = trains_in_cuda_graphs(cfg, trainer.policy)
+        self.whole = WholeStepGraph(trainer, self._whole_step) if records_whole_steps(trainer) else None
+        """Steps recorded as one CUDA graph each (``runtime.step_graph``), or None: eager steps."""
+        self.graphs = self.whole is None and trains_in_cuda_graphs(cfg, trainer.policy)
 
     def step(self) -> float:
         """Run one optimizer step; returns its learning rate."""
@@ -77,8 +80,22 @@ class StepRunner:
             group["lr"] = lr
         self.generator.manual_seed(step_seed(t.seed, tr.step))
         batch = tr.task.draw(self.batcher.next_indices(), self.generator)
-        if self.graphs:  # a new step: the last step's graph outputs (loss, gradients) are consumed
-            torch.compiler.cudagraph_mark_step_begin()
+        rate = 1.0 - min(t.ema_decay, (1 + tr.step) / (10 + tr.step))
+        if self.whole is not None:
+            self.whole.step(batch, lr, rate)
+        else:
+            if self.graphs:  # a new step: the last step's graph outputs (loss, gradients) are consumed
+                torch.compiler.cudagraph_mark_step_begin()
+            self._update(batch, rate)
+            tr.opt.zero_grad(set_to_none=True)
+        self._steps += 1
+        tr.step += 1
+        return lr
+
+    def _update(self, batch: dict[str, torch.Tensor], ema_rate: float | torch.Tensor) -> None:
+        """Loss, backward, clip, AdamW and EMA of one step; host-synchronising only for the plain
+        recipe's skip decision."""
+        tr = self.trainer
         self._accumulate(batch)
         tr.scaler.unscale_(tr.opt)
         norm = torch.nn.utils.clip_grad_norm_(tr.params, self.clip)
@@ -92,14 +109,10 @@ class StepRunner:
             tr.opt.step()
         elif not bad.item():
             tr.opt.step()
-        tr.opt.zero_grad(set_to_none=True)
-        ema_update(tr, bad)
-        self._bad_run = (self._bad_run + 1) * bad
+        ema_update(tr, bad, ema_rate)
+        self._bad_run.add_(1).mul_(bad)  # in place: a recorded step updates the same tensors
         self._bad_total += bad
         self._norm_sum += torch.nan_to_num(norm, nan=0.0, posinf=0.0)
-        self._steps += 1
-        tr.step += 1
-        return lr
 
     def _accumulate(self, batch: dict[str, torch.Tensor]) -> None:
         tr, t = self.trainer, self.trainer.cfg.train
@@ -136,13 +149,19 @@ class StepRunner:
         """Continue from a restored trainer's data stream (after a rollback)."""
         self.batcher = batcher
         self._bad_run.zero_()
+        if self.whole is not None:  # the optimizer's state tensors were replaced
+            self.whole.reset()
+
+    def _whole_step(self, batch: dict[str, torch.Tensor]) -> None:
+        assert self.whole is not None
+        self._update(batch, self.whole.ema_rate)
 
 
 @torch.no_grad()
-def ema_update(trainer: Trainer, bad: torch.Tensor) -> None:
-    """ema += (1 - decay) * (param - ema), skipped (weight 0) on a non-finite step; no host sync."""
-    decay = min(trainer.cfg.train.ema_decay, (1 + trainer.step) / (10 + trainer.step))
-    weight = (1.0 - decay) * (1.0 - bad)
+def ema_update(trainer: Trainer, bad: torch.Tensor, rate: float | torch.Tensor) -> None:
+    """ema += rate * (param - ema) with rate = 1 - decay, skipped (weight 0) on a non-finite
+    step; no host sync."""
+    weight = rate * (1.0 - bad)
     diff = torch._foreach_sub(trainer.params, trainer.ema_params)
     torch._foreach_mul_(diff, weight)
     torch._foreach_add_(trainer.ema_params, diff)

@@ -29,6 +29,7 @@ from .runtime.parallelize import parallelize, trains_in_cuda_graphs
 from .runtime.resources import cpus_for_rank
 from .runtime.signals import EXIT_REQUEUE, StopFlag
 from .step import StepRunner, learning_rate
+from .step_graph import records_whole_steps
 from .tasks import Feed, Generated, StopWaiting
 from .telemetry import Telemetry, ThroughputMeter, open_telemetry
 from .trainer import Trainer
@@ -54,11 +55,13 @@ class TrainOutcome:
         return EXIT_REQUEUE if self.stopped_by else 0
 
 
-def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str) -> str:
+def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str, whole_steps: bool) -> str:
     mem = f", {policy.memory_bytes / 2**30:.0f} GiB" if policy.memory_bytes else ""
     eff = cfg.effective_batch(ctx.world_size)
-    graphs = " (CUDA graphs)" if policy.compile and trains_in_cuda_graphs(cfg, policy) else ""
+    graphs = " (CUDA graphs)" if policy.compile and trains_in_cuda_graphs(cfg, policy) and not whole_steps else ""
     compiled = " | compiled" + graphs if policy.compile else ""
+    if whole_steps:
+        compiled += " | each step one CUDA graph"
     if policy.flex_min_rows is not None:
         compiled += " | FlexAttention" + (f" (calls of >= {policy.flex_min_rows} rows)" if policy.flex_min_rows else "")
     return (
@@ -142,6 +145,7 @@ def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: De
     if state is not None:
         cfg = _adjust_for_world_size(cfg, state, ctx.world_size, say)
     trainer = Trainer(cfg, run_dir, ctx, policy, console)
+    records_whole_steps(trainer)  # a runtime.step_graph this run cannot have is refused before anything is written
     if state is not None:
         _check_signature(state, trainer.task.signature(), f"'{run_dir}' step {state.step}")
         trainer.restore(state)
@@ -162,12 +166,13 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     cfg = trainer.cfg  # a resume on another world size may change train.grad_accum
     target = cfg.train.steps
     stop_at = min(target, max_steps) if max_steps else target
-    say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data()))
+    whole_steps = records_whole_steps(trainer)
+    say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data(), whole_steps))
     if policy.compile:
         # Compiled kernels live in the run dir (a shared file system on clusters): a job that
         # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
-    model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say)
+    model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps)
     telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
                                start_step=trainer.step, console=console)
     try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)

@@ -118,6 +118,8 @@ CASES = [
     Case("train --out {ws}/afile", "is a regular file, not a folder", (_file("afile"),)),
     Case("train --out {ws}/afile/sub", "lies under", (_file("afile"),)),
     Case("train --max-steps 0", "--max-steps 0 is out of range"),
+    Case("train --preset field-icon --device cpu --set runtime.step_graph=on --out {ws}/t",
+         "runtime.step_graph on needs a CUDA GPU (this run trains on cpu) -- set runtime.step_graph to auto or off"),
     Case("train --max-steps -1", "--max-steps -1 is out of range"),
     Case("train {ws}/missing.yaml", "does not exist"),
     Case("train {ws}/bad.yaml", "is not valid YAML", (_file("bad.yaml", "a: [b"),)),

@@ -222,11 +222,13 @@ def _runner(args: argparse.Namespace, trainer: Trainer) -> PlainRunner | StepRun
     """The recipe's step runner: the plain recipe, or the fast one on the parallelized network."""
     from ..runtime.parallelize import parallelize
     from ..step import StepRunner
+    from ..step_graph import records_whole_steps
     from .plain import PlainRunner
 
     if args.recipe == "plain":
         return PlainRunner(trainer, workers=args.plain_workers)
-    model = parallelize(trainer.net, cfg=trainer.cfg, ctx=trainer.ctx, policy=trainer.policy, say=lambda text: None)
+    model = parallelize(trainer.net, cfg=trainer.cfg, ctx=trainer.ctx, policy=trainer.policy, say=lambda text: None,
+                        whole_steps=records_whole_steps(trainer))
     return StepRunner(trainer, model, trainer.make_batcher())
 
 

@@ -266,6 +266,11 @@ class RuntimeConfig:
     (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
     instead of ~190 s (cached after); xl's DDIM sampling 5.3 % faster on an H100
     (docs/benchmarks.md, "Defaults and why")."""
+    step_graph: Toggle = Toggle.AUTO
+    """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
+    one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
+    Needs one process, ``train.grad_accum`` 1, the fast recipe and no fp16 loss scaling. ``auto``:
+    on where that holds and the task was measured faster with it (docs/benchmarks.md, "Field diffusion")."""
     sampling_graph: Toggle = Toggle.AUTO
     """DDIM sampling on CUDA: the whole denoising loop (every network call and scheduler update)
     recorded once per batch shape as one CUDA graph and replayed per call, so a small network's

@@ -58,6 +58,7 @@ from ..runtime.device import configure_backends, pick_device, resolve_policy
 from ..runtime.distributed import DistContext, LaunchInfo
 from ..runtime.parallelize import parallelize
 from ..step import StepRunner
+from ..step_graph import records_whole_steps
 from ..tasks.fields import FieldTask
 from ..trainer import Trainer
 
@@ -100,7 +101,8 @@ class OnlineTrainer:
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_yaml(cfg, self.run_dir / "config.yaml")
-        model = parallelize(self.trainer.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say)
+        model = parallelize(self.trainer.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say,
+                            whole_steps=records_whole_steps(self.trainer))
         # Draws from what the buffer holds now; this class fills it (push, follow) between rounds.
         self.runner = StepRunner(self.trainer, model, self.trainer.make_batcher())
         self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque()

@@ -16,8 +16,10 @@ from .distributed import DistContext
 
 
 def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, policy: DevicePolicy,
-                say: Callable[[str], None]) -> torch.nn.Module:
-    """``net`` as training runs it: wrapped in DDP when distributed, then compiled where the policy says."""
+                say: Callable[[str], None], whole_steps: bool = False) -> torch.nn.Module:
+    """``net`` as training runs it: wrapped in DDP when distributed, then compiled where the policy
+    says. ``whole_steps``: the step around it is recorded as one CUDA graph (``step_graph.py``),
+    so the network compiles without CUDA graphs of its own."""
     model: torch.nn.Module = net
     if ctx.distributed:
         model = wrap_ddp(net, ctx, cfg, policy)
@@ -25,7 +27,8 @@ def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, polic
         return model
     # ddp_graph_split off: the all-reduces follow one whole backward
     torch._dynamo.config.optimize_ddp = cfg.runtime.ddp_graph_split == Toggle.ON
-    mode = training_compile_mode(cfg, policy)
+    mode = CompileMode.DEFAULT if whole_steps and cfg.runtime.compile_mode == CompileMode.AUTO else \
+        training_compile_mode(cfg, policy)
     if cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD and mode != CompileMode.REDUCE_OVERHEAD:
         say(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
             f"(this run: {cfg.train.grad_accum} on {policy.device.type}): compiling without CUDA graphs[/]")

@@ -95,6 +95,10 @@ class StopWaiting(Exception):
 
 class Task(Protocol):
     name: str
+    records_whole_steps: bool
+    """Whether ``runtime.step_graph auto`` records this task's optimizer steps as one CUDA graph:
+    its ``loss`` reads only tensors that stay in place during a run (data resident or in a
+    preallocated buffer, statistics fitted once), and recording was measured faster for it."""
 
     def num_items(self) -> int:
         """Examples in the data set (one epoch)."""

@@ -51,6 +51,7 @@ class WindowDataset(Dataset):
 
 class PolicyTask:
     name = "policy"
+    records_whole_steps = False  # not measured yet with whole-step graphs
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:

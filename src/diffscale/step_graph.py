@@ -1,0 +1,122 @@
+"""A whole optimizer step recorded once as one CUDA graph and replayed every step.
+
+A step of a small network (the field MLP at batch 16) is ~40 kernels of microseconds each, and
+the host launching them leaves the GPU idle most of the time (docs/benchmarks.md, "Field
+diffusion"). Recorded, a step is one launch. What changes from step to step enters through
+tensors the graph reads: the batch's random draws (copied in), the learning rate and the EMA
+rate. Everything else the step touches must stay where it was when the step was recorded
+(weights, optimizer moments, the task's data); a task says so with ``records_whole_steps``,
+and a change of any task tensor's storage, or a restored optimizer (``reset``), records anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .config import CompileMode, Recipe, Toggle
+from .errors import UserError
+from .trainer import Trainer
+
+EAGER_STEPS = 3
+"""Steps run before recording: compilation, cuBLAS and optimizer state are set up by then."""
+
+
+def records_whole_steps(trainer: Trainer) -> bool:
+    """Whether ``trainer``'s steps are recorded as CUDA graphs (``runtime.step_graph``)."""
+    cfg, setting = trainer.cfg, trainer.cfg.runtime.step_graph
+    if setting == Toggle.OFF:
+        return False
+    missing = [why for why, bad in (
+        (f"a CUDA GPU (this run trains on {trainer.device.type})", trainer.device.type != "cuda"),
+        (f"one process (this run has {trainer.ctx.world_size})", trainer.ctx.world_size != 1),
+        (f"train.grad_accum 1 (this run: {cfg.train.grad_accum})", cfg.train.grad_accum != 1),
+        ("runtime.recipe fast (fused AdamW)", cfg.runtime.recipe != Recipe.FAST or not trainer.fused),
+        ("no fp16 loss scaling (precision bf16 or fp32)", trainer.scaler.is_enabled()),
+        ("runtime.compile_mode other than reduce-overhead (the network's own graphs cannot be recorded "
+         "inside a step's)", cfg.runtime.compile_mode == CompileMode.REDUCE_OVERHEAD),
+    ) if bad]
+    if setting == Toggle.ON and missing:
+        raise UserError(f"runtime.step_graph on needs {missing[0]}", "set runtime.step_graph to auto or off")
+    return not missing and (setting == Toggle.ON or trainer.task.records_whole_steps)
+
+
+def _task_storages(task: object) -> tuple[int, ...]:
+    """Where the task's tensors (and those of its attributes' objects) live now."""
+    found = []
+    for value in vars(task).values():
+        for item in (value, *(vars(value).values() if hasattr(value, "__dict__") else ())):
+            if isinstance(item, torch.Tensor) and item.device.type == "cuda":
+                found.append(item.data_ptr())
+    return tuple(found)
+
+
+class WholeStepGraph:
+    """Runs ``body(batch)`` (one step: loss, backward, clip, AdamW, EMA) eagerly for
+    ``EAGER_STEPS`` steps, then records it and replays it with each step's batch copied in.
+
+    ``lr`` and ``ema_rate`` are the tensors the body must read for the learning rate (it is put
+    into the optimizer's param groups while the body runs) and the EMA's ``1 - decay``."""
+
+    def __init__(self, trainer: Trainer, body: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        self.trainer = trainer
+        self.body = body
+        device = trainer.device
+        self.lr = torch.zeros((), device=device)
+        self.ema_rate = torch.zeros((), device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.batch: dict[str, torch.Tensor] = {}
+        self.eager_steps = 0
+        self.recordings = 0
+        self._storages: tuple[int, ...] = ()
+        for group in trainer.opt.param_groups:
+            group["capturable"] = True  # the fused update keeps its step count on the GPU
+
+    def reset(self) -> None:
+        """Record again before the next step (weights or optimizer state were restored)."""
+        self.graph, self.batch, self.eager_steps = None, {}, 0
+
+    def step(self, batch: dict[str, torch.Tensor], lr: float, ema_rate: float) -> None:
+        self.lr.fill_(lr)
+        self.ema_rate.fill_(ema_rate)
+        if self.graph is not None and _task_storages(self.trainer.task) != self._storages:
+            self.reset()
+        if self.graph is None and self.eager_steps < EAGER_STEPS:
+            self.eager_steps += 1
+            side = torch.cuda.Stream(self.trainer.device)  # set-up off the stream recording will read
+            side.wait_stream(torch.cuda.current_stream(self.trainer.device))
+            with torch.cuda.stream(side):
+                self._run_body(batch)
+                self.trainer.opt.zero_grad(set_to_none=True)
+            torch.cuda.current_stream(self.trainer.device).wait_stream(side)
+            return
+        if self.graph is None:
+            self._record(batch)
+        for name, tensor in batch.items():
+            self.batch[name].copy_(tensor)
+        assert self.graph is not None
+        self.graph.replay()
+
+    def _run_body(self, batch: dict[str, torch.Tensor]) -> None:
+        groups = self.trainer.opt.param_groups
+        floats = [group["lr"] for group in groups]
+        for group in groups:
+            group["lr"] = self.lr
+        try:
+            self.body(batch)
+        finally:
+            for group, value in zip(groups, floats, strict=True):
+                group["lr"] = value
+
+    def _record(self, batch: dict[str, torch.Tensor]) -> None:
+        self.batch = {name: tensor.clone() for name, tensor in batch.items()}
+        torch.cuda.synchronize(self.trainer.device)
+        # Gradients are made by the recorded backward (in the graph's memory), not accumulated.
+        self.trainer.opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._run_body(self.batch)
+        self.graph = graph
+        self.recordings += 1
+        self._storages = _task_storages(self.trainer.task)
