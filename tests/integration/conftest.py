@@ -372,7 +372,3 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
         if "sge_cluster" in fixtures:
             item.add_marker(pytest.mark.sge)
-        if "slurm_cluster" in fixtures or "sge_cluster" in fixtures:
-            # one pytest-xdist worker runs every scheduler test, one after another, as without
-            # xdist: tests that fill nodes or wait for free ones must not meet each other's jobs
-            item.add_marker(pytest.mark.xdist_group("schedulers"))

@@ -259,6 +259,7 @@ def measure(args: argparse.Namespace) -> dict | None:
             ctx.barrier()
             _progress(ctx, "warmed up; waiting for a turn" if args.turns else "warmed up; timing")
             window = _timed_window(runner, device, ctx, args)
+            window["step_graph"] = getattr(runner, "whole", None) is not None
             _progress(ctx, "timed")
     finally:
         ctx.shutdown()
@@ -280,7 +281,9 @@ def measure(args: argparse.Namespace) -> dict | None:
         "mfu": (tflops / peak) if peak else None, "data_wait_share": window["data_wait_share"],
         "gpu_util": window["gpu_util"], "sm_clock_mhz": window["sm_clock_mhz"], "power_w": window["power_w"],
         "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "startup_s": startup, "torch": torch.__version__,
-        "compile_mode": training_compile_mode(cfg, policy).value if policy.compile and args.recipe == "fast" else None,
+        "compile_mode": (None if not policy.compile or args.recipe != "fast" else
+                         "default" if window["step_graph"] else training_compile_mode(cfg, policy).value),
+        "step_graph": window["step_graph"],  # each step replayed as one recorded CUDA graph
         "channels_last": policy.channels_last, "attention": cfg.runtime.attention.value,
         "flex_min_rows": policy.flex_min_rows if args.recipe == "fast" else None,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
