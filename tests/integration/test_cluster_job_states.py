@@ -83,7 +83,8 @@ def test_slurm_plan_says_no_time_limit_is_passed_on_a_partition_without_one(slur
     rc, out = ds("plan", "--cluster", str(slurm_profile), "--procs-per-node", "1", "--out", str(tmp_path / "r"),
                  "--", "sleep", "1")
     assert rc == 0, out
-    assert "time limit (1x1): none passed to the scheduler: partition 'cpu''s default applies" in out
+    assert ("time limit (1x1): none passed to the scheduler: partition 'cpu''s default applies, UNLIMITED "
+            "(recorded in the profile by cluster discover)") in out
     assert "#SBATCH --time" not in out
 
 

@@ -74,6 +74,8 @@ def slurm_profile(name: str, partitions_text: str, nodes_text: str) -> ClusterPr
             cpus_per_node=min(cpus) if cpus else None,
             mem_per_node_gb=round(min(mems), 1) if mems else None,
             max_time_s=parse_duration(f.get("MaxTime", "UNLIMITED"), what="MaxTime"),
+            # a job without --time gets DefaultTime, or MaxTime where there is none
+            default_time=f.get("MaxTime", "UNLIMITED") if f.get("DefaultTime", "NONE") == "NONE" else f["DefaultTime"],
             max_nodes=int(max_nodes) if max_nodes.isdigit() else None,
             gpu_request=GpuRequest.GPUS_PER_NODE,
             note=note,
@@ -172,6 +174,7 @@ def sge_profile(name: str, run: Runner) -> ClusterProfile:
             cpus_per_node=min(cpus) if cpus else None,
             mem_per_node_gb=min(mems) if mems else None,
             max_time_s=None if h_rt.upper() == "INFINITY" else parse_duration(h_rt, what="h_rt"),
+            default_time="UNLIMITED" if h_rt.upper() == "INFINITY" else h_rt,  # a job without -l h_rt gets the queue's
         ))
     sge = SgeSettings(pe_single_host=single, pe_multi_host=multi, gpu_resource=gpu_resource or "gpus", gpu_scope=scope,
                       notify_s=notify)

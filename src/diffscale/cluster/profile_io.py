@@ -80,7 +80,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
 _TOP_KEYS = ("name", "title", "scheduler", "docs", "account", "default_partition", "setup", "env",
              "sets_cuda_visible_devices", "partitions", "sge", "required")
 _PART_KEYS = ("submit_name", "gpus_per_node", "gpu_type", "gpu_memory_gb", "cpus_per_node", "mem_per_node_gb",
-              "max_time", "max_nodes", "interconnect", "gpu_request", "gres_type", "qos", "constraint",
+              "max_time", "default_time", "max_nodes", "interconnect", "gpu_request", "gres_type", "qos", "constraint",
               "resources", "note", "charge_per_gpu_hour")
 _SGE_KEYS = ("pe_single_host", "pe_multi_host", "gpu_resource", "gpu_scope", "notify", "export_env")
 
@@ -271,6 +271,7 @@ def _partition_from_dict(r: _Reader, pname: Any, praw: Any) -> Partition:
         cpus_per_node=r.opt_int(f"{where}.cpus_per_node", p.get("cpus_per_node"), minimum=1),
         mem_per_node_gb=r.opt_float(f"{where}.mem_per_node_gb", p.get("mem_per_node_gb")),
         max_time_s=r.duration(f"{where}.max_time", p.get("max_time")),
+        default_time=r.opt_str(f"{where}.default_time", p.get("default_time"), safe=True),
         max_nodes=r.opt_int(f"{where}.max_nodes", p.get("max_nodes"), minimum=1),
         interconnect=r.opt_str(f"{where}.interconnect", p.get("interconnect")),
         gpu_request=r.enum(f"{where}.gpu_request", p.get("gpu_request"), GpuRequest, GpuRequest.GPUS_PER_NODE),
@@ -317,6 +318,7 @@ def profile_to_dict(profile: ClusterProfile) -> dict[str, Any]:
             "cpus_per_node": p.cpus_per_node,
             "mem_per_node_gb": p.mem_per_node_gb,
             "max_time": hms(p.max_time_s) if p.max_time_s is not None else None,
+            "default_time": p.default_time,
             "max_nodes": p.max_nodes,
             "interconnect": p.interconnect,
             "gpu_request": p.gpu_request.value,

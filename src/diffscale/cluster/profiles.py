@@ -97,6 +97,10 @@ class Partition:
     resources: tuple[tuple[str, str], ...] = ()
     """Grid Engine: extra ``-l name=value`` requests (``gpu_c=7.0``, ``gpu_type=A100``)."""
     note: str | None = None
+    default_time: str | None = None
+    """The wall time a job gets when it asks for none, as the scheduler states it (SLURM's
+    DefaultTime, or its MaxTime where DefaultTime is NONE; Grid Engine's queue h_rt): e.g.
+    ``04:00:00`` or ``UNLIMITED``. None: unknown (``cluster discover`` records it)."""
     charge_per_gpu_hour: float | None = None
     """What the site charges for one GPU-hour here (service units, core-hours, ...); None: not stated."""
 

@@ -30,6 +30,9 @@ def time_limit(plan: Plan, asked: bool) -> str:
     from .plan import SEGMENT_MARGIN_S
 
     t, part = plan.spec.time_s, plan.partition
+    if t is None and part.default_time:
+        return (f"none passed to the scheduler: partition '{part.name}''s default applies, {part.default_time} "
+                "(recorded in the profile by cluster discover); pass --time to set one")
     if t is None:
         return (f"none passed to the scheduler: partition '{part.name}''s default applies, which the profile does not "
                 "document (on a partition without a maximum the job may run unlimited); pass --time to set one")
