@@ -27,6 +27,9 @@ session() {  # name, marker expression, pytest args...
   [ "$rc" = 5 ] && rc=0
   return "$rc"
 }
+# The two sessions share the cores: one intra-op thread per process (tests that compare runs
+# bit for bit set their own), so spinning thread pools do not starve the other session.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 session schedulers "slurm or sge" "$@" &
 schedulers=$!
 session rest "not slurm and not sge" "$@" &

@@ -72,7 +72,7 @@ def test_kill_9_at_random_moments_always_resumes_and_loses_at_most_one_interval(
     kills = killed_mid_save = finished = 0
     chain = 0
     run_dir = tmp_path / f"killed{chain}"
-    while kills < 10:
+    while kills < 6:
         before = ckpt.list_checkpoints(run_dir)
         resumed_from = ckpt.step_of(before[-1]) if before else None
         proc = train_process(run_dir, *args)

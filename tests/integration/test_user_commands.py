@@ -143,7 +143,8 @@ def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_clu
                                    "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
     try:
         slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})
-        rc, out = ds("plan", "--cluster", str(profile), "--partition", "auto", "--procs-per-node", "1",
+        # --mem 1: the nodes' memory is not what the blocker holds (SLURM would wait for all 8 GB)
+        rc, out = ds("plan", "--cluster", str(profile), "--partition", "auto", "--procs-per-node", "1", "--mem", "1",
                      "--total-steps", "1000", "--probe", _probe(tmp_path / "fast.json", "NVIDIA H200", 10.0),
                      "--probe", _probe(tmp_path / "slow.json", None, 1.0), "--out", str(tmp_path / "r"),
                      "--", "python", "train.py")

@@ -164,7 +164,7 @@ CASES = [
     Case("sample {ws}/fresh", "has no usable checkpoint", (_file("fresh/config.yaml", "train: {}\n"),)),
     Case("sample {ws}/fresh", "permission denied", (_file("fresh/config.yaml", "train: {}\n", 0),), locked=True),
     Case("sample {run} --out {ws}/locked/x.png", "no permission to write", (_run, LOCKED_DIR), locked=True),
-    Case("sample", "the following arguments are required: run_dir"),
+    Case("sample", "the following arguments are required: RUN_DIR"),
     # export
     Case("export {run} --diffusers {ws}/afile", "is a regular file, not a folder", (_run, _file("afile"))),
     Case("export {run} --diffusers {ws}/afile/sub", "lies under", (_run, _file("afile"))),

@@ -173,7 +173,9 @@ def from_run_dir(run_dir: Path, ev: Evidence) -> None:
 
 
 def from_job_id(job_id: str, ev: Evidence) -> None:
-    if not (slurm_job(job_id, ev) or sge_job(job_id, ev)):
+    # both asked: where SLURM and Grid Engine run side by side, an id may name a job in each
+    known_to_slurm, known_to_sge = slurm_job(job_id, ev), sge_job(job_id, ev)
+    if not (known_to_slurm or known_to_sge):
         raise UserError(f"no scheduler here knows job {job_id} (scontrol, sacct and qacct found nothing)",
                         "run the doctor on the cluster's login node, or pass the job's RUN_DIR or log file")
 
