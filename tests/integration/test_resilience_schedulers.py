@@ -1,9 +1,9 @@
 """Runs outlive their jobs on the real SLURM and Grid Engine; the doctor explains real failed jobs.
 
 * SLURM, a 2-minute limit: the run needs more compute than a job holds, so the first job must be
-  stopped. ``--signal=B:USR2@30`` -> every rank checkpoints -> exit 85 -> ``scontrol requeue`` ->
+  stopped. ``--signal=B:USR2@60`` -> every rank checkpoints -> exit 85 -> ``scontrol requeue`` ->
   the job resumes from the newest checkpoint, as often as it takes, and finishes.
-* Grid Engine ``h_rt=120`` with a soft limit ``s_rt=90``: SIGUSR1 -> checkpoint -> exit 85 -> the
+* Grid Engine ``h_rt=120`` with a soft limit ``s_rt=60``: SIGUSR1 -> checkpoint -> exit 85 -> the
   script submits a continuation job held on itself -> it resumes, and so on until it finishes.
 * Waits end when the jobs do; their deadline is time without a new checkpoint, so a busy machine
   (slower jobs, more of them) passes and a stuck run fails.
@@ -32,11 +32,12 @@ from diffscale.runtime import checkpoint as ckpt
 
 pytestmark = pytest.mark.integration
 
-STEPS = 900  # ~110 s of compute on one idle core of the test machine: more than a 2-minute job warned 30 s early holds
-LIMIT = ["--time", "00:02:00", "--signal-lead", "30"]
-"""Each job has 90 s before its warning: start-up takes 10-15 s on an idle machine and several
+STEPS = 600  # ~75 s of compute on one idle core of the test machine: more than a 2-minute job warned 60 s early holds
+LIMIT = ["--time", "00:02:00", "--signal-lead", "60"]
+"""Each job has 60 s before its warning: start-up takes 10-15 s on an idle machine and several
 times that on a busy one, which must still leave every job time to train (a 1-minute limit did
-not: a job warned before its trainer had started made no progress at all)."""
+not: a job warned before its trainer had started made no progress at all). With 90 s and 900
+steps the two runs took up to 9 minutes beside the rest of the suite."""
 RUN = ["--preset", "tiny", "--set", f"train.steps={STEPS}", "--set", "train.batch_per_gpu=16",
        "--set", "train.log_every=5", "--set", "train.checkpoint_every=50", "--set", "train.sample_count=4",
        "--set", "train.sample_steps=2",

@@ -143,8 +143,9 @@ def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_clu
                                    "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
     try:
         slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})
-        # --mem 1: the nodes' memory is not what the blocker holds (SLURM would wait for all 8 GB)
+        # one core and 1 GB a node: what the blocker leaves free (with all of a node's, SLURM would wait for it)
         rc, out = ds("plan", "--cluster", str(profile), "--partition", "auto", "--procs-per-node", "1", "--mem", "1",
+                     "--cpus-per-task", "1",
                      "--total-steps", "1000", "--probe", _probe(tmp_path / "fast.json", "NVIDIA H200", 10.0),
                      "--probe", _probe(tmp_path / "slow.json", None, 1.0), "--out", str(tmp_path / "r"),
                      "--", "python", "train.py")
@@ -159,9 +160,15 @@ def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_clu
 
 def test_qacct_of_a_job_over_its_memory_limit(sge_cluster, tmp_path):
     """A job asking -l h_vmem=300M that allocates more: the doctor reads qacct's maxvmem against it."""
+    # Grid Engine enforces h_vmem as an address-space limit: allocations fail (MemoryError) rather
+    # than the job being killed. The hog grows to the limit and holds it, so the accounting's
+    # sampling sees the peak, then fails.
+    hog = tmp_path / "hog.py"
+    hog.write_text("import time\nheld = []\ntry:\n    while True:\n        held.append(bytearray(8 << 20))\n"
+                   "except MemoryError:\n    time.sleep(5)\n    raise SystemExit(1)\n")
     script = tmp_path / "hog.sh"
     script.write_text("#!/bin/bash\n#$ -S /bin/bash\n#$ -cwd\n#$ -j y\n#$ -l h_vmem=300M\n"
-                      f"{sys.executable} -c \"b = bytearray(600 * 2**20)\"\n")
+                      f"{sys.executable} {hog}\n")
     job = sge_cluster.qsub(str(script), cwd=tmp_path)
     sge_cluster.wait(job, timeout=60)
     rc, out = ds("doctor", job)

@@ -223,3 +223,13 @@ def test_a_lightning_job_whose_ranks_all_joined_is_no_hang():
 def test_qacct_of_a_job_stopped_at_h_rt_names_the_time_limit():
     found = {f.rule: f for f in diagnose(gather(str(LOGS / "sge-h-rt.qacct")))}
     assert "the time limit (h_rt)" in found["qacct-limit"].cause and "ran 172802 s" in found["qacct-limit"].cause
+
+
+def test_sizes_in_every_form_the_schedulers_print():
+    from diffscale.doctor.rules_accounting import size_bytes
+
+    # sacct (MaxRSS, ReqMem per node / per CPU) and qacct (maxvmem with a byte unit)
+    assert size_bytes("251.30G") == int(251.30 * 2**30) and size_bytes("256Gn") == 256 * 2**30
+    assert size_bytes("4Gc") == 4 * 2**30 and size_bytes("4000M") == 4000 * 2**20
+    assert size_bytes("291.723MB") == int(291.723 * 2**20) and size_bytes("0.000B") == 0
+    assert size_bytes("lots") is None

@@ -45,15 +45,18 @@ def _time_for(run_s: int | None, limit: int | None) -> int | None:
 
 def compare(profile: ClusterProfile, workload: Workload, options: PlanOptions, ask_start: Callable[[Plan], Start],
             now: dt.datetime, *, per_node: int | None = None, max_nodes: int = DEFAULT_MAX_NODES,
-            total_steps: int | None = None) -> list[Candidate]:
-    """Every (partition, shape) candidate of the profile, with its start, duration and finish."""
+            total_steps: int | None = None, cpus_per_rank: int | None = None,
+            mem_per_node_gb: float | None = None) -> list[Candidate]:
+    """Every (partition, shape) candidate of the profile, with its start, duration and finish
+    (each asking for ``cpus_per_rank`` and ``mem_per_node_gb`` where given, as plan would)."""
     if isinstance(workload, UserCommand) and total_steps is None:
         raise UserError("--partition auto for a user command needs the run's length",
                         "pass --total-steps N (steps on one rank) and a probe per GPU type (--probe FILE)")
     found = []
     for part in profile.partitions:
         for nodes, g in shapes_for(part, per_node, max_nodes):
-            shape = Shape(nodes, g, partition=part.name, use_gpus=part.has_gpus)
+            shape = Shape(nodes, g, partition=part.name, use_gpus=part.has_gpus, cpus_per_rank=cpus_per_rank,
+                          mem_per_node_gb=mem_per_node_gb)
             if isinstance(workload, DiffscaleRun):
                 plan = make_plan(profile, shape, workload, options)
                 run = Duration(plan.estimate_s, "diffscale's estimate (measured.yaml where it has the GPU)")
@@ -92,12 +95,13 @@ def no_starts(plan: Plan) -> Start:
 
 
 def run_auto(profile: ClusterProfile, workload: Workload, options: PlanOptions, *, per_node: int | None,
-             max_nodes: int, total_steps: int | None) -> tuple[list[Candidate], Candidate | None]:
+             max_nodes: int, total_steps: int | None, cpus_per_rank: int | None = None,
+             mem_per_node_gb: float | None = None) -> tuple[list[Candidate], Candidate | None]:
     now = dt.datetime.now().replace(microsecond=0)
     with tempfile.TemporaryDirectory(prefix="diffscale-auto-") as tmp:
         ask = slurm_starts(Path(tmp)) if profile.scheduler is SchedulerKind.SLURM else no_starts
         found = compare(profile, workload, options, ask, now, per_node=per_node, max_nodes=max_nodes,
-                        total_steps=total_steps)
+                        total_steps=total_steps, cpus_per_rank=cpus_per_rank, mem_per_node_gb=mem_per_node_gb)
     return found, pick(found)
 
 
@@ -135,10 +139,11 @@ def cmd_auto(args: argparse.Namespace, workload: Workload) -> int:
     from .profile_io import load_profile
 
     profile = load_profile(args.cluster)
-    options = PlanOptions(account=args.account, qos=args.qos, chain=not args.no_chain, signal=None)
+    options = PlanOptions(account=args.account, qos=args.qos, chain=not args.no_chain, signal=None,
+                          setup=tuple(args.setup))
     found, best = run_auto(profile, workload, options, per_node=args.gpus_per_node or args.procs_per_node,
                            max_nodes=args.nodes if args.nodes > 1 else DEFAULT_MAX_NODES,
-                           total_steps=args.total_steps)
+                           total_steps=args.total_steps, cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem)
     print_table(found, best, dt.datetime.now().replace(microsecond=0))
     if best is None:
         first = next((c.problem for c in found if c.problem), "no duration known")

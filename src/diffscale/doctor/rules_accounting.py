@@ -17,8 +17,9 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 def size_bytes(text: str) -> int | None:
-    """``251.30G``, ``4000M``, ``256Gn`` (per node), ``4Gc`` (per CPU), ``1.1M`` -> bytes."""
-    m = re.fullmatch(r"([\d.]+)([KMGT]?)[nc]?", text.strip(), re.I)
+    """``251.30G``, ``4000M``, ``256Gn`` (per node), ``4Gc`` (per CPU), ``1.1M``, and qacct's
+    ``291.723MB`` / ``0.000B`` -> bytes."""
+    m = re.fullmatch(r"([\d.]+)([KMGT]?)(?:i?B)?[nc]?", text.strip(), re.I)
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()]) if m else None
 
 
