@@ -132,6 +132,17 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
         ctx.shutdown()
 
 
+def compile_note(cache_dir: Path) -> str:
+    """What the wait before the first step is: compiling, for the first time or from cached kernels.
+    (small's first compile took 122-160 s on H100 and H200 hosts: docs/benchmarks.md, "Start-up and
+    compile time".)"""
+    cached = cache_dir.is_dir() and any(cache_dir.iterdir())
+    if cached:
+        return f"compiling the network: kernels cached by an earlier job in {cache_dir} are reused"
+    return (f"compiling the network before the first step (the first time takes minutes on a GPU; "
+            f"the kernels are kept in {cache_dir}, so a resumed job starts sooner)")
+
+
 def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
                      console: Console, say: Say) -> Trainer:
     """A fresh trainer, or one restored from the checkpoint ``resume`` names; writes config.yaml."""
@@ -172,6 +183,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         # Compiled kernels live in the run dir (a shared file system on clusters): a job that
         # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
+        say(compile_note(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps)
     telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
                                start_step=trainer.step, console=console)

@@ -103,3 +103,14 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path, capsys):
     assert f"resumed from step {ckpt.step_of(first)}" in capsys.readouterr().out
     assert main(["train", "--out", str(run), "--resume", str(tmp_path / "nope"), *micro_args(steps=8)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
+    from diffscale.train import compile_note
+
+    cache = tmp_path / "cache" / "inductor"
+    assert compile_note(cache).startswith("compiling the network before the first step (the first time takes")
+    cache.mkdir(parents=True)
+    assert "first time" in compile_note(cache)  # an empty cache folder holds nothing to reuse
+    (cache / "fxgraph").mkdir()
+    assert compile_note(cache) == f"compiling the network: kernels cached by an earlier job in {cache} are reused"
