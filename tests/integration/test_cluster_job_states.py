@@ -11,19 +11,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from scheduler_jobs import discovered_profile, ds
 
 pytestmark = pytest.mark.integration
-
-
-def ds(*argv: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "diffscale", *argv], capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = 180) -> object:
@@ -56,18 +51,12 @@ def status_once(run_dir: Path, words: str, timeout: float = 180) -> str:
 
 @pytest.fixture(scope="module")
 def slurm_profile(slurm_cluster, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiles") / "slurm-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "slurm", "--name", "slurm-test", "--out", str(out))
-    assert rc == 0, text
-    return out
+    return discovered_profile("slurm", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sge_profile(sge_cluster, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiles") / "sge-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "sge", "--name", "sge-test", "--out", str(out))
-    assert rc == 0, text
-    return out
+    return discovered_profile("sge", tmp_path_factory)
 
 
 def sleeper(profile: Path, run_dir: Path, *extra: str) -> str:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from scheduler_jobs import discovered_profile, ds, resolve_node_names, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -36,59 +37,19 @@ dist.destroy_process_group()
 '''
 
 
-def ds(*argv: str) -> tuple[int, str]:
-    """Run the diffscale CLI in a subprocess (its own stdout), return (exit code, output)."""
-    proc = subprocess.run([sys.executable, "-m", "diffscale", *argv], capture_output=True, text=True, timeout=300)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
 def submissions(run_dir: Path) -> list[dict]:
     return json.loads((run_dir / "jobs.json").read_text())["submissions"]
 
 
 @pytest.fixture(scope="module")
-def nodes_resolve(slurm_cluster):
-    # The test SLURM's nodes n1/n2 are slurmd instances on this host; the job script's
-    # MASTER_ADDR is the first node name, so the names must resolve (to 127.0.0.1).
-    hosts = Path("/etc/hosts").read_text()
-    missing = [n for n in slurm_cluster.nodes if not re.search(rf"^\s*127\.0\.0\.1\s.*\b{n}\b", hosts, re.M)]
-    if missing:
-        with open("/etc/hosts", "a") as f:
-            f.write(f"127.0.0.1 {' '.join(missing)}  # diffscale test SLURM nodes\n")
-    return slurm_cluster
-
-
-@pytest.fixture(scope="module")
-def slurm_profile(nodes_resolve, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiles") / "slurm-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "slurm", "--name", "slurm-test", "--out", str(out))
-    assert rc == 0, text
-    return out
+def slurm_profile(slurm_cluster, tmp_path_factory) -> Path:
+    resolve_node_names(slurm_cluster.nodes)
+    return discovered_profile("slurm", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sge_profile(sge_cluster, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiles") / "sge-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "sge", "--name", "sge-test", "--out", str(out))
-    assert rc == 0, text
-    return out
-
-
-def wait_done(run_dir: Path, timeout: float = 120) -> list[dict]:
-    """Poll `diffscale status` until no job of the latest submission is active."""
-    from diffscale.cluster import jobs
-    from diffscale.cluster.profiles import SchedulerKind
-    from diffscale.cluster.scheduler import for_kind
-
-    sub = jobs.latest(run_dir)
-    sched = for_kind(SchedulerKind(sub.scheduler))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = sched.states([j.job_id for j in sub.jobs])
-        if not any(s.active for s in states):
-            return [s.__dict__ for s in states]
-        time.sleep(0.5)
-    raise TimeoutError(f"jobs of {run_dir} still active: {states}")
+    return discovered_profile("sge", tmp_path_factory)
 
 
 def hostile(tmp_path: Path, sge: bool = False) -> Path:

@@ -8,10 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from scheduler_jobs import discovered_profile, ds, resolve_node_names, wait_done
 
 pytestmark = pytest.mark.integration
 
@@ -43,46 +43,15 @@ print(f"LIGHTNING rank={trainer.global_rank} world={trainer.world_size} dist={di
 '''
 
 
-def ds(*argv: str, timeout: float = 300) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "diffscale", *argv], capture_output=True, text=True, timeout=timeout)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-def wait_done(run_dir: Path, timeout: float = 120) -> list[dict]:
-    from diffscale.cluster import jobs
-    from diffscale.cluster.profiles import SchedulerKind
-    from diffscale.cluster.scheduler import for_kind
-
-    sub = jobs.latest(run_dir)
-    sched = for_kind(SchedulerKind(sub.scheduler))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = sched.states([j.job_id for j in sub.jobs])
-        if not any(s.active for s in states):
-            return [s.__dict__ for s in states]
-        time.sleep(0.5)
-    raise TimeoutError(f"jobs of {run_dir} still active: {states}")
-
-
 @pytest.fixture(scope="module")
 def slurm_profile(slurm_cluster, tmp_path_factory) -> Path:
-    hosts = Path("/etc/hosts").read_text()
-    missing = [n for n in slurm_cluster.nodes if not re.search(rf"^\s*127\.0\.0\.1\s.*\b{n}\b", hosts, re.M)]
-    if missing:
-        with open("/etc/hosts", "a") as f:
-            f.write(f"127.0.0.1 {' '.join(missing)}  # diffscale test SLURM nodes\n")
-    out = tmp_path_factory.mktemp("profiles") / "slurm-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "slurm", "--name", "slurm-test", "--out", str(out))
-    assert rc == 0, text
-    return out
+    resolve_node_names(slurm_cluster.nodes)
+    return discovered_profile("slurm", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def sge_profile(sge_cluster, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("profiles") / "sge-test.yaml"
-    rc, text = ds("cluster", "discover", "--scheduler", "sge", "--name", "sge-test", "--out", str(out))
-    assert rc == 0, text
-    return out
+    return discovered_profile("sge", tmp_path_factory)
 
 
 def test_lightning_ddp_two_nodes_on_slurm(slurm_profile, tmp_path):
