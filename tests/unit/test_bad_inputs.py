@@ -275,6 +275,11 @@ CASES = [
     Case("status {ws}/nowhere", "does not exist -- pass the --out folder of `diffscale train` or `diffscale submit`"),
     Case("status {ws}/empty", "holds no training records (metrics.jsonl) and no checkpoints", (_folder("empty"),)),
     Case("report {ws}/nowhere", "does not exist"),
+    # probe: a user's command measured for a bounded time
+    Case("probe", "nothing to probe -- write the command after `--`"),
+    Case("probe --out {ws}/p -- {ws}/nonexistent-cmd", "not found -- give the path of an existing program"),
+    Case("probe --seconds 0 -- true", "--seconds 0 is out of range: a probe runs 5 to 1800 s"),
+    Case("probe --seconds 99999 -- true", "--seconds 99999 is out of range: a probe runs 5 to 1800 s"),
     Case("report {run} --out {ws}/afile/r.html", "is a regular file", (*RUN, _file("afile"))),
     Case("status {ws}/jobs", "is not a diffscale jobs file", (_file("jobs/jobs.json", "{not json"),)),
     Case("status {ws}/jobs", "is not a diffscale jobs file", (_file("jobs/jobs.json", '{"submissions": [{}]}'),)),

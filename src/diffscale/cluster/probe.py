@@ -88,6 +88,8 @@ def _start(argv: Sequence[str], log: Path) -> subprocess.Popen:
     if os.sep not in exe and shutil.which(exe) is None:
         raise UserError(f"command '{exe}' not found: it is not on PATH",
                         "check the spelling, activate the environment it lives in, or give its full path")
+    if os.sep in exe and not os.path.exists(exe):  # refused before RUN_DIR is made
+        raise UserError(f"command '{exe}' not found", "give the path of an existing program")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
