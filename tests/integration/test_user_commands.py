@@ -1,6 +1,6 @@
 """Users' own trainers on the real test schedulers: a Lightning DDP job through the script
-diffscale writes for it, --partition auto with one partition kept busy, and qacct's record of a
-job that hit its memory limit."""
+diffscale writes for it, --partition auto with one partition kept busy (the pick, and a race of
+two partitions the free one wins), and qacct's record of a job that hit its memory limit."""
 
 from __future__ import annotations
 
@@ -125,6 +125,43 @@ def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_clu
     fast = [ln for ln in out.splitlines() if ln.lstrip("│ ").startswith("fast")]
     assert fast and all("sbatch --test-only" in ln for ln in fast), out
     assert all(re.search(r"\b(2\d|30) min\b", ln) for ln in fast), out  # starts when the blocker's 30 min end
+
+
+def test_partition_auto_races_two_partitions_and_the_free_one_wins(slurm_cluster, tmp_path):
+    """`submit --partition auto --race 2`: 'fast' (GPU partition) is held by a blocking job, 'slow'
+    (CPU partition) is free. Both 1x1 candidates are submitted, each under its own key; the slow
+    one starts, claims the run and cancels the fast one by name; status names the winner."""
+    profile = tmp_path / "two.yaml"
+    profile.write_text("name: two\nscheduler: slurm\npartitions:\n"
+                       "  fast: {submit_name: gpu, gpus_per_node: 2, gpu_type: H200, cpus_per_node: 4, "
+                       "mem_per_node_gb: 8, max_nodes: 1}\n"
+                       "  slow: {submit_name: cpu, gpus_per_node: 0, cpus_per_node: 4, mem_per_node_gb: 8, "
+                       "max_nodes: 1}\n")
+    blocker = slurm_cluster.sbatch("--partition=gpu", "--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1",
+                                   "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
+    run_dir = tmp_path / "raced"
+    try:
+        slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})
+        rc, out = ds("submit", "--cluster", str(profile), "--partition", "auto", "--race", "2",
+                     "--procs-per-node", "1", "--mem", "1", "--cpus-per-task", "1", "--total-steps", "1000",
+                     "--probe", _probe(tmp_path / "fast.json", "NVIDIA H200", 10.0),
+                     "--probe", _probe(tmp_path / "slow.json", None, 1.0), "--out", str(run_dir),
+                     "--", sys.executable, "-c", "print('RACE WINNER RAN')")
+        assert rc == 0, out
+        states = {s["job_id"]: s for s in wait_done(run_dir, timeout=90)}
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+    assert "race between slow-1x1, fast-1x1: the first to start owns the run" in out, out
+    jobs_ = {j["race_key"]: j for j in json.loads((run_dir / "jobs.json").read_text())["submissions"][-1]["jobs"]}
+    assert {k: (j["partition"], j["shape"]) for k, j in jobs_.items()} == {"slow-1x1": ("slow", "1x1"),
+                                                                         "fast-1x1": ("fast", "1x1")}
+    assert states[jobs_["slow-1x1"]["job_id"]]["state"] == "COMPLETED", states
+    assert states[jobs_["fast-1x1"]["job_id"]]["state"] == "CANCELLED", states
+    assert (run_dir / "race.claim").readlink() == Path("slow-1x1")
+    rc, status = ds("status", str(run_dir))
+    assert rc == 0 and "race: slow-1x1 (partition slow, shape 1x1) owns the run" in status, status
+    rc, log = ds("logs", str(run_dir), "--job", jobs_["slow-1x1"]["job_id"])
+    assert "shape slow-1x1 started first and owns this run" in log and "RACE WINNER RAN" in log, log
 
 
 def test_qacct_of_a_job_over_its_memory_limit(sge_cluster, tmp_path):

@@ -238,6 +238,10 @@ CASES = [
     Case(f"{PLAN} --race 0x1,1x1", "is not NODESxGPUS"),
     Case(f"{PLAN} --race 1x4", "needs at least two shapes"),
     Case(f"{PLAN} --race 1x4,1x4", "lists 1x4 twice"),
+    Case(f"{PLAN} --race 2", "--race 2 counts --partition auto's candidates"),
+    Case(f"{PLAN} --partition auto --race 1", "--race 1 is out of range: a race needs at least 2 candidates"),
+    Case(f"{PLAN} --partition auto --race 1x4,2x2", "lists shapes of one partition"),
+    Case(f"{SUBMIT} --partition auto", "submit needs to know how many of them to race"),
     Case(f"{PLAN} --setup 'module load a\nconda activate b'", "is not one shell line"),
     Case(f"{PLAN} --setup ' '", "is not one shell line"),
     # plan and submit: what runs, where it goes, the profile

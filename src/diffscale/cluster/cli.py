@@ -126,28 +126,20 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
-    from .flags import check_numbers, check_signal_lead, warning_signal
+    from .flags import check_numbers, check_signal_lead, plan_options
     from .jobspec import RaceSpec, job_name
-    from .plan import PlanOptions, make_plan
+    from .plan import make_plan
     from .profile_io import load_profile
-    from .profiles import SAFE_NAME
-    from .shape import Shape, parse_race
+    from .shape import Shape, parse_race, race_count
     from .timefmt import parse_time_limit
     from .workload import DiffscaleRun
 
     check_numbers(args)
-    for flag in ("account", "qos"):
-        value = getattr(args, flag)
-        if value is not None and not SAFE_NAME.match(value):
-            raise UserError(f"--{flag} '{value}' has characters a scheduler option cannot carry",
-                            "use letters, digits and _ . + : = / @ , - only")
     time_s = parse_time_limit(args.time) if args.time is not None else None
     race = getattr(args, "race", None)
+    race_count(race, auto=False)  # a count belongs to --partition auto
     shapes = parse_race(race) if race else None
     profile = load_profile(args.cluster)
-    options = PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
-                          signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
-                          setup=tuple(args.setup))
 
     def shape(nodes: int, per_node: int) -> Shape:
         return Shape(nodes=nodes, ranks_per_node=per_node, partition=args.partition, time_s=time_s,
@@ -165,13 +157,12 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         run_dir = folder_target(args.out or f"runs/coupled-{_stamp()}", "--out").absolute()
         sim_time = parse_time_limit(args.sim_time, what="--sim-time") if args.sim_time is not None else None
         trainer = shape(args.nodes, next((n for n in (args.gpus_per_node, args.procs_per_node) if n), 1))
-        trainer_options = dataclasses.replace(options, signal=warning_signal(args.signal, diffscale_run=True))
+        trainer_options = plan_options(args, diffscale_run=True)
         plans, trainer_cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
         folder_target(parse_spool_spec(trainer_cfg.data.source).directory, "--couple")  # the simulation makes it
         return profile, what, run_dir, trainer_cfg, [planned(plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
-    options = dataclasses.replace(options, signal=warning_signal(args.signal,
-                                                                 diffscale_run=isinstance(workload, DiffscaleRun)))
+    options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
     part = profile.partition(args.partition)
     per_node = next((n for n in (args.gpus_per_node, args.procs_per_node, part.gpus_per_node) if n), 1)
     plans = []
@@ -182,6 +173,37 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         plan = make_plan(profile, shape(nodes, g), workload, dataclasses.replace(options, race=race_spec))
         plans.append(planned(plan))
     return profile, workload.title, run_dir, cfg, plans
+
+
+def _auto(args: argparse.Namespace, *, submitting: bool) -> tuple[int | None, Workload, Path, RunConfig | None]:
+    """--partition auto's flags checked: (--race count or None, workload, run_dir, config)."""
+    from .flags import check_numbers
+    from .shape import race_count
+
+    check_numbers(args)
+    count = race_count(args.race, auto=True)
+    if getattr(args, "couple", None):
+        raise UserError("--partition auto and --couple cannot be combined",
+                        "couple on named partitions (--partition for the trainer, --sim-partition)")
+    if submitting and count is None:
+        raise UserError("--partition auto compares partitions; submit needs to know how many of them to race",
+                        "race the best: diffscale submit --partition auto --race 2 ..., or submit the pick of "
+                        "diffscale plan --partition auto with its --partition and shape")
+    return (count, *_workload(args))
+
+
+def _auto_plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
+    """submit --partition auto --race N: the N candidates that finish first, as one race."""
+    from .flags import check_signal_lead
+    from .partition_auto import choose
+    from .partition_race import raced_plans
+
+    count, workload, run_dir, cfg = _auto(args, submitting=True)
+    plans = raced_plans(choose(args, workload, count))
+    for plan in plans:
+        if args.signal_lead is not None:
+            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
+    return plans[0].profile, workload.title, run_dir, cfg, plans
 
 
 def _refuse_failed(plans: list[Plan], force: bool) -> None:
@@ -200,11 +222,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import report
 
     if args.partition == "auto":
-        from .flags import check_numbers
-        from .partition_auto import cmd_auto
+        from .partition_auto import choose
 
-        check_numbers(args)
-        return cmd_auto(args, _workload(args)[0])
+        count, workload, _, _ = _auto(args, submitting=False)
+        choose(args, workload, count)
+        return 0
     _, _, _, _, plans = _plans(args)
     for plan in plans:
         report.print_plan(plan, time_asked=args.time is not None)
@@ -218,10 +240,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from . import report, submit
     from .scheduler import for_kind
 
-    if args.partition == "auto":
-        raise UserError("--partition auto compares partitions; it does not submit",
-                        "run diffscale plan --partition auto, then submit the pick with its --partition and shape")
-    profile, what, run_dir, cfg, plans = _plans(args)
+    profile, what, run_dir, cfg, plans = _auto_plans(args) if args.partition == "auto" else _plans(args)
     for plan in plans:
         report.print_checks(plan, time_asked=args.time is not None)
     _refuse_failed(plans, args.force)

@@ -12,9 +12,13 @@ import argparse
 import math
 import signal as signals
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import UserError, closest
 from ..runtime.signals import STOP_SIGNALS
+
+if TYPE_CHECKING:
+    from .plan import PlanOptions
 
 MAX_SIGNAL_LEAD_S = 65535
 """SLURM's --signal=...@LEAD takes at most 65535 seconds."""
@@ -31,7 +35,15 @@ def _at_least(value: int | float | None, least: int | float, flag: str, what: st
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """Every numeric job flag within its range (argparse already checked the types)."""
+    """Every numeric job flag within its range (argparse already checked the types), and the
+    names and lines passed on to the scheduler usable."""
+    from .profiles import SAFE_NAME
+
+    for flag in ("account", "qos"):
+        value = getattr(args, flag)
+        if value is not None and not SAFE_NAME.match(value):
+            raise UserError(f"--{flag} '{value}' has characters a scheduler option cannot carry",
+                            "use letters, digits and _ . + : = / @ , - only")
     _at_least(args.nodes, 1, "--nodes", "a job needs at least 1 node")
     _at_least(args.gpus_per_node, 1, "--gpus-per-node",
               "at least 1 GPU (rank) per node; leave it out for all of a node's")
@@ -51,6 +63,15 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UserError(f"--setup {line!r} is not one shell line",
                             "pass each line as its own --setup, e.g. --setup 'module load miniconda' "
                             "--setup 'conda activate dp'")
+
+
+def plan_options(args: argparse.Namespace, *, diffscale_run: bool) -> PlanOptions:
+    """What plan and submit's flags ask of every job (the warning signal for what runs)."""
+    from .plan import PlanOptions
+
+    return PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
+                       signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
+                       setup=tuple(args.setup), signal=warning_signal(args.signal, diffscale_run=diffscale_run))
 
 
 def warning_signal(text: str | None, *, diffscale_run: bool) -> str | None:
@@ -112,9 +133,11 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
 
     add_command_arguments(p)
     if race:
-        p.add_argument("--race", metavar="NxG,...",
-                       help="submit several shapes (nodes x GPUs per node); "
-                            "the first to start wins, the others are cancelled")
+        p.add_argument("--race", metavar="NxG,... | N",
+                       help="submit several shapes (nodes x GPUs per node) of one partition, or with "
+                            "--partition auto a count N: the N candidates that finish first, each its own "
+                            "partition and shape (plan shows which); the first to start wins, the others "
+                            "are cancelled")
         from .couple import add_arguments
 
         add_arguments(p)

@@ -69,6 +69,14 @@ class JobRecord:
     """Job id this one waits for (segment chains: its end; a coupled trainer: its start)."""
     role: str = ""
     """Its part in a coupled layout (``simulation``, ``trainer``); empty otherwise."""
+    race_key: str = ""
+    """What it claims a race with: its shape (``1x4``), or ``<partition>-<shape>`` in a race
+    across partitions (``--partition auto --race N``); empty: no race (or an older file)."""
+
+    @property
+    def key(self) -> str:
+        """The race key, the shape in files written before keys were recorded."""
+        return self.race_key or self.shape
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,8 @@ class Submission:
     what: str
     jobs: tuple[JobRecord, ...]
     race: tuple[str, ...] = ()
-    """Shape labels raced against each other (empty: no race)."""
+    """Race keys (shape labels; ``<partition>-<shape>`` across partitions) raced against each
+    other (empty: no race)."""
     extra: dict[str, Any] = field(default_factory=dict)
     user: str = field(default_factory=current_user)
     """Who submitted ("" in files written before this was recorded: not checked then)."""
@@ -122,7 +131,7 @@ def latest(run_dir: str | Path) -> Submission:
         parent = by_id[fields[1]]
         record = JobRecord(job_id=fields[0], name=parent.name, shape=parent.shape, partition=parent.partition,
                            script=parent.script, log=fields[2], segment=parent.segment, segments=parent.segments,
-                           after=parent.job_id, role=parent.role)
+                           after=parent.job_id, role=parent.role, race_key=parent.race_key)
         records.append(record)
         by_id[record.job_id] = record
     return Submission(**{**asdict(sub), "jobs": tuple(records), "race": sub.race})
@@ -172,21 +181,31 @@ def record_cancelled(run_dir: str | Path, job_ids: Sequence[str]) -> None:
         handle.writelines(f"{job_id}\n" for job_id in job_ids)
 
 
+def owner_words(sub: Submission, key: str) -> str:
+    """A race's winner in words: ``shape 1x4``, or ``h200-1x8 (partition h200, shape 1x8)`` in a
+    race across partitions."""
+    record = next((r for r in sub.jobs if r.key == key), None)
+    if record is None or key == record.shape:
+        return f"shape {key}"
+    return f"{key} (partition {record.partition}, shape {record.shape})"
+
+
 def with_cancellations(sub: Submission, states: Sequence[JobState], run_dir: str | Path,
                        race_owner: str | None) -> list[JobState]:
     """Ended jobs diffscale cancelled shown as CANCELLED: by ``diffscale cancel``, or a race's
     losing shapes (cancelled by the winner's script), which schedulers report as failed or forget."""
     cancelled = cancelled_ids(run_dir)
-    shapes = {r.job_id: r.shape for r in sub.jobs}
+    keys = {r.job_id: r.key for r in sub.jobs}
+    winner = owner_words(sub, race_owner) if race_owner is not None else ""
     out = []
     for state in states:
-        lost = race_owner is not None and shapes.get(state.job_id) not in (None, race_owner)
+        lost = race_owner is not None and keys.get(state.job_id) not in (None, race_owner)
         if state.active or state.state in ("CANCELLED", "COMPLETED"):
             out.append(state)
         elif state.job_id in cancelled:
             out.append(replace(state, state="CANCELLED", detail=f"by diffscale cancel; {state.detail}"))
         elif lost:
-            out.append(replace(state, state="CANCELLED", detail=f"lost the race to shape {race_owner}; {state.detail}"))
+            out.append(replace(state, state="CANCELLED", detail=f"lost the race to {winner}; {state.detail}"))
         else:
             out.append(state)
     return out

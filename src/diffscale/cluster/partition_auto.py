@@ -1,5 +1,6 @@
 """``plan --partition auto``: build every candidate's plan, ask the scheduler when each would
-start, print the comparison and the pick (the decisions are :mod:`.partition_choice`'s)."""
+start, print the comparison and the pick, or the best N that ``--race N`` races (the decisions
+are :mod:`.partition_choice`'s and :mod:`.partition_race`'s)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from .partition_choice import (
     parse_squeue_start,
     parse_test_only,
     pick,
+    ranked,
     shapes_for,
     user_run_seconds,
 )
+from .partition_race import label_of, raced
 from .plan import SEGMENT_MARGIN_S, Plan, PlanOptions, make_plan
 from .profiles import ClusterProfile, SchedulerKind
 from .shape import Shape
@@ -109,7 +112,15 @@ def _hours(seconds: float | None) -> str:
     return "unknown" if seconds is None else human(int(seconds))
 
 
-def print_table(found: list[Candidate], best: Candidate | None, now: dt.datetime) -> None:
+def _mark(c: Candidate, chosen: list[Candidate], race: int | None) -> str:
+    rank = next((k for k, x in enumerate(chosen, 1) if x is c), None)
+    if rank is None:
+        return ""
+    return f"<- race {rank}" if race else "<- pick"
+
+
+def print_table(found: list[Candidate], chosen: list[Candidate], now: dt.datetime, race: int | None = None) -> None:
+    """The comparison, the pick (``chosen[0]``) or, with ``race``, the candidates raced marked."""
     table = Table(title="partition auto: when each shape would finish (earliest wins)")
     for col in ("partition", "shape", "GPUs", "starts in", "start from", "run", "segments", "finishes in",
                 "GPU-hours", "charge", "note"):
@@ -118,36 +129,44 @@ def print_table(found: list[Candidate], best: Candidate | None, now: dt.datetime
         p = c.plan
         starts = _hours(max((c.start.at - now).total_seconds(), 0)) if c.start.at else "unknown"
         finish = _hours((c.finish - now).total_seconds()) if c.finish else "unknown"
-        mark = "<- pick" if c is best else ""
         table.add_row(p.partition.name, p.shape.label, str(p.spec.world_size if p.spec.gpus_per_node else 0),
                       starts, c.start.source, _hours(c.run.seconds), str(c.segments or "-"), finish,
                       f"{c.gpu_hours:.1f}" if c.gpu_hours is not None else "-",
-                      f"{c.charge:.1f}" if c.charge is not None else "-", c.problem or mark or c.run.source)
+                      f"{c.charge:.1f}" if c.charge is not None else "-",
+                      c.problem or _mark(c, chosen, race) or c.run.source)
     # wide enough for one line per shape when piped to a file
     Console(width=None if sys.stdout.isatty() else 240, highlight=False).print(table)
-    if best is None:
-        return
-    s = best.plan.shape
-    per_node = "--gpus-per-node" if best.plan.spec.gpus_per_node else "--procs-per-node"
-    print(f"pick: partition {best.plan.partition.name}, {s.nodes} node(s) x {s.ranks_per_node} "
-          f"({best.run.source}); submit it with --partition {best.plan.partition.name} --nodes {s.nodes} "
-          f"{per_node} {s.ranks_per_node}")
+    if race and chosen:
+        names = ", ".join(f"{label_of(c)} (partition {c.plan.partition.name}, {c.plan.shape.nodes} node(s) x "
+                          f"{c.plan.shape.ranks_per_node})" for c in chosen)
+        print(f"race: {names}; the first to start owns the run and cancels the others "
+              f"(diffscale submit --partition auto --race {race} with these flags submits them)")
+    elif chosen:
+        best = chosen[0]
+        s = best.plan.shape
+        per_node = "--gpus-per-node" if best.plan.spec.gpus_per_node else "--procs-per-node"
+        print(f"pick: partition {best.plan.partition.name}, {s.nodes} node(s) x {s.ranks_per_node} "
+              f"({best.run.source}); submit it with --partition {best.plan.partition.name} --nodes {s.nodes} "
+              f"{per_node} {s.ranks_per_node}")
 
 
-def cmd_auto(args: argparse.Namespace, workload: Workload) -> int:
-    """plan --partition auto: compare the profile's partitions, print the table and the pick."""
+def choose(args: argparse.Namespace, workload: Workload, race: int | None = None) -> list[Candidate]:
+    """plan/submit --partition auto: compare the profile's partitions, print the table and the
+    pick, or with ``race`` the candidates raced; [pick] or those candidates, best first."""
+    from .flags import plan_options
     from .profile_io import load_profile
 
     profile = load_profile(args.cluster)
-    options = PlanOptions(account=args.account, qos=args.qos, chain=not args.no_chain, signal=None,
-                          setup=tuple(args.setup))
+    options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
     found, best = run_auto(profile, workload, options, per_node=args.gpus_per_node or args.procs_per_node,
                            max_nodes=args.nodes if args.nodes > 1 else DEFAULT_MAX_NODES,
                            total_steps=args.total_steps, cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem)
-    print_table(found, best, dt.datetime.now().replace(microsecond=0))
+    fit = ranked(found)
+    chosen = fit[:race or 1] if len(fit) >= (race or 1) else []  # too few to race: the error below says so
+    print_table(found, chosen, dt.datetime.now().replace(microsecond=0), race)
     if best is None:
         first = next((c.problem for c in found if c.problem), "no duration known")
         raise UserError(f"no partition and shape can be picked ({first})",
                         "see the note column above: probe the command on each GPU type (diffscale probe --cluster "
                         "NAME --partition P) and pass --total-steps")
-    return 0
+    return raced(fit, race) if race else chosen

@@ -8,7 +8,8 @@ estimates come from the scheduler (SLURM: ``sbatch --test-only`` of the shape's 
 "unknown"); durations from diffscale's estimates (measured.yaml first) or, for a user's
 command, the steps/s a probe measured on that GPU type and ``--total-steps``. Pure: the
 scheduler is asked through the ``ask_start`` callable. The charge per GPU-hour a profile may
-state is shown beside each shape; the pick is the earliest finish (then the lower charge).
+state is shown beside each shape; the pick is the earliest finish (then the lower charge), and
+``--race N`` races the N best.
 """
 
 from __future__ import annotations
@@ -134,11 +135,18 @@ def candidate(plan: Plan, run: Duration, ask_start: Callable[[Plan], Start], now
     return Candidate(plan, start, run, segments, finish, gpu_hours, charge)
 
 
+def ranked(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates that can be picked, best first: earliest finish, among equal finishes the
+    lower charge; those without a start estimate (Grid Engine, a failed test) after them, the
+    shortest run first. ``--race N`` takes the first N."""
+    usable = [c for c in candidates if not c.problem and c.run.seconds is not None]
+    timed = sorted((c for c in usable if c.finish is not None), key=lambda c: (c.finish, c.charge or 0.0))
+    untimed = sorted((c for c in usable if c.finish is None), key=lambda c: (c.run.seconds or 0, c.charge or 0.0))
+    return timed + untimed
+
+
 def pick(candidates: list[Candidate]) -> Candidate | None:
     """Earliest finish; among equal finishes the lower charge. Without any start estimate
     (Grid Engine), the shortest run."""
-    usable = [c for c in candidates if not c.problem and c.run.seconds is not None]
-    timed = [c for c in usable if c.finish is not None]
-    if timed:
-        return min(timed, key=lambda c: (c.finish, c.charge or 0.0))
-    return min(usable, key=lambda c: (c.run.seconds or 0, c.charge or 0.0), default=None)
+    best = ranked(candidates)
+    return best[0] if best else None

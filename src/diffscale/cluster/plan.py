@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import estimates, preflight
 from .jobspec import Continuation, JobSpec, RaceSpec, job_name
@@ -172,8 +172,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         torchrun_args=workload.torchrun_args(),
         python=workload.python,
         continuation=continuation,
-        script_file=f"job-{options.role + '-' if options.role else ''}{shape.label}."
-                    f"{'slurm' if profile.scheduler is SchedulerKind.SLURM else 'sge'}.sh",
+        script_file=script_file(profile.scheduler, f"{options.role + '-' if options.role else ''}{shape.label}"),
         max_restarts=options.max_restarts,
         signal=signal,
         signal_lead_s=lead,
@@ -185,6 +184,19 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes), role=options.role)
+
+
+def script_file(scheduler: SchedulerKind, label: str) -> str:
+    """The script's file name in the run directory: ``job-<label>.slurm.sh`` / ``.sge.sh``."""
+    return f"job-{label}.{'slurm' if scheduler is SchedulerKind.SLURM else 'sge'}.sh"
+
+
+def with_race(plan: Plan, race: RaceSpec) -> Plan:
+    """The same job as one candidate of a race across partitions: named, scripted and claiming
+    the run by the race's key (shapes alone may repeat across partitions)."""
+    spec = replace(plan.spec, job_name=job_name(plan.workload.run_dir, race.key), race=race,
+                   script_file=script_file(plan.spec.scheduler, race.key))
+    return replace(plan, spec=spec)
 
 
 def _continuation(workload: Workload, n_segments: int, options: PlanOptions) -> Continuation:

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .jobs import JobRecord, Submission
+from .jobs import JobRecord, Submission, owner_words
 from .plan import Plan
 from .profiles import ClusterProfile
 from .scheduler import JobState
@@ -85,7 +85,9 @@ def print_checks(plan: Plan, *, time_asked: bool) -> None:
 
 
 def _shape(job: JobRecord) -> str:
-    return f"{job.role} {job.shape}" if job.role else job.shape
+    """``1x4``; ``simulation 2x128`` in a coupled layout; the race key (``h200-1x8``) in a race
+    across partitions, where shapes alone may repeat."""
+    return f"{job.role} {job.shape}" if job.role else job.key
 
 
 def print_submission(sub: Submission) -> None:
@@ -117,7 +119,7 @@ def print_status(sub: Submission, states: Sequence[JobState], run_dir: Path) -> 
     console.print(table)
     if sub.race:
         owner = race.owner(run_dir)
-        console.print(f"race: {'shape ' + owner + ' owns the run' if owner else 'no shape has started yet'}",
+        console.print(f"race: {owner_words(sub, owner) + ' owns the run' if owner else 'no shape has started yet'}",
                       markup=False)
 
 

@@ -51,6 +51,30 @@ class Shape:
         return replace(self, time_s=time_s)
 
 
+def race_count(text: str | None, *, auto: bool) -> int | None:
+    """``--race N`` with ``--partition auto``: how many of the best candidates to race. None when
+    --race is absent or (without auto) a list of shapes, which :func:`parse_race` reads."""
+    if text is None:
+        return None
+    count = re.fullmatch(r"\s*([+-]?\d+)\s*", text)
+    if not count:
+        if auto:
+            raise UserError(f"--race {text} lists shapes of one partition, but --partition auto races its best "
+                            "candidates (each its own partition and shape)",
+                            "pass a count with --partition auto (e.g. --race 2), or name one --partition to race "
+                            "shapes of it")
+        return None
+    n = int(count.group(1))
+    if not auto:
+        raise UserError(f"--race {n} counts --partition auto's candidates, but --partition auto is not given",
+                        "add --partition auto to race the candidates that finish first, or list shapes of one "
+                        "partition: --race 1x4,2x2")
+    if n < 2:
+        raise UserError(f"--race {n} is out of range: a race needs at least 2 candidates",
+                        "pass --race 2 or more, or leave --race out: plan --partition auto names the one pick")
+    return n
+
+
 def parse_race(text: str) -> list[tuple[int, int]]:
     """``"1x4,4x1"`` -> ``[(1, 4), (4, 1)]`` (nodes, GPUs per node), distinct, in order."""
     shapes: list[tuple[int, int]] = []

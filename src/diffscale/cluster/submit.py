@@ -31,7 +31,8 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
     scripts = write_scripts(plans, run_dir)
     records: list[jobs.JobRecord] = []
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    race = tuple(p.shape.label for p in plans) if len(plans) > 1 and not tied else ()
+    keys = tuple(p.spec.race.key if p.spec.race else p.shape.label for p in plans)
+    race = keys if len(plans) > 1 and not tied else ()
 
     def record() -> jobs.Submission:
         sub = jobs.Submission(scheduler=scheduler.kind.value, cluster=cluster, submitted_at=now, run_dir=str(run_dir),
@@ -49,7 +50,8 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
                 records.append(jobs.JobRecord(
                     job_id=job_id, name=plan.spec.job_name, shape=plan.shape.label, partition=plan.partition.name,
                     script=script.name, log=scheduler.log_path(plan.spec.job_name, job_id), segment=k,
-                    segments=segments, after=after, role=plan.role))
+                    segments=segments, after=after, role=plan.role,
+                    race_key=plan.spec.race.key if plan.spec.race else ""))
                 after, started = job_id, False
     except UserError as exc:
         if records:

@@ -25,7 +25,7 @@ from diffscale.cluster.workload import DiffscaleRun, UserCommand
 from diffscale.config import merge
 from diffscale.data.spool import SpoolSpec
 
-from cluster_fixtures import fixture_profile
+from cluster_fixtures import RECORDED_AT, fixture_profile, probe_file, recorded_start
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Fixed, hostile run directory: golden files must not depend on the machine.
@@ -117,6 +117,35 @@ def test_golden_coupled_scripts(index, role):
     for line in _directives(text):
         assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), (role, line)
     assert "RUN_DIR='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two'" in text
+
+
+def test_golden_race_across_partitions(tmp_path):
+    """`submit --partition auto --race 3` on the lab's cluster (recorded `sbatch --test-only`): the
+    8 x H200 candidate, third by finish, racing 16 and 8 L40S in another partition."""
+    from diffscale.cluster.partition_auto import compare
+    from diffscale.cluster.partition_choice import ranked
+    from diffscale.cluster.partition_race import raced, raced_plans
+    from diffscale.cluster.probe_result import load
+    from diffscale.cluster.usage import rank_usage
+
+    probes = [probe_file(tmp_path / f"{gpu}.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu=f"NVIDIA {gpu}",
+                         steps_per_s=rate) for gpu, rate in (("H200", 40.0), ("L40S", 8.7))]
+    user = UserCommand(("python", "train.py", "--name", "it's $x"), RUN_DIR, PYTHON,
+                       usage=rank_usage([(load(p), str(p)) for p in probes]))
+    found = compare(fixture_profile("lab-l40s-h200"), user, PlanOptions(account="mylab"), recorded_start,
+                    RECORDED_AT, total_steps=1_000_000)
+    plans = raced_plans(raced(ranked(found), 3))
+    assert [p.spec.race.key for p in plans] == ["l40s-4x4", "l40s-2x4", "h200-1x8"]
+    text = plans[2].script()
+    path = GOLDEN / "lab-auto-race-h200-1x8.sh"
+    if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing {path}: run with DIFFSCALE_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
+    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    for line in _directives(text):
+        assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), line
 
 
 def test_the_coupled_jobs_share_the_run_but_not_their_resources():

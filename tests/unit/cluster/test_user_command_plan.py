@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 import re
 import subprocess
@@ -16,35 +15,18 @@ import pytest
 from diffscale.cli import main
 from diffscale.cluster.launcher import Launcher, resolve
 from diffscale.cluster.partition_auto import compare
-from diffscale.cluster.partition_choice import Start, parse_squeue_start, parse_test_only, pick
+from diffscale.cluster.partition_choice import parse_squeue_start, parse_test_only, pick
 from diffscale.cluster.plan import PlanOptions, make_plan
 from diffscale.cluster.shape import Shape
 from diffscale.cluster.usage import rank_usage
 from diffscale.cluster.workload import UserCommand
 
-from cluster_fixtures import FIXTURES, fixture_profile
+from cluster_fixtures import FIXTURES, fixture_profile, probe_file, recorded_start
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 RUN_DIR = "/scratch/it's a \"weird\" $HOME `date` dir\nline two"
 PYTHON = "/opt/diffscale-venv/bin/python"
 LAB = str(FIXTURES / "lab-l40s-h200.yaml")
-GIB = 2**30
-
-
-def _probe_file(path: Path, *, main_gib: float, workers: int, worker_gib: float, gpu: str | None,
-                steps_per_s: float) -> Path:
-    size = int(main_gib * GIB)
-    fig = {"pid": 1, "cmdline": "python train.py", "memory_bytes": size, "rss_bytes": size, "pss_bytes": size,
-           "uss_bytes": size, "threads": 12}
-    worker = dict(fig, memory_bytes=int(worker_gib * GIB), pss_bytes=int(worker_gib * GIB))
-    path.write_text(json.dumps({
-        "version": 1, "command": ["python", "train.py"], "seconds": 60, "ran_s": 60.0, "ended": "limit",
-        "exit_code": None, "measure": "PSS (/proc/PID/smaps_rollup)", "main": fig,
-        "workers": [dict(worker, pid=10 + k) for k in range(workers)], "workers_at_once": workers,
-        "tree_peak_bytes": 0, "threads_peak": 40, "gpu_bytes": 20_000_000_000 if gpu else None, "gpu_name": gpu,
-        "gpu_note": "measured through NVML", "steps_per_s": steps_per_s, "progress_line": "x", "host": "g01",
-        "cpus": 16, "notes": []}))
-    return path
 
 
 def test_the_users_oom_is_refused_from_their_statement(tmp_path, capsys):
@@ -62,7 +44,7 @@ def test_the_users_oom_is_refused_from_their_statement(tmp_path, capsys):
 def test_a_probe_in_the_run_dir_is_used_and_a_stated_worker_count_wins(tmp_path, capsys):
     run = tmp_path / "r"
     run.mkdir()
-    _probe_file(run / "probe.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S", steps_per_s=8.7)
+    probe_file(run / "probe.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S", steps_per_s=8.7)
     assert main(["plan", "--cluster", LAB, "--nodes", "4", "--gpus-per-node", "4", "--out", str(run), "--",
                  "python", "train.py"]) == 0
     out = capsys.readouterr().out
@@ -142,29 +124,24 @@ def test_the_lightning_slurm_script_leaves_the_rendezvous_to_lightning():
     assert "unset MASTER_ADDR MASTER_PORT RANK LOCAL_RANK WORLD_SIZE NODE_RANK GROUP_RANK" in text
 
 
-def test_recorded_scheduler_answers_parse():
+def testrecorded_start_scheduler_answers_parse():
     assert parse_test_only((FIXTURES / "test-only" / "h200-1x8.txt").read_text()) == dt.datetime(2026, 5, 1, 16, 30)
     assert parse_test_only("sbatch: error: Batch job submission failed: Invalid partition name specified") is None
     assert parse_squeue_start("  48001 2026-05-01T16:30:00\n48002 N/A\n") == [
         ("48001", dt.datetime(2026, 5, 1, 16, 30)), ("48002", None)]
 
 
-def _recorded(plan) -> Start:
-    path = FIXTURES / "test-only" / f"{plan.partition.name}-{plan.shape.label}.txt"
-    return Start(parse_test_only(path.read_text()), "sbatch --test-only (recorded)")
-
-
 def test_the_users_case_16_l40s_now_finish_before_8_h200_after_a_6_5_h_wait(tmp_path):
-    h200 = _probe_file(tmp_path / "h200.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA H200",
+    h200 = probe_file(tmp_path / "h200.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA H200",
                        steps_per_s=10.0)
-    l40s = _probe_file(tmp_path / "l40s.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S",
+    l40s = probe_file(tmp_path / "l40s.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S",
                        steps_per_s=8.7)  # ~87 % of an H200 for their model
     from diffscale.cluster.probe_result import load
 
     usage = rank_usage([(load(h200), str(h200)), (load(l40s), str(l40s))])
     user = UserCommand(("python", "train.py"), "/runs/r", PYTHON, usage=usage)
     now = dt.datetime(2026, 5, 1, 10, 0)
-    found = compare(fixture_profile("lab-l40s-h200"), user, PlanOptions(signal=None), _recorded, now,
+    found = compare(fixture_profile("lab-l40s-h200"), user, PlanOptions(signal=None), recorded_start, now,
                     total_steps=1_000_000)
     best = pick(found)
     table = {(c.plan.partition.name, c.plan.shape.label): c for c in found}
@@ -183,7 +160,7 @@ def test_partition_auto_for_a_command_needs_its_length(tmp_path, capsys):
 
 
 def test_partition_auto_without_a_probe_on_any_gpu_names_the_missing_fact(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", lambda workdir: _recorded)
+    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", lambda workdir: recorded_start)
     assert main(["plan", "--cluster", LAB, "--partition", "auto", "--total-steps", "1000", "--mem-per-rank", "4",
                  "--out", str(tmp_path / "r"), "--", "python", "train.py"]) == 2
     err = capsys.readouterr().err
@@ -204,10 +181,12 @@ def test_a_profile_without_node_memory_names_the_fact_and_discover(tmp_path, cap
     assert "`diffscale cluster discover` reads it" in check.fix
 
 
-def test_submit_refuses_partition_auto(tmp_path, capsys):
+def test_submit_partition_auto_asks_how_many_candidates_to_race(tmp_path, capsys):
     assert main(["submit", "--cluster", LAB, "--partition", "auto", "--out", str(tmp_path / "r"), "--",
                  "python", "train.py"]) == 2
-    assert "--partition auto compares partitions; it does not submit" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--partition auto compares partitions; submit needs to know how many of them to race" in err
+    assert "diffscale submit --partition auto --race 2" in err and not (tmp_path / "r").exists()
 
 
 def test_usage_is_carried_by_the_workload():
