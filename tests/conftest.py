@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from helpers import micro_args, run_cli
+
+# Rendered built-in data goes to a folder of this session (the CLI and job subprocesses inherit
+# it), not to the user's cache.
+os.environ.setdefault("DIFFSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="diffscale-test-cache-"))
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@
 #    start-up), then DDIM sampling against diffusers' DDIMPipeline.
 # 2. OUT_DIR/four-gpus (hosts with 4 GPUs or more): 1 vs 4 GPUs per preset (scaling), with
 #    each rank's communication and idle time (--profile 5).
+# 3. OUT_DIR/tasks (not with --dry-run): a policy's action-chunk latency, online field training
+#    (round, sampling, push) and the start-up of small and medium, cold and resumed.
 # Each folder gets bench.json, sampling.json, bench.png, provenance.jsonl (date, command,
 # commit) and logs/; `diffscale bench --collect --out DIR` prints the tables again.
 set -euo pipefail
@@ -33,4 +35,12 @@ if [ "$GPUS" -ge 4 ] || [ $DRY = 1 ]; then
   # three one-GPU baselines side by side, then the three 4-GPU jobs, as the recorded scaling pass ran
   "$PY" -m diffscale bench "${COMMON[@]}" --gpus 1,4 --recipe fast --profile 5 \
     --concurrent 3 --out "$OUT/four-gpus" "$@"
+fi
+if [ $DRY = 0 ]; then
+  mkdir -p "$OUT/tasks"
+  "$PY" -m diffscale.bench.latency --preset policy --count 1 --steps 10 --repeats 200 --json "$OUT/tasks/policy-ddim10.json"
+  "$PY" -m diffscale.bench.latency --preset policy --count 1 --steps 100 --sampler ddpm --repeats 20 \
+    --json "$OUT/tasks/policy-ddpm100.json"
+  "$PY" -m diffscale.bench.online --preset field-icon --json "$OUT/tasks/online.json"
+  "$PY" -m diffscale.bench.startup --preset small --preset medium --json "$OUT/tasks/startup.jsonl"
 fi

@@ -16,9 +16,14 @@ are not called ``train`` and ``sample``: those are the modules ``diffscale.train
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+"""``TORCHINDUCTOR_CACHE_DIR`` as the user set it (None: unset). Read before torch loads: torch
+sets the variable itself (to /tmp/torchinductor_USER) the first time it looks for its cache."""
 
 _EXPORTS = {
     "train_run": ("diffscale.train", "train"),

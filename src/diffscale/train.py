@@ -132,6 +132,19 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
         ctx.shutdown()
 
 
+def run_compile_cache(run_dir: Path) -> Path:
+    """Where compiled kernels go: the run dir (a shared file system on clusters, so a job that
+    resumes after a wall-time limit reuses them on any node instead of compiling again), unless
+    the user set ``TORCHINDUCTOR_CACHE_DIR``. Set over torch's own default, which torch writes
+    into the variable as soon as anything asks for its cache (node-local /tmp: resumed jobs on
+    another node compiled again)."""
+    from . import USER_COMPILE_CACHE
+
+    if USER_COMPILE_CACHE is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir.resolve() / "cache" / "inductor")
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
 def compile_note(cache_dir: Path) -> str:
     """What the wait before the first step is: compiling, for the first time or from cached kernels.
     (small's first compile took 122-160 s on H100 and H200 hosts: docs/benchmarks.md, "Start-up and
@@ -180,10 +193,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     whole_steps = records_whole_steps(trainer)
     say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data(), whole_steps))
     if policy.compile:
-        # Compiled kernels live in the run dir (a shared file system on clusters): a job that
-        # resumes after a wall-time limit, on any node, reuses them instead of compiling again.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(run_dir.resolve() / "cache" / "inductor"))
-        say(compile_note(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])))
+        say(compile_note(run_compile_cache(run_dir)))
     model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps)
     telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
                                start_step=trainer.step, console=console)

@@ -283,3 +283,17 @@ def test_gpu_profile_counts_the_steps_after_the_first():
     # without the mirrored ranges (an older profiler): every kernel, over every step
     kernels, counted = _gpu_kernels(NS(events=lambda: [e for e in events if not e.is_user_annotation]), steps=2)
     assert counted == 3 and len(kernels) == 4
+
+
+def test_startup_bench_finds_the_first_logged_step_after_the_resume(tmp_path):
+    from diffscale.bench.startup import _first_logged_step
+
+    run = tmp_path / "run"
+    assert _first_logged_step(run, 0) is None  # nothing written yet
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 50, "loss": 0.6}\n{"event": "buffer", "step": 60}\n{"truncat')
+    assert _first_logged_step(run, 0) == 50
+    assert _first_logged_step(run, 50) is None  # the resumed job has not logged yet
+    with (run / "metrics.jsonl").open("a") as out:
+        out.write('\n{"step": 100, "loss": 0.1}\n')
+    assert _first_logged_step(run, 50) == 100

@@ -26,6 +26,29 @@ def test_builtin_sets_ship_with_dependencies():
     assert glyphs.float().mean() > 10 and glyphs.max() == 255  # white strokes on black
 
 
+def test_builtin_images_are_rendered_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    from diffscale.data import builtin
+
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
+    first = builtin.load_builtin("numerals", 12)
+    (cached,) = (tmp_path / "cache").rglob("*.npy")
+    assert cached.name.startswith("numerals-12px-") and not list((tmp_path / "cache").rglob("*.tmp"))
+
+    def no_rendering(variant, size):
+        raise AssertionError("rendered although cached")
+
+    with monkeypatch.context() as m:
+        m.setattr(builtin, "_render_builtin", no_rendering)
+        assert torch.equal(builtin.load_builtin("numerals", 12), first)
+        with pytest.raises(AssertionError):  # another size is another file
+            builtin.load_builtin("numerals", 10)
+    cached.write_bytes(cached.read_bytes()[:100])  # cut short (a job killed while writing elsewhere)
+    assert torch.equal(builtin.load_builtin("numerals", 12), first)
+    assert torch.equal(torch.from_numpy(np.load(cached)), first)  # written whole again
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(cached))  # a file where the folder should be
+    assert torch.equal(builtin.load_builtin("numerals", 12), first)
+
+
 def test_imagefolder_recursive_rgb_resized_and_cropped(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
     Image.new("RGB", (40, 20), (255, 0, 0)).save(tmp_path / "a" / "wide.png")

@@ -16,6 +16,7 @@ from diffscale.data.fields import FieldGenerator
 from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
+from diffscale.online.trainer import BACKGROUND_SWITCH_INTERVAL_S
 from diffscale.presets import get_preset
 from diffscale.runtime import checkpoint as ckpt
 
@@ -155,7 +156,9 @@ def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
 def test_background_training_between_pushes(tmp_path):
     sim = FakeSimulation()
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
+    interval = sys.getswitchinterval()
     trainer.start(steps_per_round=3)
+    assert sys.getswitchinterval() == pytest.approx(min(interval, BACKGROUND_SWITCH_INTERVAL_S))  # push waits less
     for _ in range(4):
         trainer.push(*sim.output())  # the simulation carries on while the thread trains
     deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
@@ -163,6 +166,7 @@ def test_background_training_between_pushes(tmp_path):
         time.sleep(0.05)
     assert trainer.sample(np.zeros((2, 7)), n_members=3, steps=4).shape == (2, 3, 256)
     trainer.stop()
+    assert sys.getswitchinterval() == interval  # the simulation's interpreter as it was
     assert trainer.trainer.step >= 6 and trainer.buffer.pushes == 4
     assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
 

@@ -229,6 +229,39 @@ def test_network_maps_noised_chunks_to_their_shape():
     assert net(x, torch.tensor(5), torch.randn(7, 10)).shape == (7, 16, 3)  # one timestep for the batch
 
 
+def test_convolutions_as_matrix_products_give_the_same_chunks():
+    from diffscale.models.unet1d import MATMUL_MAX_ROWS, TemporalConv, TemporalUpsample, _as_matmul
+
+    torch.manual_seed(0)
+    net = ConditionalUnet1D(3, 2 * 5, step_embed_dim=16, down_dims=(16, 32, 64), n_groups=4)
+    convs = [m for m in net.modules() if isinstance(m, (TemporalConv, TemporalUpsample))]
+    assert {type(m) for m in convs} == {TemporalConv, TemporalUpsample}  # every convolution, strided ones too
+    inputs = (torch.randn(4, 16, 3), torch.tensor([1, 5, 50, 99]), torch.randn(4, 10))
+    with torch.no_grad():
+        cudnn = net(*inputs)
+        for module in convs:
+            module.impl = "matmul"
+        matmul = net(*inputs)
+    # the same sums in another order: equal up to float32 rounding
+    assert torch.allclose(matmul, cudnn, rtol=0, atol=1e-5) and cudnn.abs().max() > 0.1
+    # auto: matrix products for calls of a few rows on a GPU only
+    small, large = torch.zeros(1, 8, 16), torch.zeros(256, 8, 16)
+    assert not _as_matmul("auto", small) and not _as_matmul("auto", large)  # CPU tensors
+    assert _as_matmul("matmul", large) and not _as_matmul("cudnn", small)
+    assert 16 <= MATMUL_MAX_ROWS < 256 * 4  # an action chunk at batch 1 qualifies, a training batch does not
+
+
+def test_conv_setting_is_checked_and_reaches_every_convolution():
+    from diffscale.models import build_unet1d
+    from diffscale.models.unet1d import TemporalConv
+
+    cfg = get_preset("policy-tiny").model
+    with pytest.raises(UserError, match="model.conv.*'fft' is not a convolution implementation.*auto, cudnn, matmul"):
+        type(cfg)(conv="fft")
+    net = build_unet1d(type(cfg)(conv="matmul", down_dims=(16, 32)), 4, 2)
+    assert {m.impl for m in net.modules() if isinstance(m, TemporalConv)} == {"matmul"}
+
+
 # -- the task -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_task():

@@ -92,3 +92,17 @@ def test_a_pipe_gets_lines_and_nothing_is_reported_outside_reporting():
     with reporting(progress):
         _sample(SamplerKind.DDIM, 4, _Counting())
     assert out.getvalue().splitlines()[0] == "sampling: 3 samples, ddim, 4 steps"
+
+
+def test_sampling_sets_eval_mode_for_the_call_and_leaves_an_eval_network_unwalked():
+    from diffscale.diffusion import evaluating
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout())
+    with evaluating(net):
+        assert not net.training and not net[1].training
+    assert net.training and net[1].training  # a training network trains on afterwards
+    net.eval()
+    net[1].train()  # marks whether the modules were walked
+    with evaluating(net):
+        assert net[1].training  # not walked: setting the mode of every module cost ms per call
+    assert not net.training and net[1].training

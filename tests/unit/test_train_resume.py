@@ -1,6 +1,8 @@
 """Training end to end on the CPU: exact resume, refusal, signatures, corrupt checkpoints."""
 
 import json
+import os
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -114,3 +116,17 @@ def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
     assert "first time" in compile_note(cache)  # an empty cache folder holds nothing to reuse
     (cache / "fxgraph").mkdir()
     assert compile_note(cache) == f"compiling the network: kernels cached by an earlier job in {cache} are reused"
+
+
+def test_compiled_kernels_go_to_the_run_dir_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
+    import diffscale
+    from diffscale.train import run_compile_cache
+
+    # torch writes its node-local default into the variable once anything asks for its cache
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
+    monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", None)
+    assert run_compile_cache(tmp_path / "run") == (tmp_path / "run" / "cache" / "inductor").resolve()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "run" / "cache" / "inductor").resolve())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/me/inductor")
+    monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
+    assert run_compile_cache(tmp_path / "run") == Path("/scratch/me/inductor")

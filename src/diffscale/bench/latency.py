@@ -60,6 +60,11 @@ def measure(args: argparse.Namespace) -> dict:
               "threads": torch.get_num_threads(), "compiled": network.policy.compile, "repeats": args.repeats,
               "loop_graph": network.loops is not None, **_timed(caller(network), device, args.warmup, args.repeats),
               "torch": torch.__version__}
+    if args.profile:
+        from .profile import profile_steps
+
+        call = caller(network)
+        record["profile"] = profile_steps(lambda: call(0), args.profile, device, top=args.top)
     if args.compare_loop:
         per_call = sampling_network(copy.deepcopy(net), dataclasses.replace(cfg.runtime, sampling_graph=C.Toggle.OFF))
         record["per_call_graphs"] = _timed(caller(per_call), device, args.warmup, args.repeats)
@@ -79,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", metavar="KEY=VALUE")
     parser.add_argument("--compare-loop", action="store_true",
                         help="also time runtime.sampling_graph off (one graph per network call) side by side")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile N calls: GPU kernel time per call by kind, the top kernels")
+    parser.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     for name in ("count", "steps", "repeats", "warmup"):
@@ -86,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be at least 1")
     record = measure(args)
     print(json.dumps(record))
+    if args.profile:
+        from .profile import render_profile
+
+        print(render_profile({**record, "recipe": "generate", "world_size": 1, "step_s": record["p50_ms"] / 1e3}))
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
     return 0

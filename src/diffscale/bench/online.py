@@ -22,6 +22,7 @@ import torch
 from .. import config as C
 from ..errors import UserError
 from ..online import OnlineTrainer
+from ..online.trainer import BACKGROUND_SWITCH_INTERVAL_S
 from ..runtime.device import synchronize
 
 
@@ -59,7 +60,7 @@ def measure(args: argparse.Namespace) -> dict:
             trainer.sample(cond, n_members=args.members, steps=args.sample_steps, seed=seed)
             sampling.append(time.perf_counter() - start)  # sample() returns numpy: synchronised
         pushes, first = [], trainer.trainer.step
-        trainer.start()
+        trainer.start(switch_interval_s=args.switch_interval_ms / 1e3)
         for step in range(args.pushes):
             c, x = rng.normal(size=(cells, coarse)), rng.normal(size=(cells, fine))
             start = time.perf_counter()
@@ -72,7 +73,8 @@ def measure(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(), "round_steps": args.round_steps, "batch": cfg.train.batch_per_gpu,
             "round_s": round_s, "steps_per_s": args.round_steps / round_s,
             "sampling": {"cells": cells, "members": args.members, "steps": args.sample_steps, **_percentiles(sampling)},
-            "push": {"rows": cells, "count": args.pushes, "gap_ms": args.push_gap_ms, **_percentiles(pushes),
+            "push": {"rows": cells, "count": args.pushes, "gap_ms": args.push_gap_ms,
+                     "switch_interval_ms": args.switch_interval_ms, **_percentiles(pushes),
                      "steps_trained_meanwhile": trained_meanwhile},
             "torch": torch.__version__}
 
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="timed sampling calls")
     parser.add_argument("--pushes", type=int, default=200, help="timed pushes while training runs")
     parser.add_argument("--push-gap-ms", type=float, default=5.0)
+    parser.add_argument("--switch-interval-ms", type=float, default=BACKGROUND_SWITCH_INTERVAL_S * 1e3,
+                        help="the interpreter's thread switch interval while training runs in the background "
+                             "(Python's default is 5)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda", "mps"])
     parser.add_argument("--set", action="append", metavar="KEY=VALUE")
     parser.add_argument("--json", help="also write the record here")

@@ -117,6 +117,9 @@ class FieldModelConfig:
         return f"MLP {self.cond_dim or '?'} -> {self.x_dim or '?'}{fields}, {self.depth} blocks of {self.hidden}"
 
 
+CONV_IMPLS = ("auto", "cudnn", "matmul")
+
+
 @dataclass(kw_only=True)
 class PolicyModelConfig:
     """The action denoiser: a 1-D temporal convolutional UNet over the action chunk, conditioned
@@ -140,9 +143,18 @@ class PolicyModelConfig:
     """GroupNorm groups; must divide every width in ``down_dims``."""
     step_embed_dim: int = 256
     """Width of the diffusion-step embedding."""
+    conv: str = "auto"
+    """How the temporal convolutions run: ``cudnn`` (torch's conv1d), ``matmul`` (the windows
+    unfolded and multiplied by the weights as one matrix product: the same weights and results)
+    or ``auto``: matmul for calls of a few rows on a GPU (an action chunk at batch 1: 10.5 against
+    15.9 ms on an H100), cudnn otherwise (training at batch 256: 24,611 against 19,677 samples/s).
+    Checkpoints load either way."""
 
     def __post_init__(self) -> None:
         self.down_dims = tuple(int(d) for d in self.down_dims)
+        if self.conv not in CONV_IMPLS:
+            _fail("model.conv", f"'{self.conv}' is not a convolution implementation",
+                  f"use one of: {', '.join(CONV_IMPLS)}")
         for name in ("obs_dim", "action_dim"):
             if getattr(self, name) < 0:
                 _fail(f"model.{name}", f"{getattr(self, name)} is negative",

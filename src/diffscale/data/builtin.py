@@ -12,7 +12,10 @@ Every image is white-on-black ``uint8`` of shape (N, 1, S, S).
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import string
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -89,8 +92,61 @@ def _to_size(images: torch.Tensor, size: int) -> torch.Tensor:
     return out.round().clamp(0, 255).to(torch.uint8)
 
 
+CACHE_FORMAT = 1
+"""Bump when rendering changes: cached images of an older format are rendered again."""
+
+
+def cache_dir() -> Path:
+    """Where rendered built-in images are kept: ``DIFFSCALE_CACHE_DIR``, else the user's cache
+    folder (``XDG_CACHE_HOME`` or ``~/.cache``) / diffscale."""
+    if os.environ.get("DIFFSCALE_CACHE_DIR"):
+        return Path(os.environ["DIFFSCALE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffscale"
+
+
+def _cache_file(variant: str, size: int) -> Path:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for package in ("matplotlib", "pillow", "scikit-learn"):  # the fonts, the renderer, the digits
+        try:
+            versions.append(version(package))
+        except PackageNotFoundError:
+            versions.append("-")
+    key = hashlib.sha256(repr((CACHE_FORMAT, variant, size, versions)).encode()).hexdigest()[:16]
+    return cache_dir() / "builtin" / f"{variant}-{size}px-{key}.npy"
+
+
 def load_builtin(variant: str, size: int) -> torch.Tensor:
+    """The built-in images (N, 1, size, size) uint8. Rendered once, then read from the cache
+    folder: rendering takes seconds at every start (4-6 s of a resumed job's start-up on an
+    H100 host, docs/benchmarks.md), reading the file milliseconds."""
     variant = variant or "glyphs"
+    if variant not in VARIANTS:
+        raise UserError(f"unknown built-in data set '{variant}'",
+                        f"use one of: {', '.join('builtin:' + v for v in VARIANTS)}")
+    path = _cache_file(variant, size)
+    try:
+        cached = np.load(path, allow_pickle=False)
+        if cached.dtype == np.uint8 and cached.ndim == 4 and cached.shape[1:] == (1, size, size) and len(cached):
+            return torch.from_numpy(cached)
+    except (OSError, ValueError):  # not there yet, unreadable or cut short: render again
+        pass
+    images = _render_builtin(variant, size)
+    tmp = None
+    try:  # a cache only: where it cannot be written, the next start renders again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as out:  # written whole, then renamed: readers never see half a file
+            np.save(out, images.numpy(), allow_pickle=False)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return images
+
+
+def _render_builtin(variant: str, size: int) -> torch.Tensor:
     if variant == "glyphs":
         return render_glyphs(size)
     if variant == "numerals":
@@ -100,5 +156,4 @@ def load_builtin(variant: str, size: int) -> torch.Tensor:
     if variant == "mix":
         # More jittered variants: ~11k images, enough for one 4-GPU batch of the small preset.
         return torch.cat([render_glyphs(size, variants_per_glyph=20), load_digits(size)])
-    raise UserError(f"unknown built-in data set '{variant}'",
-                    f"use one of: {', '.join('builtin:' + v for v in VARIANTS)}")
+    raise AssertionError(variant)  # load_builtin checked the name

@@ -3,6 +3,7 @@ CUDA graphs and frozen weights; DDIM's whole loop replayed as one graph (``graph
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -40,22 +41,36 @@ class InferenceNetwork(torch.nn.Module):
         # sampling step of a small network is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
         # live: weights are read at each call (not frozen), for a network updated in place
-        options = sampling_compile_options(policy, tune_kernels, freeze=not live)
+        options = sampling_compile_options(policy, tune_kernels)
         self.graphs = bool(options.get("triton.cudagraphs"))
+        self.frozen = policy.compile and not live
         self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
         # Inside a recorded loop the network must not record graphs of its own. A module of its
         # own: dynamo keeps compiled code per function, and the network's forward has self.run's.
         step = _LoopStep(net, policy)
-        plain = compile_options("default", policy.layout_opt, tune_kernels, freeze=not live)
+        plain = compile_options("default", policy.layout_opt, tune_kernels)
         compiled = policy.compile and self.loops is not None
-        self.loop_step = torch.compile(step, options=plain, dynamic=False) if compiled else step
+        self._step = torch.compile(step, options=plain, dynamic=False) if compiled else step
+        self.eval()  # sampling leaves a network in eval mode alone (sampler.evaluating)
+
+    def _compiling(self) -> contextlib.AbstractContextManager[Any]:
+        """Inductor's freezing, where weights are frozen, for whatever compiles inside. It must be
+        set in inductor's config while a call compiles: given as a ``torch.compile`` option it
+        did not apply (torch 2.11/2.13: the weights stayed graph inputs and were cast to bf16 at
+        every call, 8 of a policy call's kernels on an H100)."""
+        return torch._inductor.config.patch(freezing=True) if self.frozen else contextlib.nullcontext()
+
+    def loop_step(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
+        """One network call inside a loop being recorded (``sampler.sample``)."""
+        with self._compiling():
+            return self._step(x, t, *condition)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
         if self.policy.channels_last and x.dim() == 4:  # the memory format exists for image batches only
             x = x.contiguous(memory_format=torch.channels_last)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's output is consumed
-        with self.policy.autocast():
+        with self.policy.autocast(), self._compiling():
             out = self.run(x, t, *condition)
         return out.clone() if self.graphs else out  # a graph's output buffer is reused by the next replay
 
@@ -76,11 +91,12 @@ class _LoopStep(torch.nn.Module):
             return self.net(x, t, *condition)
 
 
-def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False, freeze: bool = True) -> dict[str, Any]:
-    """Inductor options for sampling: CUDA graphs on CUDA, frozen weights, and the layout
-    optimisation only where set on (``auto`` keeps inductor's own choice, as measured)."""
+def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
+    """Inductor options for sampling: CUDA graphs on CUDA and the layout optimisation only where
+    set on (``auto`` keeps inductor's own choice, as measured). Freezing is set around the calls
+    (``InferenceNetwork._compiling``)."""
     graphs = policy.compile and policy.device.type == "cuda"
-    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels, freeze=freeze)
+    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
 
 
 def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False) -> InferenceNetwork:

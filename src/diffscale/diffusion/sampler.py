@@ -51,6 +51,21 @@ class Conditioned:
             return self.network(x, t, *self.condition)
 
 
+@contextlib.contextmanager
+def evaluating(network: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``network`` in eval mode inside the block, in training mode again after it if it was.
+    A network already in eval mode is not walked: setting the mode visits every module, twice
+    per call (~4 ms of a 10-step action chunk's host time on an H100 machine, docs/benchmarks.md)."""
+    was_training = network.training
+    if was_training:
+        network.eval()
+    try:
+        yield network
+    finally:
+        if was_training:
+            network.train()
+
+
 class SamplingProgress(Protocol):
     def start(self, kind: SamplerKind, steps: int, count: int) -> None:
         """Sampling ``count`` samples with ``steps`` denoising steps begins."""
@@ -98,28 +113,32 @@ def sample(
     intermediate ones every that many steps (for GIFs). ``x_init`` replaces
     the initial noise (ranks sharing one seeded draw each denoise their own rows).
     """
-    scheduler = diffusion.ddim_scheduler() if sampler.kind == SamplerKind.DDIM else diffusion.ddpm_scheduler()
     steps = min(sampler.steps, diffusion.num_timesteps)
-    scheduler.set_timesteps(steps)  # DDPM too: ancestral steps strided over the trained timesteps
     # Noise from a CPU generator: the same seed gives the same images on every device.
     x = (x_init if x_init is not None else torch.randn(shape, generator=generator)).to(device)
     frames: list[torch.Tensor] = []
-    extra = {"eta": 0.0} if sampler.kind == SamplerKind.DDIM else {}
     progress = _PROGRESS.get()
-    if progress is not None:
-        progress.start(sampler.kind, len(scheduler.timesteps), shape[0])
     loops = _recorded_loops(denoise, sampler, trajectory_every)
     if loops is not None:  # the whole loop as one replayed CUDA graph (DDIM without noise: nothing drawn inside)
+        # No scheduler is made here: the recorded loop holds its schedule, and building diffusers'
+        # scheduler took longer on the host than the replayed 10-step action chunk on the GPU.
         assert isinstance(denoise, Conditioned)
+        if progress is not None:
+            progress.start(sampler.kind, steps, shape[0])  # DDIM runs exactly `steps` timesteps
         try:
             key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in denoise.condition), steps, id(diffusion))
             x = loops.run(key, _ddim_loop(denoise.network, diffusion, steps), x, denoise.condition)
             if progress is not None:
-                progress.advance(len(scheduler.timesteps))
+                progress.advance(steps)
         finally:
             if progress is not None:
                 progress.finish()
         return _bounded(x, diffusion).cpu(), frames
+    scheduler = diffusion.ddim_scheduler() if sampler.kind == SamplerKind.DDIM else diffusion.ddpm_scheduler()
+    scheduler.set_timesteps(steps)  # DDPM too: ancestral steps strided over the trained timesteps
+    extra = {"eta": 0.0} if sampler.kind == SamplerKind.DDIM else {}
+    if progress is not None:
+        progress.start(sampler.kind, len(scheduler.timesteps), shape[0])
     try:
         for i, t in enumerate(scheduler.timesteps):
             t_batch = torch.full((shape[0],), int(t), device=device, dtype=torch.long)

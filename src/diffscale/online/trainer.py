@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 import threading
 import time
 from collections import deque
@@ -61,6 +62,9 @@ from ..step import StepRunner
 from ..step_graph import records_whole_steps
 from ..tasks.fields import FieldTask
 from ..trainer import Trainer
+
+BACKGROUND_SWITCH_INTERVAL_S = 0.0002
+"""The interpreter's thread switch interval while ``start`` trains in the background."""
 
 
 class OnlineTrainer:
@@ -109,6 +113,7 @@ class OnlineTrainer:
         self._lock = threading.Lock()  # guards _pending only: push holds it for one append
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
         self._thread: threading.Thread | None = None
+        self._switch_interval = sys.getswitchinterval()
         self._halt = threading.Event()
         self.error: BaseException | None = None
         """What ended background training, if anything did (``stop`` raises it)."""
@@ -223,13 +228,20 @@ class OnlineTrainer:
             return ckpt.list_checkpoints(self.run_dir)[-1]
 
     # -- background training -------------------------------------------------------------------
-    def start(self, steps_per_round: int = 20) -> None:
+    def start(self, steps_per_round: int = 20, switch_interval_s: float = BACKGROUND_SWITCH_INTERVAL_S) -> None:
         """Train in a background thread whenever the buffer is ready, ``steps_per_round`` steps at
         a time, until ``stop``. ``push`` stays a copy; ``sample`` and ``checkpoint`` wait for the
-        round in progress. An error ends training, not the simulation (``stop`` raises it)."""
+        round in progress. An error ends training, not the simulation (``stop`` raises it).
+        ``switch_interval_s``: the interpreter's thread switch interval until ``stop`` (longer
+        ones are kept)."""
         if self._thread is not None:
             return
         self._halt.clear()
+        # push() runs on the simulation's thread and needs the GIL, which the training thread
+        # hands over only every sys.getswitchinterval() (5 ms by default) while it runs Python
+        # between launches: a shorter interval while training runs bounds push's wait.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, switch_interval_s))
 
         def run() -> None:
             try:
@@ -251,6 +263,7 @@ class OnlineTrainer:
             self._halt.set()
             self._thread.join()
             self._thread = None
+            sys.setswitchinterval(self._switch_interval)
         if self.error is not None:
             error, self.error = self.error, None
             raise error

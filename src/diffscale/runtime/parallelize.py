@@ -52,10 +52,9 @@ def trains_in_cuda_graphs(cfg: RunConfig, policy: DevicePolicy) -> bool:
     return training_compile_mode(cfg, policy) == CompileMode.REDUCE_OVERHEAD
 
 
-def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False, freeze: bool = False) -> dict[str, Any]:
-    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation,
-    coordinate-descent kernel tuning and freezing (``torch.compile`` takes a mode or options,
-    not both)."""
+def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False) -> dict[str, Any]:
+    """Inductor options of ``torch.compile(mode=mode)``, plus the forced layout optimisation and
+    coordinate-descent kernel tuning (``torch.compile`` takes a mode or options, not both)."""
     from torch._inductor import list_mode_options
 
     options = dict(list_mode_options(mode))
@@ -63,8 +62,6 @@ def compile_options(mode: str, layout_opt: bool, tune_kernels: bool = False, fre
         options["force_layout_optimization"] = True
     if tune_kernels:
         options["coordinate_descent_tuning"] = True
-    if freeze:
-        options["freezing"] = True
     return options
 
 

@@ -21,7 +21,7 @@ from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.fields import FieldData, load_fields
 from ..data.follow import SpoolBatcher
 from ..data.spool import SpoolReader, SpoolSpec, parse_spool_spec
-from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import FieldMLP
 from .base import Autocast, Batcher, Feed, Generated, ReferenceData
@@ -263,16 +263,11 @@ class FieldTask:
                  sampler: SamplerKind, generator: torch.Generator, autocast: Autocast | None,
                  trajectory: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Denoise standardised noise ``start`` (B, *x_shape) for conditions (B, C) in data units."""
-        was_training = network.training
-        network.eval()
-        cond_std = self.stats.cond(cond)
-
-        denoise = Conditioned(network, (cond_std,), autocast)
-
-        x, frames = sample(denoise, self.diffusion, tuple(start.shape), sampler=Sampler(sampler, steps),
-                           generator=generator, device=self.device,
-                           trajectory_every=max(1, steps // 25) if trajectory else 0, x_init=start)
-        network.train(was_training)
+        denoise = Conditioned(network, (self.stats.cond(cond),), autocast)
+        with evaluating(network):
+            x, frames = sample(denoise, self.diffusion, tuple(start.shape), sampler=Sampler(sampler, steps),
+                               generator=generator, device=self.device,
+                               trajectory_every=max(1, steps // 25) if trajectory else 0, x_init=start)
         return self.stats.x_back(x), [self.stats.x_back(f) for f in frames]
 
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:

@@ -10,7 +10,7 @@ import torch
 from ..config import ModelConfig, RunConfig
 from ..data.device_loader import DataPosition, DeviceBatcher, shift_augment
 from ..data.sources import describe, load_images
-from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
@@ -115,17 +115,12 @@ class ImageTask:
             start = start[rows]
         if start.shape[0] == 0:
             return Generated(start)
-        was_training = network.training
-        network.eval()
-
-        denoise = Conditioned(network, (), autocast)
-
-        images, frames = sample(
-            denoise, self.diffusion, tuple(start.shape), sampler=Sampler(SamplerKind(sampler), steps),
-            generator=generator, device=self.device, trajectory_every=max(1, steps // 25) if trajectory else 0,
-            x_init=start,
-        )
-        network.train(was_training)
+        with evaluating(network):
+            images, frames = sample(
+                Conditioned(network, (), autocast), self.diffusion, tuple(start.shape),
+                sampler=Sampler(SamplerKind(sampler), steps), generator=generator, device=self.device,
+                trajectory_every=max(1, steps // 25) if trajectory else 0, x_init=start,
+            )
         return Generated(images, frames)
 
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, default_collate
 from ..config import PolicyModelConfig, RunConfig
 from ..data.device_loader import DataPosition, DeviceBatcher
 from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
-from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
+from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import build_unet1d
 from .base import Autocast, Feed, Generated, ReferenceData
@@ -168,16 +168,11 @@ class PolicyTask:
         if noise is None:
             noise = torch.randn((history.shape[0], self.model.pred_horizon, self.action_dim), generator=generator)
         cond = obs_norm.normalize(history.to(self.device, torch.float32)).flatten(1)
-        was_training = network.training
-        network.eval()
-
-        denoise = Conditioned(network, (cond,), autocast)
-
-        kind = SamplerKind(sampler)
         every = max(1, min(steps, self.diffusion.num_timesteps) // 25) if trajectory else 0
-        actions, frames = sample(denoise, self.diffusion, tuple(noise.shape), sampler=Sampler(kind, steps),
-                                 generator=generator, device=self.device, trajectory_every=every, x_init=noise)
-        network.train(was_training)
+        with evaluating(network):
+            actions, frames = sample(Conditioned(network, (cond,), autocast), self.diffusion, tuple(noise.shape),
+                                     sampler=Sampler(SamplerKind(sampler), steps), generator=generator,
+                                     device=self.device, trajectory_every=every, x_init=noise)
         return Generated(action_norm.unnormalize(actions), [action_norm.unnormalize(f) for f in frames])
 
     @torch.no_grad()
