@@ -79,10 +79,9 @@ def _cases():
 CASES = _cases()
 
 
-@pytest.mark.parametrize("stem,profile,shape,workload,options", CASES, ids=[c[0] for c in CASES])
-def test_golden_script(stem, profile, shape, workload, options):
-    plan = make_plan(_profile(profile), shape, workload, options)
-    text = plan.script()
+def _matches_golden(text: str, stem: str) -> None:
+    """``text`` is GOLDEN/STEM.sh (rewritten with DIFFSCALE_REGEN_GOLDEN=1), valid bash, and its
+    SBATCH directives carry only quoting-free values."""
     path = GOLDEN / f"{stem}.sh"
     if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
         path.write_text(text)
@@ -90,6 +89,14 @@ def test_golden_script(stem, profile, shape, workload, options):
     assert text == path.read_text(), f"{stem}: script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
     syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+    for line in _directives(text):
+        if line.startswith("#SBATCH"):
+            assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), (stem, line)
+
+
+@pytest.mark.parametrize("stem,profile,shape,workload,options", CASES, ids=[c[0] for c in CASES])
+def test_golden_script(stem, profile, shape, workload, options):
+    _matches_golden(make_plan(_profile(profile), shape, workload, options).script(), stem)
 
 
 def _coupled():
@@ -107,15 +114,7 @@ def test_golden_coupled_scripts(index, role):
     plan = _coupled()[index]
     assert plan.role == role and plan.spec.script_file == f"job-{role}-{plan.shape.label}.slurm.sh"
     text = plan.script()
-    path = GOLDEN / f"dkrz-levante-coupled-{role}.sh"
-    if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing {path}: run with DIFFSCALE_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"{role}: script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
-    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    for line in _directives(text):
-        assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), (role, line)
+    _matches_golden(text, f"dkrz-levante-coupled-{role}")
     assert "RUN_DIR='/scratch/it'\"'\"'s a \"weird\" $HOME `date` dir\nline two'" in text
 
 
@@ -136,16 +135,7 @@ def test_golden_race_across_partitions(tmp_path):
                     RECORDED_AT, total_steps=1_000_000)
     plans = raced_plans(raced(ranked(found), 3))
     assert [p.spec.race.key for p in plans] == ["l40s-4x4", "l40s-2x4", "h200-1x8"]
-    text = plans[2].script()
-    path = GOLDEN / "lab-auto-race-h200-1x8.sh"
-    if os.environ.get("DIFFSCALE_REGEN_GOLDEN"):
-        path.write_text(text)
-    assert path.exists(), f"missing {path}: run with DIFFSCALE_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"script differs from {path} (DIFFSCALE_REGEN_GOLDEN=1 to accept)"
-    syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-    assert syntax.returncode == 0, syntax.stderr
-    for line in _directives(text):
-        assert re.fullmatch(r"#SBATCH --[a-z-]+(=[A-Za-z0-9_.+:=/@,%-]+)?", line), line
+    _matches_golden(plans[2].script(), "lab-auto-race-h200-1x8")
 
 
 def test_the_coupled_jobs_share_the_run_but_not_their_resources():
