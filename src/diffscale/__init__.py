@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 __version__ = "0.1.0"
+
+if sys.platform == "darwin":
+    # Operations Apple's MPS backend lacks run on the CPU instead of ending a run. torch reads
+    # the variable once, when it loads: it must be set before the first `import torch`.
+    os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 """``TORCHINDUCTOR_CACHE_DIR`` as the user set it (None: unset). Read before torch loads: torch

@@ -23,7 +23,7 @@ from .config import RunConfig, write_yaml
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
-from .runtime.device import DevicePolicy, configure_backends, peak_memory_bytes, pick_device, resolve_policy
+from .runtime.device import DevicePolicy, configure_backends, mps_gap, peak_memory_bytes, pick_device, resolve_policy
 from .runtime.distributed import DistContext, detect_launch, init_distributed
 from .runtime.parallelize import parallelize, trains_in_cuda_graphs
 from .runtime.resources import cpus_for_rank
@@ -64,6 +64,8 @@ def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int,
         compiled += " | each step one CUDA graph"
     if policy.flex_min_rows is not None:
         compiled += " | FlexAttention" + (f" (calls of >= {policy.flex_min_rows} rows)" if policy.flex_min_rows else "")
+    if policy.device.type == "mps" and os.environ.get("PYTORCH_ENABLE_MPS_FALLBACK") == "1":
+        compiled += " | ops MPS lacks run on the CPU"
     return (
         f"diffscale | {policy.device.type}: {policy.name}{mem} | {policy.precision.value}"
         f"{' + GradScaler' if policy.use_grad_scaler else ''}{compiled} | "
@@ -127,6 +129,11 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
     stop = StopFlag().install()
     try:
         return _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console, stop=stop)
+    except NotImplementedError as exc:
+        gap = mps_gap(exc, device)
+        if gap is None:
+            raise
+        raise gap from exc
     finally:
         stop.restore()
         ctx.shutdown()

@@ -99,17 +99,27 @@ def _probe(path: Path, gpu: str | None, steps_per_s: float) -> str:
     return str(path)
 
 
+def _two_partitions(path: Path, *, max_nodes: int, fast_extra: str = "") -> Path:
+    """A profile of the test SLURM's two partitions: 'fast' (gpu, H200s) and 'slow' (cpu)."""
+    path.write_text("name: two\nscheduler: slurm\npartitions:\n"
+                    "  fast: {submit_name: gpu, gpus_per_node: 2, gpu_type: H200, cpus_per_node: 4, "
+                    f"mem_per_node_gb: 8, max_nodes: {max_nodes}{fast_extra}}}\n"
+                    "  slow: {submit_name: cpu, gpus_per_node: 0, cpus_per_node: 4, mem_per_node_gb: 8, "
+                    f"max_nodes: {max_nodes}}}\n")
+    return path
+
+
+def _block_the_gpus(slurm_cluster) -> str:
+    """A 30-minute job on every GPU of the 'gpu' partition (scancel it when done)."""
+    return slurm_cluster.sbatch("--partition=gpu", "--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1",
+                                "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
+
+
 def test_partition_auto_avoids_the_partition_a_blocking_job_keeps_busy(slurm_cluster, tmp_path):
     """'fast' (the GPU partition, probed at 10 steps/s) is held for 30 min by a job on every GPU;
     'slow' (the CPU partition, 1 step/s) is free: slow finishes first, fast would start in ~30 min."""
-    profile = tmp_path / "two.yaml"
-    profile.write_text("name: two\nscheduler: slurm\npartitions:\n"
-                       "  fast: {submit_name: gpu, gpus_per_node: 2, gpu_type: H200, cpus_per_node: 4, "
-                       "mem_per_node_gb: 8, max_nodes: 2, charge_per_gpu_hour: 2.0}\n"
-                       "  slow: {submit_name: cpu, gpus_per_node: 0, cpus_per_node: 4, mem_per_node_gb: 8, "
-                       "max_nodes: 2}\n")
-    blocker = slurm_cluster.sbatch("--partition=gpu", "--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1",
-                                   "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
+    profile = _two_partitions(tmp_path / "two.yaml", max_nodes=2, fast_extra=", charge_per_gpu_hour: 2.0")
+    blocker = _block_the_gpus(slurm_cluster)
     try:
         slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})
         # one core and 1 GB a node: what the blocker leaves free (with all of a node's, SLURM would wait for it)
@@ -131,14 +141,8 @@ def test_partition_auto_races_two_partitions_and_the_free_one_wins(slurm_cluster
     """`submit --partition auto --race 2`: 'fast' (GPU partition) is held by a blocking job, 'slow'
     (CPU partition) is free. Both 1x1 candidates are submitted, each under its own key; the slow
     one starts, claims the run and cancels the fast one by name; status names the winner."""
-    profile = tmp_path / "two.yaml"
-    profile.write_text("name: two\nscheduler: slurm\npartitions:\n"
-                       "  fast: {submit_name: gpu, gpus_per_node: 2, gpu_type: H200, cpus_per_node: 4, "
-                       "mem_per_node_gb: 8, max_nodes: 1}\n"
-                       "  slow: {submit_name: cpu, gpus_per_node: 0, cpus_per_node: 4, mem_per_node_gb: 8, "
-                       "max_nodes: 1}\n")
-    blocker = slurm_cluster.sbatch("--partition=gpu", "--nodes=2", "--gpus-per-node=2", "--cpus-per-task=1",
-                                   "--mem=100M", "--time=00:30:00", "--output=/dev/null", "--wrap", "sleep 600")
+    profile = _two_partitions(tmp_path / "two.yaml", max_nodes=1)
+    blocker = _block_the_gpus(slurm_cluster)
     run_dir = tmp_path / "raced"
     try:
         slurm_cluster.wait(blocker, timeout=30, states={"RUNNING"})

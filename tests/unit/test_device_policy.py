@@ -202,3 +202,26 @@ def test_bf16_gradient_compression_is_off_unless_asked_and_needs_nccl():
         bf16_gradient_compression(Toggle.ON, "gloo")
     assert "runtime.ddp_bf16_compress on needs CUDA GPUs with NCCL" in str(err.value)
     assert "auto or off" in err.value.fix
+
+
+def test_an_operation_mps_lacks_is_one_message_with_the_fix():
+    from diffscale.runtime.device import mps_gap
+
+    lacking = NotImplementedError("The operator 'aten::_fft_r2c' is not currently implemented for the MPS device. "
+                                  "If you want this op to be added in priority ...\nmore lines")
+    gap = mps_gap(lacking, torch.device("mps"))
+    assert gap is not None and "not implemented on Apple MPS (The operator 'aten::_fft_r2c'" in str(gap)
+    assert "PYTORCH_ENABLE_MPS_FALLBACK=1" in gap.fix and "--device cpu" in gap.fix
+    assert mps_gap(lacking, torch.device("cpu")) is None  # the same text on another device is another error
+    assert mps_gap(NotImplementedError("abstract method"), torch.device("mps")) is None
+
+
+def test_importing_diffscale_on_macos_turns_on_the_cpu_fallback_before_torch_loads():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; os.environ.pop('PYTORCH_ENABLE_MPS_FALLBACK', None); sys.platform = '{}'; "
+            "import diffscale; print(os.environ.get('PYTORCH_ENABLE_MPS_FALLBACK'), 'torch' in sys.modules)")
+    for platform, expected in (("darwin", "1 False"), ("linux", "None False")):
+        out = subprocess.run([sys.executable, "-c", code.format(platform)], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == expected.split(), out

@@ -53,6 +53,17 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def mps_gap(exc: NotImplementedError, device: torch.device) -> UserError | None:
+    """The message for an operation Apple's MPS backend lacks (torch raises NotImplementedError
+    when its CPU fallback is off), or None for any other error."""
+    if device.type != "mps" or "MPS" not in str(exc):
+        return None
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UserError(f"an operation this run needs is not implemented on Apple MPS ({first[:200]})",
+                     "let it run on the CPU: export PYTORCH_ENABLE_MPS_FALLBACK=1 before Python starts "
+                     "(diffscale sets it when it is imported before torch), or use --device cpu")
+
+
 def _mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
 
