@@ -89,8 +89,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     at_least(args.count, 1, "--count", "50")
     at_least(args.steps, 1, "--steps", "10")
+    at_least(args.max_episode_steps, 1, "--max-episode-steps", "50")
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
-                        device=args.device, as_json=args.json)
+                        device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
@@ -198,12 +199,16 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_export)
 
     p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",
-             "diffscale eval runs/policy-tiny --count 50 --json")
+             "diffscale eval runs/pusht --env pusht --count 50 --json")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
     p.add_argument("--count", type=int, help="rollouts (policy) or ensemble members (fields); default: the task's")
     p.add_argument("--steps", type=int,
                    help="denoising steps per generated sample (default: the run's train.sample_steps)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")
+    p.add_argument("--env", default="auto", help="where a policy is rolled out: auto (reach2d for the built-in data), "
+                   "reach2d, or pusht (gym-pusht's PushT; pip install 'diffscale[pusht]')")
+    p.add_argument("--max-episode-steps", type=int, metavar="N",
+                   help="cut rollouts off after N environment steps (default: the environment's; pusht 300)")
     _device_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     p.set_defaults(func=cmd_eval)

@@ -1,6 +1,7 @@
 """``diffscale eval RUN_DIR``: the task's own evaluation of a trained run's EMA weights
-(closed-loop rollouts for policies, ensemble scores for fields), printed as a table or one
-JSON line, kept in ``RUN_DIR/eval/step_NNNNNNNN/`` and appended to ``metrics.jsonl``."""
+(closed-loop rollouts for policies, in the environment ``--env`` names; ensemble scores for
+fields), printed as a table or one JSON line, kept in ``RUN_DIR/eval/step_NNNNNNNN/`` and
+appended to ``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .trained import load_trained
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
-                 as_json: bool) -> int:
+                 as_json: bool, env: str = "auto", max_episode_steps: int | None = None) -> int:
     run = load_trained(run_dir, device)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
@@ -26,7 +27,8 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     out_dir.mkdir(parents=True, exist_ok=True)
     network = sampling_network(run.network, run.cfg.runtime)
     try:
-        scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed)
+        scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,
+                                   max_episode_steps=max_episode_steps)
     except BaseException:
         if made is not None:  # a task that cannot evaluate (or an interrupted one) leaves no empty folders
             shutil.rmtree(made, ignore_errors=True)

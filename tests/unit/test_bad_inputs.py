@@ -194,6 +194,7 @@ CASES = [
     # eval
     Case("eval {run} --count 0", "--count 0 is out of range", RUN),
     Case("eval {run} --steps 0", "--steps 0 is out of range", RUN),
+    Case("eval {run} --max-episode-steps 0", "--max-episode-steps 0 is out of range", RUN),
     Case("eval {run}", "image runs have no evaluation", RUN),
     Case("eval {ws}/nowhere", "is not a diffscale run"),
     Case("eval {run}", "every checkpoint in", (_run, _damaged)),

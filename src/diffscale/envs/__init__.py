@@ -1,4 +1,6 @@
-"""Environments for closed-loop evaluation of policies (pure numpy, nothing downloaded)."""
+"""Environments for closed-loop evaluation of policies: the built-in reach2d (pure numpy,
+nothing downloaded) and PushT (``pusht.py``: gym-pusht, the optional extra ``pusht``, imported
+only when asked for)."""
 
 from .reach2d import Reach2D, demonstrations
 

@@ -4,23 +4,46 @@ Every episode plans from its last ``obs_horizon`` observations (the first one re
 the start, as training windows are padded), executes ``action_horizon`` actions of the
 chunk starting at the current step (index ``obs_horizon - 1``, the step the newest
 observation belongs to), and plans again. All episodes plan in one batch.
+
+The environment is named, never guessed from a file name: ``auto`` is reach2d for the
+built-in data and nothing otherwise; ``reach2d`` and ``pusht`` (gym-pusht) are the others.
 """
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UserError
-from .reach2d import ACTION_DIM, MODES, OBS_DIM, Reach2D
+from ..errors import UserError, closest
+from . import pusht
+from .reach2d import ACTION_DIM, MAX_STEPS, MODES, OBS_DIM, Reach2D
 
 Policy = Callable[[np.ndarray], np.ndarray]
 """Observation histories (B, To, O) -> action chunks (B, T, A), in the data's units."""
+ENVIRONMENTS = ("auto", "reach2d", "pusht")
+"""The names ``diffscale eval --env`` takes."""
+
+
+class RolloutEnv(Protocol):
+    """What ``rollouts`` needs of an environment (``Reach2D``, ``pusht.PushT``): gymnasium's
+    ``step``, a seeded ``reset`` and an RGB ``render``; the episode's outcome as attributes."""
+
+    success: bool
+    steps: int
+    mode: str | None
+
+    def reset(self, seed: int | None = None) -> np.ndarray: ...
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]: ...
+
+    def render(self) -> np.ndarray: ...
 
 
 @dataclass
@@ -34,21 +57,58 @@ class Rollout:
     """Environment steps taken."""
     frames: list[np.ndarray] = field(default_factory=list)
     """Rendered RGB frames (H, W, 3) when recorded."""
+    coverage: float | None = None
+    """PushT: the largest share of the target area the block covered (None elsewhere)."""
+    score: float | None = None
+    """PushT: the reference's score, ``min(coverage / success threshold, 1)`` (None elsewhere)."""
 
 
-def environment_for(source: str, obs_dim: int, action_dim: int) -> Callable[[], Reach2D]:
-    """The environment the data source ``source`` was recorded in, checked against the policy's sizes."""
-    if source.strip().lower() not in ("builtin", "builtin:reach2d"):
-        raise UserError(f"no environment to roll out a policy trained on '{source}'",
-                        "evaluate policies trained on builtin:reach2d; for other data, run the policy in your "
-                        "own environment (task.plan gives action chunks)")
-    if (obs_dim, action_dim) != (OBS_DIM, ACTION_DIM):
+@dataclass(frozen=True)
+class Environment:
+    """Where a policy is rolled out: a fresh environment per episode, and the episodes' summary."""
+
+    name: str
+    make: Callable[[], RolloutEnv]
+    summarize: Callable[[list[Rollout]], dict[str, float]]
+
+
+def _check_sizes(name: str, obs_dim: int, action_dim: int, wanted: tuple[int, int], layout: str, fix: str) -> None:
+    if (obs_dim, action_dim) != wanted:
         raise UserError(f"the policy takes {obs_dim} observation and gives {action_dim} action values per step, "
-                        f"reach2d has {OBS_DIM} and {ACTION_DIM}", "evaluate a policy trained on builtin:reach2d")
-    return Reach2D
+                        f"{name} has {wanted[0]} and {wanted[1]} ({layout})", fix)
 
 
-def rollouts(make_env: Callable[[], Reach2D], policy: Policy, *, episodes: int, seed: int, obs_horizon: int,
+def environment_for(source: str, obs_dim: int, action_dim: int, env: str = "auto",
+                    max_episode_steps: int | None = None) -> Environment:
+    """The environment ``env`` (``auto``: the one the data source ``source`` was recorded in),
+    checked against the policy's sizes; episodes cut off after ``max_episode_steps`` (None: the
+    environment's own limit)."""
+    name = env.strip().lower()
+    if name == "auto":
+        if source.strip().lower() not in ("builtin", "builtin:reach2d"):
+            raise UserError(f"no environment to roll out a policy trained on '{source}'",
+                            "name one with --env (pusht: gym-pusht's PushT, for policies trained on the PushT "
+                            "zarr's state), or run the policy in your own environment (task.plan gives action chunks)")
+        name = "reach2d"
+    if name == "reach2d":
+        _check_sizes(name, obs_dim, action_dim, (OBS_DIM, ACTION_DIM), "robot x, y, goal x, y; the target x, y",
+                     "evaluate a policy trained on builtin:reach2d")
+        reach_steps = max_episode_steps or MAX_STEPS
+        return Environment(name, lambda: Reach2D(max_steps=reach_steps), summarize)
+    if name == "pusht":
+        _check_sizes(name, obs_dim, action_dim, (pusht.OBS_DIM, pusht.ACTION_DIM),
+                     "agent x, y, block x, y, block angle; the agent's target x, y",
+                     "evaluate a policy trained on the PushT zarr's state (--data zarr:PATH reads data/state); "
+                     "keypoint observations (zarr:PATH:keypoint+state) cannot be evaluated: the zarr's 9 keypoints "
+                     "are not gym-pusht's 8")
+        pusht.env_class()  # refused now, before any episode, where gym-pusht is missing
+        push_steps = max_episode_steps or pusht.MAX_STEPS
+        return Environment(name, lambda: pusht.PushT(max_steps=push_steps), summarize_coverage)
+    raise UserError(f"unknown environment '{env}'{closest(name, ENVIRONMENTS)}",
+                    f"use one of: {', '.join(ENVIRONMENTS)}")
+
+
+def rollouts(make_env: Callable[[], RolloutEnv], policy: Policy, *, episodes: int, seed: int, obs_horizon: int,
              action_horizon: int, record: int = 0) -> list[Rollout]:
     """Run ``episodes`` episodes (episode i reset with seed ``seed + i``) to their end; the first
     ``record`` are rendered every step."""
@@ -74,7 +134,9 @@ def rollouts(make_env: Callable[[], Reach2D], policy: Policy, *, episodes: int, 
             if not ended:
                 still.append(i)
         running = still
-    return [Rollout(env.success, env.mode, env.steps, frames[i] if i < record else [])
+    # environments that score partial progress (PushT's coverage) say so beside success
+    return [Rollout(env.success, env.mode, env.steps, frames[i] if i < record else [],
+                    coverage=getattr(env, "coverage", None), score=getattr(env, "score", None))
             for i, env in enumerate(envs)]
 
 
@@ -89,8 +151,31 @@ def summarize(results: list[Rollout]) -> dict[str, float]:
     return summary
 
 
+def summarize_coverage(results: list[Rollout]) -> dict[str, float]:
+    """PushT's summary, as the references report it: ``episodes``, ``success`` (rate),
+    ``coverage`` (mean of each episode's largest coverage of the target area), ``score``
+    (mean of each episode's best reward, diffusion policy's ``mean_score``) and ``length``."""
+    n = len(results)
+    return {"episodes": float(n), "success": sum(r.success for r in results) / n,
+            "coverage": float(np.mean([r.coverage or 0.0 for r in results])),
+            "score": float(np.mean([r.score or 0.0 for r in results])),
+            "length": float(np.mean([r.length for r in results]))}
+
+
+def write_episodes(results: list[Rollout], path: Path, *, seed: int) -> Path:
+    """One JSON line per episode (its seed, outcome, length, and coverage and score where scored)."""
+    with open(path, "w") as fh:
+        for i, r in enumerate(results):
+            line: dict[str, Any] = {"episode": i, "seed": seed + i, "success": r.success, "length": r.length,
+                                    "mode": r.mode}
+            line.update({k: v for k, v in (("coverage", r.coverage), ("score", r.score)) if v is not None})
+            fh.write(json.dumps(line) + "\n")
+    return path
+
+
 def write_gifs(results: list[Rollout], out_dir: Path, *, fps: int = 15) -> list[Path]:
-    """One GIF per recorded rollout, named by its index and outcome (``rollout_0_left_success.gif``)."""
+    """One GIF per recorded rollout, named by its index, mode or coverage (percent) and outcome
+    (``rollout_0_left_success.gif``, ``rollout_1_coverage87_failure.gif``)."""
     import imageio.v2 as imageio
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +183,8 @@ def write_gifs(results: list[Rollout], out_dir: Path, *, fps: int = 15) -> list[
     for i, result in enumerate(results):
         if not result.frames:
             continue
-        path = out_dir / f"rollout_{i}_{result.mode or 'none'}_{'success' if result.success else 'failure'}.gif"
+        label = result.mode or ("none" if result.coverage is None else f"coverage{round(100 * result.coverage)}")
+        path = out_dir / f"rollout_{i}_{label}_{'success' if result.success else 'failure'}.gif"
         stills: list[npt.ArrayLike] = [*result.frames, *[result.frames[-1]] * fps]  # hold the end a second
         imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)
         written.append(path)

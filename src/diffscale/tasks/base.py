@@ -19,7 +19,7 @@ a method.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data.device_loader import DataPosition
+from ..errors import UserError
 
 Autocast = Callable[[], AbstractContextManager[Any]]
 """A zero-argument context manager factory (``DevicePolicy.autocast``)."""
@@ -162,11 +163,13 @@ class Task(Protocol):
         ...
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int) -> dict[str, float]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> Mapping[str, float | str]:
         """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
         it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
-        the task's default), ``steps`` denoising steps each. Raises ``UserError`` where the task
-        has no evaluation."""
+        the task's default), ``steps`` denoising steps each; a task that rolls out in an
+        environment runs it in ``env`` (``auto``: the data's own), episodes cut off after
+        ``max_episode_steps`` (None: the environment's limit), and the others refuse those
+        (``no_environment``). Raises ``UserError`` where the task has no evaluation."""
         ...
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
@@ -182,6 +185,13 @@ class Task(Protocol):
         """The loss of one plain-recipe batch (``examples`` as the collate made it, on the device;
         noise and timesteps from the global RNG, as the hand-written loop draws them)."""
         ...
+
+
+def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
+    """Refuse rollout settings in the evaluation of a task that runs no environment."""
+    if env != "auto" or max_episode_steps is not None:
+        raise UserError(f"{task} runs are evaluated without an environment: --env and --max-episode-steps are for "
+                        "policy runs", "drop --env and --max-episode-steps")
 
 
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,

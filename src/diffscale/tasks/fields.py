@@ -24,7 +24,7 @@ from ..data.spool import SpoolReader, SpoolSpec, parse_spool_spec
 from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import FieldMLP
-from .base import Autocast, Batcher, Feed, Generated, ReferenceData
+from .base import Autocast, Batcher, Feed, Generated, ReferenceData, no_environment
 
 PREVIEW_CONDITIONS = 4
 """Conditions a preview samples for (members are spread over them); kept in the task state."""
@@ -278,12 +278,13 @@ class FieldTask:
         return [plot_preview(generated.samples, self.preview_x[:groups].cpu(), path)]
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 cases: int = EVAL_CASES) -> dict[str, float]:
+                 env: str = "auto", max_episode_steps: int | None = None, cases: int = EVAL_CASES) -> dict[str, float]:
         """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions,
         against climatology and a deterministic MLP trained here on the same data; writes
         ``out_dir/evaluation.png``. ``network`` runs as given (``sampling_network`` applies precision)."""
         from ..evaluation.fields import evaluate_fields
 
+        no_environment(self.name, env, max_episode_steps)
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
                                cases=cases)
 

@@ -136,7 +136,7 @@ class ImageTask:
         pass
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int) -> dict[str, float]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> dict[str, float]:
         raise UserError("image runs have no evaluation in diffscale eval yet",
                         "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
 

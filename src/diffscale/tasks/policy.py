@@ -202,24 +202,31 @@ class PolicyTask:
         return written
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float]:
-        """``count`` closed-loop rollouts (None: 50) of ``network`` (the EMA weights, run as given:
-        ``sampling_network`` applies precision) in the data's environment: plan with ``steps``
-        denoising steps, execute ``model.action_horizon`` actions, plan again. DDPM by default,
-        as the reference evaluates. Returns the success rate, the share of episodes in each
-        mode and the mean episode length; writes ``gifs`` rollout GIFs to ``out_dir``."""
-        from ..envs.rollout import environment_for, rollouts, summarize, write_gifs
+                 env: str = "auto", max_episode_steps: int | None = None, sampler: str = "ddpm",
+                 gifs: int = EVAL_GIFS) -> dict[str, float | str]:
+        """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
+        ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
+        the environment ``env`` (``auto``: the data's own, reach2d for the built-in data; or
+        ``reach2d``, ``pusht``), each cut off after ``max_episode_steps`` (None: the
+        environment's limit): plan with ``steps`` denoising steps, execute
+        ``model.action_horizon`` actions, plan again. DDPM by default, as the reference
+        evaluates. Returns ``env`` and the environment's summary (reach2d: success rate, share
+        of episodes in each mode, mean length; pusht: success rate, mean best coverage and
+        score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl`` (one line per
+        episode) to ``out_dir``."""
+        from ..envs.rollout import environment_for, rollouts, write_episodes, write_gifs
 
-        make_env = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim)
+        environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
         generator = torch.Generator().manual_seed(seed)
 
         def policy(obs_history: np.ndarray) -> np.ndarray:
             return self.plan(network, obs_history, steps=steps, sampler=sampler, generator=generator).samples.numpy()
 
-        results = rollouts(make_env, policy, episodes=count or EVAL_EPISODES, seed=seed,
+        results = rollouts(environment.make, policy, episodes=count or EVAL_EPISODES, seed=seed,
                            obs_horizon=self.model.obs_horizon, action_horizon=self.model.action_horizon, record=gifs)
         write_gifs(results[:gifs], Path(out_dir))
-        return summarize(results)
+        write_episodes(results, Path(out_dir) / "rollouts.jsonl", seed=seed)
+        return {"env": environment.name, **environment.summarize(results)}
 
     # -- protocol: state, export, bench --------------------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
