@@ -160,8 +160,7 @@ class StepRunner:
 @torch.no_grad()
 def ema_update(trainer: Trainer, bad: torch.Tensor, rate: float | torch.Tensor) -> None:
     """ema += rate * (param - ema) with rate = 1 - decay, skipped (weight 0) on a non-finite
-    step; no host sync."""
-    weight = rate * (1.0 - bad)
-    diff = torch._foreach_sub(trainer.params, trainer.ema_params)
-    torch._foreach_mul_(diff, weight)
-    torch._foreach_add_(trainer.ema_params, diff)
+    step; no host sync. One lerp pass over the parameters (a subtract, multiply and add were
+    three: 0.8 against 0.2 ms a step for the field MLP on two CPU cores)."""
+    # a 0-dim tensor weight (no host sync) is accepted at runtime; torch's stubs list numbers only
+    torch._foreach_lerp_(trainer.ema_params, trainer.params, rate * (1.0 - bad))  # type: ignore[call-overload]
