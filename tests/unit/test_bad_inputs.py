@@ -190,6 +190,7 @@ CASES = [
     Case(f"{POLICY} --data lerobot:{{ws}}/nothing", "episode data"),
     Case(f"{POLICY} --data lerobot:{{ws}}/afile", "could not be read", (_file("afile"),)),
     Case(f"{POLICY} --data builtin:nope", "unknown built-in episodes 'nope'"),
+    Case(f"{POLICY} --set model.conv=fft", "model.conv: 'fft' is not one of auto, cudnn, matmul"),
     Case(f"{POLICY} --data spool:{{ws}}/sp", "unknown episode source"),
     # eval
     Case("eval {run} --count 0", "--count 0 is out of range", RUN),

@@ -256,8 +256,10 @@ def test_conv_setting_is_checked_and_reaches_every_convolution():
     from diffscale.models.unet1d import TemporalConv
 
     cfg = get_preset("policy-tiny").model
-    with pytest.raises(UserError, match="model.conv.*'fft' is not a convolution implementation.*auto, cudnn, matmul"):
-        type(cfg)(conv="fft")
+    refused = "model.conv.*'fft' is not one of auto, cudnn, matmul.*set model.conv to one of"
+    with pytest.raises(UserError, match=refused):
+        resolve_config(ConfigSources(preset="policy-tiny", overrides=["model.conv=fft"]))
+    assert resolve_config(ConfigSources(preset="policy-tiny", overrides=["model.conv=matmul"])).model.conv == "matmul"
     net = build_unet1d(type(cfg)(conv="matmul", down_dims=(16, 32)), 4, 2)
     assert {m.impl for m in net.modules() if isinstance(m, TemporalConv)} == {"matmul"}
 

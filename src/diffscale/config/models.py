@@ -4,6 +4,7 @@ section is read as follows its ``task`` (``MODEL_CONFIGS``); everything else in 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from .errors import fail as _fail
@@ -117,7 +118,12 @@ class FieldModelConfig:
         return f"MLP {self.cond_dim or '?'} -> {self.x_dim or '?'}{fields}, {self.depth} blocks of {self.hidden}"
 
 
-CONV_IMPLS = ("auto", "cudnn", "matmul")
+class ConvImpl(str, enum.Enum):
+    """How the policy UNet's temporal convolutions run (``PolicyModelConfig.conv``)."""
+
+    AUTO = "auto"
+    CUDNN = "cudnn"
+    MATMUL = "matmul"
 
 
 @dataclass(kw_only=True)
@@ -143,7 +149,7 @@ class PolicyModelConfig:
     """GroupNorm groups; must divide every width in ``down_dims``."""
     step_embed_dim: int = 256
     """Width of the diffusion-step embedding."""
-    conv: str = "auto"
+    conv: ConvImpl = ConvImpl.AUTO
     """How the temporal convolutions run: ``cudnn`` (torch's conv1d), ``matmul`` (the windows
     unfolded and multiplied by the weights as one matrix product: the same weights and results)
     or ``auto``: matmul for calls of a few rows on a GPU (an action chunk at batch 1: 10.5 against
@@ -152,9 +158,6 @@ class PolicyModelConfig:
 
     def __post_init__(self) -> None:
         self.down_dims = tuple(int(d) for d in self.down_dims)
-        if self.conv not in CONV_IMPLS:
-            _fail("model.conv", f"'{self.conv}' is not a convolution implementation",
-                  f"use one of: {', '.join(CONV_IMPLS)}")
         for name in ("obs_dim", "action_dim"):
             if getattr(self, name) < 0:
                 _fail(f"model.{name}", f"{getattr(self, name)} is negative",

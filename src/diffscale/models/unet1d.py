@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import PolicyModelConfig
+from ..config.models import ConvImpl
 
 MATMUL_MAX_ROWS = 64
 """``conv: auto`` runs a call as a matrix product up to this many rows (batch x length) on a GPU."""
@@ -205,5 +206,5 @@ def build_unet1d(cfg: PolicyModelConfig, obs_dim: int, action_dim: int) -> Condi
                             down_dims=cfg.down_dims, kernel_size=cfg.kernel_size, n_groups=cfg.n_groups)
     for module in net.modules():
         if isinstance(module, (TemporalConv, TemporalUpsample)):
-            module.impl = cfg.conv
+            module.impl = ConvImpl(cfg.conv).value
     return net
