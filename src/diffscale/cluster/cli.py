@@ -126,7 +126,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
-    from .flags import check_numbers, check_signal_lead, plan_options
+    from .flags import check_numbers, plan_options
     from .jobspec import RaceSpec, job_name
     from .plan import make_plan
     from .profile_io import load_profile
@@ -145,11 +145,6 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         return Shape(nodes=nodes, ranks_per_node=per_node, partition=args.partition, time_s=time_s,
                      cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=args.procs_per_node is None)
 
-    def planned(plan: Plan) -> Plan:
-        if args.signal_lead is not None:
-            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
-        return plan
-
     if getattr(args, "couple", None):  # one GPU for the trainer unless told: the simulation has the nodes
         from ..data.spool import parse_spool_spec
         from . import couple
@@ -160,7 +155,7 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         trainer_options = plan_options(args, diffscale_run=True)
         plans, trainer_cfg, what = couple.from_args(profile, args, run_dir, trainer, sim_time, trainer_options)
         folder_target(parse_spool_spec(trainer_cfg.data.source).directory, "--couple")  # the simulation makes it
-        return profile, what, run_dir, trainer_cfg, [planned(plan) for plan in plans]
+        return profile, what, run_dir, trainer_cfg, [_lead_checked(args, plan) for plan in plans]
     workload, run_dir, cfg = _workload(args)
     options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
     part = profile.partition(args.partition)
@@ -171,7 +166,7 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
         race_spec = RaceSpec(label, tuple(job_name(str(run_dir), f"{n}x{k}")
                                           for n, k in shapes if (n, k) != (nodes, g))) if shapes else None
         plan = make_plan(profile, shape(nodes, g), workload, dataclasses.replace(options, race=race_spec))
-        plans.append(planned(plan))
+        plans.append(_lead_checked(args, plan))
     return profile, workload.title, run_dir, cfg, plans
 
 
@@ -194,16 +189,21 @@ def _auto(args: argparse.Namespace, *, submitting: bool) -> tuple[int | None, Wo
 
 def _auto_plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
     """submit --partition auto --race N: the N candidates that finish first, as one race."""
-    from .flags import check_signal_lead
     from .partition_auto import choose
     from .partition_race import raced_plans
 
     count, workload, run_dir, cfg = _auto(args, submitting=True)
-    plans = raced_plans(choose(args, workload, count))
-    for plan in plans:
-        if args.signal_lead is not None:
-            check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
+    plans = [_lead_checked(args, plan) for plan in raced_plans(choose(args, workload, count))]
     return plans[0].profile, workload.title, run_dir, cfg, plans
+
+
+def _lead_checked(args: argparse.Namespace, plan: Plan) -> Plan:
+    """``plan``, once ``--signal-lead`` fits its time limit and warning signal."""
+    from .flags import check_signal_lead
+
+    if args.signal_lead is not None:
+        check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
+    return plan
 
 
 def _refuse_failed(plans: list[Plan], force: bool) -> None:

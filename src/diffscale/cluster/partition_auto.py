@@ -24,7 +24,6 @@ from .partition_choice import (
     device_of,
     parse_squeue_start,
     parse_test_only,
-    pick,
     ranked,
     shapes_for,
     user_run_seconds,
@@ -99,13 +98,13 @@ def no_starts(plan: Plan) -> Start:
 
 def run_auto(profile: ClusterProfile, workload: Workload, options: PlanOptions, *, per_node: int | None,
              max_nodes: int, total_steps: int | None, cpus_per_rank: int | None = None,
-             mem_per_node_gb: float | None = None) -> tuple[list[Candidate], Candidate | None]:
+             mem_per_node_gb: float | None = None) -> list[Candidate]:
     now = dt.datetime.now().replace(microsecond=0)
     with tempfile.TemporaryDirectory(prefix="diffscale-auto-") as tmp:
         ask = slurm_starts(Path(tmp)) if profile.scheduler is SchedulerKind.SLURM else no_starts
         found = compare(profile, workload, options, ask, now, per_node=per_node, max_nodes=max_nodes,
                         total_steps=total_steps, cpus_per_rank=cpus_per_rank, mem_per_node_gb=mem_per_node_gb)
-    return found, pick(found)
+    return found
 
 
 def _hours(seconds: float | None) -> str:
@@ -158,13 +157,13 @@ def choose(args: argparse.Namespace, workload: Workload, race: int | None = None
 
     profile = load_profile(args.cluster)
     options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
-    found, best = run_auto(profile, workload, options, per_node=args.gpus_per_node or args.procs_per_node,
-                           max_nodes=args.nodes if args.nodes > 1 else DEFAULT_MAX_NODES,
-                           total_steps=args.total_steps, cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem)
-    fit = ranked(found)
+    found = run_auto(profile, workload, options, per_node=args.gpus_per_node or args.procs_per_node,
+                     max_nodes=args.nodes if args.nodes > 1 else DEFAULT_MAX_NODES,
+                     total_steps=args.total_steps, cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem)
+    fit = ranked(found)  # the pick is its first
     chosen = fit[:race or 1] if len(fit) >= (race or 1) else []  # too few to race: the error below says so
     print_table(found, chosen, dt.datetime.now().replace(microsecond=0), race)
-    if best is None:
+    if not fit:
         first = next((c.problem for c in found if c.problem), "no duration known")
         raise UserError(f"no partition and shape can be picked ({first})",
                         "see the note column above: probe the command on each GPU type (diffscale probe --cluster "
