@@ -84,3 +84,21 @@ def fake_run(run_dir: Path, *, steps: int = 40, gpus: int = 2) -> Path:
         "step 10/40\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     return run_dir
+
+
+def random_episodes(lengths=(20, 30), obs_dim=3, action_dim=2, seed=0):
+    """Demonstration episodes of random float32 ``(obs, action)`` arrays, one per length."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [(rng.normal(size=(n, obs_dim)).astype(np.float32), rng.normal(size=(n, action_dim)).astype(np.float32))
+            for n in lengths]
+
+
+def concat_episodes(episodes):
+    """``(obs, action, episode_ends)`` of episodes stored one after another, as npz and zarr keep them."""
+    import numpy as np
+
+    obs = np.concatenate([o for o, _ in episodes])
+    action = np.concatenate([a for _, a in episodes])
+    return obs, action, np.cumsum([len(o) for o, _ in episodes])

@@ -1,6 +1,7 @@
-"""Diffusion policy: the built-in environment, episode readers on small files written here,
-training windows, the network, the task's protocol methods, and the quality test (a
-trained policy-tiny passes the obstacle on both sides; a regression policy does not)."""
+"""Diffusion policy: the built-in environment, the data's sizes against the model section, the
+network, the task's protocol methods, and the quality test (a trained policy-tiny passes the
+obstacle on both sides; a regression policy does not). Episode readers and training windows:
+test_episodes.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from rich.console import Console
 
 from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
-from diffscale.data.episodes import MinMax, load_episodes, window_positions
 from diffscale.envs.reach2d import MODES, Reach2D, demonstrations
 from diffscale.envs.rollout import rollouts, summarize
 from diffscale.errors import UserError
@@ -29,6 +29,8 @@ from diffscale.tasks import build_task
 from diffscale.train import train
 from diffscale.trained import load_trained
 from diffscale.trainer import Trainer
+
+from helpers import concat_episodes, random_episodes
 
 CPU = torch.device("cpu")
 
@@ -67,146 +69,12 @@ def test_reach2d_straight_line_crashes_and_render_shows_it():
     assert (image == (220, 40, 40)).all(axis=-1).any()  # the crashed robot is drawn red
 
 
-# -- readers --------------------------------------------------------------------------------------
-def _episodes(lengths=(20, 30), obs_dim=3, action_dim=2, seed=0) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [(rng.normal(size=(n, obs_dim)).astype(np.float32), rng.normal(size=(n, action_dim)).astype(np.float32))
-            for n in lengths]
-
-
-def _concat(episodes):
-    obs = np.concatenate([o for o, _ in episodes])
-    action = np.concatenate([a for _, a in episodes])
-    return obs, action, np.cumsum([len(o) for o, _ in episodes])
-
-
-def _write_zarr(path: Path, data: dict[str, np.ndarray], episode_ends: np.ndarray | None) -> None:
-    import zarr
-
-    v3 = zarr.__version__.startswith("3")
-    root = zarr.open_group(str(path), mode="w", **({"zarr_format": 2} if v3 else {}))  # the reference's format
-    create = root.create_array if v3 else root.create_dataset  # zarr 3 renamed it
-    for key, values in data.items():
-        create(f"data/{key}", data=values)
-    if episode_ends is not None:
-        create("meta/episode_ends", data=episode_ends)
-
-
-def _write_lerobot(path: Path, episodes) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    chunk = path / "data" / "chunk-000"
-    chunk.mkdir(parents=True)
-    for index, (obs, action) in reversed(list(enumerate(episodes))):  # files out of order on purpose
-        frames = np.arange(len(obs))[::-1]  # rows out of order too: the reader sorts by frame_index
-        table = pa.table({
-            "observation.state": pa.array([list(r) for r in obs[frames]], pa.list_(pa.float32())),
-            "action": pa.array([list(r) for r in action[frames]], pa.list_(pa.float32(), action.shape[1])),
-            "episode_index": np.full(len(obs), index), "frame_index": frames, "timestamp": frames / 10.0})
-        pq.write_table(table, chunk / f"episode_{index:06d}.parquet")
-
-
-def test_readers_load_the_same_episodes_from_every_format(tmp_path):
-    episodes = _episodes()
-    obs, action, ends = _concat(episodes)
-    np.savez(tmp_path / "one.npz", obs=obs, action=action, episode_ends=ends)
-    (tmp_path / "folder").mkdir()
-    for i, (o, a) in enumerate(episodes):
-        np.savez(tmp_path / "folder" / f"ep{i}.npz", obs=o, action=a)
-    _write_zarr(tmp_path / "buffer.zarr", {"state": obs, "action": action}, ends)
-    _write_lerobot(tmp_path / "lerobot", episodes)
-    for spec in (f"npz:{tmp_path / 'one.npz'}", f"npz:{tmp_path / 'folder'}", f"zarr:{tmp_path / 'buffer.zarr'}",
-                 f"lerobot:{tmp_path / 'lerobot'}"):
-        loaded = load_episodes(spec, min_length=16)
-        assert np.array_equal(loaded.obs, obs) and np.array_equal(loaded.action, action), spec
-        assert loaded.ends.tolist() == ends.tolist(), spec
-        assert "2 episodes of 20-30 steps, obs 3, action 2" in loaded.describe()
-
-
-def test_zarr_observation_keys_are_concatenated_per_step(tmp_path):
-    obs, action, ends = _concat(_episodes())
-    keypoints = np.arange(len(obs) * 9 * 2, dtype=np.float32).reshape(len(obs), 9, 2)
-    _write_zarr(tmp_path / "pusht.zarr", {"keypoint": keypoints, "state": obs, "action": action}, ends)
-    loaded = load_episodes(f"zarr:{tmp_path / 'pusht.zarr'}:keypoint+state", min_length=16)
-    assert loaded.obs.shape == (50, 18 + 3)
-    assert np.array_equal(loaded.obs[:, :18], keypoints.reshape(50, 18)) and np.array_equal(loaded.obs[:, 18:], obs)
-
-
-def test_builtin_reach2d_and_max_episodes():
-    loaded = load_episodes("builtin:reach2d", min_length=16, max_episodes=6)
-    assert len(loaded.ends) == 6 and loaded.obs.shape[1] == 4 and loaded.action.shape[1] == 2
-
-
-def _bad_inputs(tmp: Path) -> list[tuple[str, str]]:
-    """(spec, expected message) for each kind of bad input, the files written to ``tmp``."""
-    (short_obs, short_action), = _episodes(lengths=(10,))
-    np.savez(tmp / "short.npz", obs=short_obs, action=short_action)
-    (tmp / "mixed").mkdir()
-    for i, (o, a) in enumerate(_episodes(lengths=(20,)) + _episodes(lengths=(20,), obs_dim=4)):
-        np.savez(tmp / "mixed" / f"ep{i}.npz", obs=o, action=a)
-    obs, action, ends = _concat(_episodes())
-    action[33, 1] = np.nan
-    np.savez(tmp / "nan.npz", obs=obs, action=action, episode_ends=ends)
-    np.savez(tmp / "empty.npz", obs=np.zeros((0, 3)), action=np.zeros((0, 2)), episode_ends=np.zeros(0, int))
-    np.savez(tmp / "nokey.npz", state=obs, action=action)
-    np.savez(tmp / "badends.npz", obs=obs, action=np.nan_to_num(action), episode_ends=np.array([30, 20]))
-    _write_zarr(tmp / "noends.zarr", {"state": obs, "action": np.nan_to_num(action)}, None)
-    return [
-        (f"npz:{tmp}/short.npz", "short.npz' episode 0: 10 steps, fewer than the prediction horizon "
-                                 "model.pred_horizon=16 -- drop episodes that short"),
-        (f"npz:{tmp}/mixed", "ep1.npz' episode 0: 'obs' has 4 values per step but"),
-        (f"npz:{tmp}/nan.npz", "nan.npz' episode 1: 'action' holds NaN or infinite values (first at step 13) "
-                               "-- fix or drop that episode"),
-        (f"npz:{tmp}/empty.npz", "holds no episodes -- point data.source at demonstrations"),
-        (f"npz:{tmp}/nokey.npz", "nokey.npz' has no 'obs' array (it holds: state, action) -- save the episodes"),
-        (f"npz:{tmp}/badends.npz", "episode_ends [30, 20] do not rise strictly to the 50 stored steps"),
-        (f"zarr:{tmp}/noends.zarr", "noends.zarr' has no meta/episode_ends, so its episodes cannot be told apart "
-                                    "-- store each episode's exclusive end row in meta/episode_ends"),
-        (f"zarr:{tmp}/noends.zarr:keypoint", "has no meta/episode_ends"),
-        (f"npz:{tmp}/missing.npz", "missing.npz' does not exist -- check the path"),
-        (f"lerobot:{tmp}/mixed", "holds no .parquet files"),
-        ("hdf5:demo.h5", "unknown episode source 'hdf5:demo.h5'"),
-    ]
-
-
-def test_bad_input_is_one_error_naming_the_file_and_the_fix(tmp_path):
-    for spec, message in _bad_inputs(tmp_path):
-        with pytest.raises(UserError) as caught:
-            load_episodes(spec, min_length=16)
-        assert message in str(caught.value), (spec, str(caught.value))
-
-
+# -- data and the model section ------------------------------------------------------------------
 def test_data_dimensions_must_match_the_model_section():
     cfg = resolve_config(ConfigSources(preset="policy-tiny", overrides=["model.obs_dim=6"]))
     with pytest.raises(UserError, match=r"builtin:reach2d has 4 values per step where model.obs_dim=6 -- "
                                         r"set model.obs_dim=4 \(or 0 to follow the data\)"):
         build_task(cfg, CPU)
-
-
-# -- windows and normalisation --------------------------------------------------------------------
-def test_windows_are_padded_at_episode_edges_and_never_cross_episodes():
-    ends = np.array([20, 50])
-    windows = window_positions(ends, 16, pad_before=1, pad_after=7)
-    # per episode of L steps: L - T + pad_after + pad_before + 1 windows (SequenceSampler's count)
-    assert len(windows) == (20 - 16 + 7 + 1 + 1) + (30 - 16 + 7 + 1 + 1)
-    assert windows[0].tolist() == [0, 0, *range(1, 15)]  # the first observation repeated before the start
-    last_of_first = windows[12]
-    assert last_of_first.tolist() == [*range(11, 20), *[19] * 7]  # the last action repeated after the end
-    assert windows[13].tolist() == [20, 20, *range(21, 35)]  # the next episode starts afresh
-    assert windows[-1].tolist() == [*range(41, 50), *[49] * 7]
-    episode = np.searchsorted(ends, windows, side="right")
-    assert (episode == episode[:, :1]).all()
-
-
-def test_min_max_maps_the_data_to_unit_range_and_back():
-    values = torch.tensor([[0.0, 5.0, 3.0], [10.0, 7.0, 3.0], [5.0, 6.0, 3.0]])
-    norm = MinMax.fit(values)
-    scaled = norm.normalize(values)
-    assert torch.allclose(scaled[:, :2].amin(0), torch.tensor([-1.0, -1.0]))
-    assert torch.allclose(scaled[:, :2].amax(0), torch.tensor([1.0, 1.0]))
-    assert torch.equal(scaled[:, 2], torch.zeros(3))  # a constant dimension maps to 0, not to inf
-    assert torch.allclose(norm.unnormalize(scaled), values)
 
 
 # -- network --------------------------------------------------------------------------------------
@@ -324,7 +192,7 @@ def test_export_loads_into_a_fresh_network(tiny_task, tmp_path):
 
 
 def test_evaluation_needs_the_environment_of_the_data(tmp_path):
-    obs, action, ends = _concat(_episodes())
+    obs, action, ends = concat_episodes(random_episodes())
     np.savez(tmp_path / "demo.npz", obs=obs, action=action, episode_ends=ends)
     cfg = resolve_config(ConfigSources(preset="policy-tiny", data=f"npz:{tmp_path / 'demo.npz'}",
                                        overrides=["model.obs_dim=0", "model.action_dim=0"]))
@@ -379,7 +247,7 @@ def test_stop_and_resume_of_a_policy_run_is_exact(tmp_path, capsys):
 def test_resume_on_other_episodes_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *MICRO_POLICY, "--set", "train.steps=2"]) == 0
-    obs, action, ends = _concat(_episodes(obs_dim=5))
+    obs, action, ends = concat_episodes(random_episodes(obs_dim=5))
     np.savez(tmp_path / "other.npz", obs=obs, action=action, episode_ends=ends)
     assert main(["train", "--out", str(run), "--resume", "auto", *MICRO_POLICY, "--set", "train.steps=4",
                  "--data", f"npz:{tmp_path / 'other.npz'}", "--set", "model.obs_dim=0"]) == 2
