@@ -98,7 +98,7 @@ class StepRunner:
         tr = self.trainer
         self._accumulate(batch)
         tr.scaler.unscale_(tr.opt)
-        norm = torch.nn.utils.clip_grad_norm_(tr.params, self.clip)
+        norm = clip_gradients(tr.params, self.clip)
         bad = (~torch.isfinite(norm)).float()
         if tr.scaler.is_enabled():
             tr.scaler.step(tr.opt)  # skips the update itself on inf/NaN gradients
@@ -109,7 +109,7 @@ class StepRunner:
             tr.opt.step()
         elif not bad.item():
             tr.opt.step()
-        ema_update(tr, bad, ema_rate)
+        ema_update(tr, ema_rate)
         self._bad_run.add_(1).mul_(bad)  # in place: a recorded step updates the same tensors
         self._bad_total += bad
         self._norm_sum += torch.nan_to_num(norm, nan=0.0, posinf=0.0)
@@ -158,9 +158,31 @@ class StepRunner:
 
 
 @torch.no_grad()
-def ema_update(trainer: Trainer, bad: torch.Tensor, rate: float | torch.Tensor) -> None:
-    """ema += rate * (param - ema) with rate = 1 - decay, skipped (weight 0) on a non-finite
-    step; no host sync. One lerp pass over the parameters (a subtract, multiply and add were
-    three: 0.8 against 0.2 ms a step for the field MLP on two CPU cores)."""
-    # a 0-dim tensor weight (no host sync) is accepted at runtime; torch's stubs list numbers only
-    torch._foreach_lerp_(trainer.ema_params, trainer.params, rate * (1.0 - bad))  # type: ignore[call-overload]
+def clip_gradients(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a total 2-norm of at most ``max_norm``; returns the norm before.
+    What ``torch.nn.utils.clip_grad_norm_`` computes, in four calls: that function also groups
+    the tensors by device and dtype and moves each tensor's norm, host time that bound the
+    policy UNet's step (171 tensors; under cProfile 1.97 against 0.85 ms a step, 1 x H100)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=params[0].device if params else None)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if max_norm != float("inf"):
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
+@torch.no_grad()
+def ema_update(trainer: Trainer, rate: float | torch.Tensor) -> None:
+    """ema += rate * (param - ema), rate = 1 - decay, without a host sync. On a step skipped for
+    non-finite gradients the parameters did not change, so the EMA moves towards the same
+    (finite) parameters as on the step before."""
+    if isinstance(rate, float):
+        # one pass, in place: foreach lerp takes its weight as a number
+        torch._foreach_lerp_(trainer.ema_params, trainer.params, rate)
+        return
+    # a recorded step reads the rate from a device tensor: reading it as a number would wait
+    # for the GPU, so a multiply takes the 0-dim tensor
+    diff = torch._foreach_sub(trainer.params, trainer.ema_params)
+    torch._foreach_mul_(diff, rate)
+    torch._foreach_add_(trainer.ema_params, diff)

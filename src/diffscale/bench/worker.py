@@ -194,15 +194,36 @@ def _timed_window(runner, device: torch.device, ctx, args: argparse.Namespace) -
         profile = profile_steps(runner.step, args.profile, device, trace=trace) if args.profile else None
         if profile is not None and ctx.distributed:
             profile["per_rank"] = _per_rank_kernel_time(ctx, profile, device)
+        host = host_profile(runner.step, args.host_profile, device) if args.host_profile else None
         return {
             "elapsed": elapsed, "matmul_peak_tflops": peak, "gpu_util": util.mean(),
             "sm_clock_mhz": util.mean("sm_mhz"), "power_w": util.mean("watts"),
             "data_wait_share": _data_share(runner, device, args.steps, elapsed),
-            "profile": profile, "window": [window_start, time.time()],
+            "profile": profile, "host_profile": host, "window": [window_start, time.time()],
             "peak_mem": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
             # CUDA-graph replays allocate nothing: their pools show only in the reserved memory
             "reserved": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0,
         }
+
+
+def host_profile(step, steps: int, device: torch.device, top: int = 25) -> list[dict]:
+    """Where the host's time goes in ``steps`` steps (cProfile): the functions with the most
+    time of their own, in ms per step. A step that the GPU waits for is bound by these."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    synchronize(device)
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    rows = sorted(((tottime, cumtime, calls, f"{Path(file).name}:{line}({name})")
+                   for (file, line, name), (_, calls, tottime, cumtime, _) in stats.items()), reverse=True)
+    return [{"function": where, "own_ms": own * 1e3 / steps, "cum_ms": cum * 1e3 / steps, "calls": calls / steps}
+            for own, cum, calls, where in rows[:top]]
 
 
 def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict]:
@@ -287,6 +308,7 @@ def measure(args: argparse.Namespace) -> dict | None:
         "channels_last": policy.channels_last, "attention": cfg.runtime.attention.value,
         "flex_min_rows": policy.flex_min_rows if args.recipe == "fast" else None,
         "label": args.label or None, "profile": window["profile"], "graph_breaks": _graph_breaks(),
+        "host_profile": window["host_profile"],
         "measured_window": window["window"],  # wall-clock start and end of the measured part
     }
 
@@ -324,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain-workers", type=int, default=4)
     parser.add_argument("--peak", action="store_true", help="also measure the bf16 matmul peak")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps after timing")
+    parser.add_argument("--host-profile", type=int, default=0, metavar="N",
+                        help="cProfile N steps after timing: host functions by own time per step")
     parser.add_argument("--trace", metavar="DIR", help="with --profile: each rank's Chrome trace as DIR/rankR.json")
     parser.add_argument("--turns", help="DIR:N -- compile beside N-1 other workers, time alone")
     parser.add_argument("--label", default="", help="name of this variant in the record")
