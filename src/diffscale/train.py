@@ -23,6 +23,7 @@ from .config import RunConfig, write_yaml
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
+from .runtime.compile_cache import CompileCache, open_compile_cache
 from .runtime.device import DevicePolicy, configure_backends, mps_gap, peak_memory_bytes, pick_device, resolve_policy
 from .runtime.distributed import DistContext, detect_launch, init_distributed
 from .runtime.parallelize import parallelize, trains_in_cuda_graphs
@@ -152,15 +153,23 @@ def run_compile_cache(run_dir: Path) -> Path:
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-def compile_note(cache_dir: Path) -> str:
-    """What the wait before the first step is: compiling, for the first time or from cached kernels.
+def compile_note(cache_dir: Path, traced: CompileCache | None = None) -> str:
+    """What the wait before the first step is: compiling, for the first time or from cached kernels,
+    and with ``runtime.compile_cache`` whether the traced network comes from the cache too.
     (small's first compile took 122-160 s on H100 and H200 hosts: docs/benchmarks.md, "Start-up and
     compile time".)"""
     cached = cache_dir.is_dir() and any(cache_dir.iterdir())
+    if traced is not None and traced.found:
+        return (f"compiling the network: the traced network and kernels cached by an earlier job in {cache_dir} "
+                f"are reused")
     if cached:
-        return f"compiling the network: kernels cached by an earlier job in {cache_dir} are reused"
-    return (f"compiling the network before the first step (the first time takes minutes on a GPU; "
-            f"the kernels are kept in {cache_dir}, so a resumed job starts sooner)")
+        note = f"compiling the network: kernels cached by an earlier job in {cache_dir} are reused"
+    else:
+        note = (f"compiling the network before the first step (the first time takes minutes on a GPU; "
+                f"the kernels are kept in {cache_dir}, so a resumed job starts sooner)")
+    if traced is not None and traced.active:
+        note += "; the traced network is cached after the first step"
+    return note
 
 
 def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
@@ -199,25 +208,35 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     stop_at = min(target, max_steps) if max_steps else target
     whole_steps = records_whole_steps(trainer)
     say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data(), whole_steps))
+    traced = CompileCache(say=say)
     if policy.compile:
-        say(compile_note(run_compile_cache(run_dir)))
-    model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps)
-    telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
-                               start_step=trainer.step, console=console)
-    try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)
-        trainer.feed = _feed(trainer, telemetry, stop, say)
-        runner = StepRunner(trainer, model, trainer.make_batcher())
-        if policy.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(policy.device)
-        stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say)
-        if stopped_by is None:
-            samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say, telemetry)
-            if trainer.step >= target:
-                say(f"done: {trainer.step} steps; samples in {run_dir / 'samples'}")
-            else:
-                say(f"stopped at step {trainer.step} of {target} (--max-steps); continue with --resume auto")
-    finally:
-        telemetry.close()
+        from . import USER_COMPILE_CACHE
+
+        cache_dir = run_compile_cache(run_dir)
+        traced = open_compile_cache(cfg, cache_dir, world_size=ctx.world_size, own_cache=USER_COMPILE_CACHE is None,
+                                    net=trainer.net, say=say)
+        say(compile_note(cache_dir, traced))
+        if traced.why_not:
+            say(traced.why_not)
+    with traced:  # caching precompile on for this job's compile and steps only
+        model = parallelize(trainer.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps,
+                            cache=traced)
+        telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
+                                   start_step=trainer.step, console=console)
+        try:  # closes metrics.jsonl also when the batcher refuses the data (smaller than one batch)
+            trainer.feed = _feed(trainer, telemetry, stop, say)
+            runner = StepRunner(trainer, model, trainer.make_batcher())
+            if policy.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(policy.device)
+            stopped_by, samples = _loop(trainer, runner, telemetry, stop, stop_at, say, traced)
+            if stopped_by is None:
+                samples += _preview(trainer, ctx, run_dir, f"step{trainer.step:08d}", say, telemetry)
+                if trainer.step >= target:
+                    say(f"done: {trainer.step} steps; samples in {run_dir / 'samples'}")
+                else:
+                    say(f"stopped at step {trainer.step} of {target} (--max-steps); continue with --resume auto")
+        finally:
+            telemetry.close()
     return TrainOutcome(run_dir=run_dir, step=trainer.step, target=target, stopped_by=stopped_by, samples=samples)
 
 
@@ -235,9 +254,10 @@ def _feed(trainer: Trainer, telemetry: Telemetry, stop: StopFlag, say: Say) -> F
 
 
 def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: StopFlag, stop_at: int,
-          say: Say) -> tuple[str | None, list[Path]]:
+          say: Say, traced: CompileCache) -> tuple[str | None, list[Path]]:
     """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
-    and the preview files written on the way."""
+    and the preview files written on the way. After the first step the traced network is cached
+    (``runtime.compile_cache``): forward and backward have compiled by then."""
     t, ctx = trainer.cfg.train, trainer.ctx
     meter = ThroughputMeter()
     clock = _Clock(trainer.step, stop_at)
@@ -247,6 +267,7 @@ def _loop(trainer: Trainer, runner: StepRunner, telemetry: Telemetry, stop: Stop
             lr = runner.step()
         except StopWaiting as waiting:  # a stop while the task's batcher waited for data
             return _stop(trainer, runner, stop, f"{waiting}", say), samples
+        traced.save_once()
         meter.add(runner.effective)
         if trainer.step % t.log_every == 0 or trainer.step == stop_at:
             telemetry.log(_metrics(trainer, runner, meter, lr, clock))

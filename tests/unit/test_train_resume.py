@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -130,3 +131,94 @@ def test_compiled_kernels_go_to_the_run_dir_unless_the_user_chose_a_cache(tmp_pa
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/me/inductor")
     monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
     assert run_compile_cache(tmp_path / "run") == Path("/scratch/me/inductor")
+
+
+# A job in a process of its own (dynamo's state is per process), printing dynamo's counters at the end.
+_JOB = """
+import json, sys
+from diffscale.cli import main
+code = main(sys.argv[1:])
+from torch._dynamo.utils import counters
+print("COUNTERS " + json.dumps({k: dict(counters[k]) for k in ("frames", "dynamo_cache")}))
+sys.exit(code)
+"""
+
+
+def _compiled_job(run_dir: Path, *args: str) -> tuple[str, dict]:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "RANK", "WORLD_SIZE")}
+    cmd = [sys.executable, "-c", _JOB, "train", "--device", "cpu", "--out", str(run_dir), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**env, "COLUMNS": "250"}, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    counters = json.loads(done.stdout.split("COUNTERS ", 1)[1])
+    return done.stdout + done.stderr, counters
+
+
+def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_path):
+    """runtime.compile_cache: the first job saves dynamo's traced network after its first step; a
+    resumed job (a new process) installs it, traces nothing, and trains bit for bit as the first
+    job did past the checkpoint it resumes from. (The network is the micro UNet cut to one level:
+    its first compile on a CPU is most of this test's time.)"""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    one_level = micro_args("model.block_out_channels=[8]", "model.attention=[false]", "runtime.compile=on",
+                           "runtime.compile_cache=on", "train.checkpoint_every=2", "train.log_every=1", steps=4)
+    _, first = _compiled_job(straight, *one_level)
+    assert first["frames"]["ok"] == 1 and first["dynamo_cache"] == {"dynamo_cache_miss": 1}
+    entries = list((straight / "cache" / "inductor" / "dynamo").glob("*/entry"))
+    assert len(entries) == 1 and entries[0].stat().st_size > 0
+
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000004")
+    out, second = _compiled_job(resumed, "--resume", "auto")  # the run's config.yaml: compile_cache on
+    assert "resumed from step 2" in out
+    assert "the traced network and kernels cached by an earlier job" in out
+    assert second["dynamo_cache"] == {"dynamo_cache_hit": 1}
+    assert second["frames"] == {}  # dynamo traced no frame
+    assert "is dropped with caching_precompile" not in out and "could not be used" not in out
+    name_a, a = _final_tensors(straight)
+    name_b, b = _final_tensors(resumed)
+    assert name_a == name_b == "step_00000004"
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    last = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+            for run in (straight, resumed)]
+    assert last[0]["step"] == last[1]["step"] == 4 and last[0]["loss"] == last[1]["loss"]
+
+
+def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warning(tmp_path, monkeypatch):
+    from torch._dynamo.package import CompilePackage
+
+    from diffscale.config import Toggle
+    from diffscale.models.unet2d import Denoiser, build_unet
+    from diffscale.presets import tiny
+    from diffscale.runtime.compile_cache import STAMP, fingerprint, open_compile_cache
+
+    cfg = tiny()
+    cfg.runtime.compile_cache = Toggle.ON
+    net = Denoiser(build_unet(cfg.model, 1))
+    cache_dir = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))  # where torch's DynamoCache looks
+    said: list[str] = []
+
+    def cache_with(entry_bytes: bytes, stamp: str, world_size: int = 1):
+        dynamo = cache_dir / "dynamo"
+        entry = dynamo / CompilePackage.source_id_from_fn(net.forward) / "entry"
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_bytes(entry_bytes)
+        (dynamo / STAMP).write_text(json.dumps({"fingerprint": stamp}))
+        said.clear()
+        return open_compile_cache(cfg, cache_dir, world_size=world_size, own_cache=True, net=net, say=said.append)
+
+    dynamo = cache_dir / "dynamo"
+    cache = cache_with(b"not a pickle", fingerprint(cfg, 1))  # as by a full disk
+    assert cache.active and not cache.found and not dynamo.exists()
+    assert len(said) == 1 and said[0].startswith(f"[yellow]warning: the cached traced network in {dynamo} "
+                                                 "could not be used (UnpicklingError")
+    cache = cache_with(b"x", "another config")
+    assert cache.active and not cache.found and not dynamo.exists()
+    assert len(said) == 1 and "(it was traced for another config or torch)" in said[0]
+    cache = cache_with(b"x", fingerprint(cfg, 2), world_size=2)
+    assert not cache.active and cache.why_not.startswith("runtime.compile_cache is for one process")
+    assert not said and dynamo.exists()  # a distributed run leaves the cache alone

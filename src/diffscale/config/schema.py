@@ -266,6 +266,13 @@ class RuntimeConfig:
     (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
     instead of ~190 s (cached after); xl's DDIM sampling 5.3 % faster on an H100
     (docs/benchmarks.md, "Defaults and why")."""
+    compile_cache: Toggle = Toggle.OFF
+    """Keep dynamo's traced network with the compiled kernels (RUN_DIR/cache/inductor/dynamo, torch's
+    experimental caching precompile), so a resumed job installs it instead of tracing the network
+    again: tiny's resumed compile on 2 CPU cores took 3.0 s instead of 8.7 (no tracing, 5.8 s of it;
+    docs/benchmarks.md, "Start-up and compile time"). Written once, after the first step; one
+    process only (a distributed run traces as before); an entry for another config or torch is
+    discarded. ``auto``: off until measured on GPUs (CUDA graphs)."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.

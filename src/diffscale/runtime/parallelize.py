@@ -11,15 +11,18 @@ import torch
 
 from ..config import CompileMode, Recipe, RunConfig, Toggle
 from ..errors import UserError
+from .compile_cache import CompileCache
 from .device import DevicePolicy
 from .distributed import DistContext
 
 
 def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, policy: DevicePolicy,
-                say: Callable[[str], None], whole_steps: bool = False) -> torch.nn.Module:
+                say: Callable[[str], None], whole_steps: bool = False,
+                cache: CompileCache | None = None) -> torch.nn.Module:
     """``net`` as training runs it: wrapped in DDP when distributed, then compiled where the policy
     says. ``whole_steps``: the step around it is recorded as one CUDA graph (``step_graph.py``),
-    so the network compiles without CUDA graphs of its own."""
+    so the network compiles without CUDA graphs of its own. ``cache``: the traced network saved by
+    an earlier job is installed instead of traced (``runtime.compile_cache``)."""
     model: torch.nn.Module = net
     if ctx.distributed:
         model = wrap_ddp(net, ctx, cfg, policy)
@@ -33,8 +36,11 @@ def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, polic
         say(f"[yellow]runtime.compile_mode reduce-overhead needs train.grad_accum 1 on CUDA "
             f"(this run: {cfg.train.grad_accum} on {policy.device.type}): compiling without CUDA graphs[/]")
     tune = cfg.runtime.kernel_tuning == Toggle.ON
+    options = compile_options(mode.value, policy.layout_opt, tune)
+    if cache is not None and cache.active:
+        return cache.compile(model, options)
     # torch.compile of a Module returns an OptimizedModule (typed as a plain callable)
-    return cast(torch.nn.Module, torch.compile(model, options=compile_options(mode.value, policy.layout_opt, tune)))
+    return cast(torch.nn.Module, torch.compile(model, options=options))
 
 
 def training_compile_mode(cfg: RunConfig, policy: DevicePolicy) -> CompileMode:

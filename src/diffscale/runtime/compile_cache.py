@@ -1,0 +1,226 @@
+"""Dynamo's traced network kept beside its kernels (``runtime.compile_cache``), so a resumed job
+skips dynamo's tracing: torch's experimental "caching precompile" (``torch._dynamo.config.
+caching_precompile``). The first job saves the traced bytecode, its guards and the compiled
+forward/backward once, after its first step, to ``<inductor cache>/dynamo/<key>/entry``; the next
+job's ``torch.compile`` installs them, so its first step runs without tracing.
+
+Torch keys the entry by the compiled function alone (``Denoiser.forward``'s name and line), checks
+the Python and torch versions and the source of every function it inlined, and drops the guards it
+cannot write (object identities, dict versions, closures). A stamp of what else decides the graph
+(this config's model, runtime and batch, the world size) stands in for those: an entry written under
+another stamp is discarded and the network traced again. The precompile package is torch's own,
+so this module reaches into ``torch._dynamo.package`` (private) and is written against torch 2.11
+and 2.13, where it was measured (docs/benchmarks.md, "Start-up and compile time")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RunConfig, Toggle
+
+STAMP = "diffscale-stamp.json"
+"""Beside torch's entries: the fingerprint of the run they were traced for."""
+
+# torch's CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES (torch 2.11, 2.13). Caching
+# precompile drops most of these itself, but not a CLASS_MATCH guard that carries no derived ID_MATCH
+# (diffusers' ModelMixin.__getattr__ leaves one on type(self.unet)); torch then gives up on the entry
+# and fails the compile ("check_fn.guards_state must not be None").
+_UNWRITABLE = frozenset({"DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH",
+                         "CLOSURE_MATCH", "WEAKREF_ALIVE"})
+
+
+class _QuietDroppedGuards(logging.Filter):
+    """Torch warns once per guard it leaves out of an entry (~80 lines for a UNet, every job that
+    traces); the leaving out is this feature's design, stated in the module doc."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is dropped with caching_precompile" not in record.getMessage()
+
+
+_QUIET = _QuietDroppedGuards()
+_GUARDS_LOG = logging.getLogger("torch._dynamo.guards")
+
+
+def writable_guards(entries: Sequence[Any]) -> list[bool]:
+    """``torch.compile``'s ``guard_filter_fn``: keep the guards torch can write into an entry and
+    read back (tensor shapes, dtypes, devices, strides, global state such as grad mode and autocast)."""
+    return [not (e.guard_type in _UNWRITABLE or _UNWRITABLE.intersection(e.derived_guard_types)
+                 or getattr(e.orig_guard, "_unserializable", False) or _on_defaults(e.orig_guard)) for e in entries]
+
+
+def _on_defaults(guard: Any) -> bool:
+    """A guard on a function's default argument. torch 2.11 writes its source (``DefaultsSource``)
+    with two fields it cannot read back: loading the entry failed with ``TypeError: DefaultsSource.
+    __init__() takes from 3 to 4 positional arguments but 6 were given`` (fixed in 2.13). The
+    defaults are in the source torch checksums."""
+    source = getattr(guard, "originating_source", None)
+    while source is not None:
+        if type(source).__name__ == "DefaultsSource":
+            return True
+        source = getattr(source, "base", None)
+    return False
+
+
+def fingerprint(cfg: RunConfig, world_size: int) -> str:
+    """What decides the traced graph beyond the source torch checks itself."""
+    parts = {"task": cfg.task, "model": cfg.to_dict()["model"], "runtime": cfg.to_dict()["runtime"],
+             "batch_per_gpu": cfg.train.batch_per_gpu, "grad_accum": cfg.train.grad_accum,
+             "world_size": world_size, "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _graphs_traced() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+@dataclass
+class CompileCache:
+    """One training job's use of the cache; inert (``active`` False) where it is off."""
+
+    directory: Path | None = None
+    """``<inductor cache>/dynamo`` where the cache is on, else None."""
+    stamp: str = ""
+    """``fingerprint`` of this job's run."""
+    found: bool = False
+    """An entry traced for this run was there when the job started."""
+    why_not: str = ""
+    """Why the cache is off where it was asked for (said once), else empty."""
+    say: Callable[[str], None] = print
+    """Where the one-line warnings go (the main rank's console)."""
+    _saved: bool = False
+    _traced_before: int = 0
+    _prior: bool = field(default=False, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.directory is not None
+
+    def __enter__(self) -> CompileCache:
+        """Caching precompile on while this job compiles and trains (a later compile in the same
+        process, e.g. another test, is not touched)."""
+        if self.active:
+            self._prior = torch._dynamo.config.caching_precompile
+            torch._dynamo.config.caching_precompile = True
+            self._traced_before = _graphs_traced()
+            _GUARDS_LOG.addFilter(_QUIET)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            torch._dynamo.config.caching_precompile = self._prior
+            _GUARDS_LOG.removeFilter(_QUIET)
+
+    def compile(self, model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+        """``torch.compile(model, options=options)``, installing a saved entry if there is one. A load
+        that fails for any reason discards the entry with one warning and compiles to trace."""
+        if not self.active:
+            return _compile(model, options)
+        if not self.found:  # torch finds no entry: it traces at the first call and records what it traced
+            return _compile(model, {**options, "guard_filter_fn": writable_guards})
+        try:
+            with _loading_as_compiled(options):
+                return _compile(model, {**options, "guard_filter_fn": writable_guards})
+        except Exception as exc:  # torch falls back by itself only on RuntimeError
+            self._discard(f"{type(exc).__name__}: {exc}")
+            torch._dynamo.reset()
+            return _compile(model, {**options, "guard_filter_fn": writable_guards})
+
+    def save_once(self) -> None:
+        """After the first compiled step: write what dynamo traced in this job (nothing when the
+        job's network came whole from the cache). Never fails the run."""
+        if not self.active or self._saved:
+            return
+        self._saved = True
+        if _graphs_traced() == self._traced_before:
+            return
+        assert self.directory is not None
+        try:
+            torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries
+            (self.directory / STAMP).write_text(json.dumps({"fingerprint": self.stamp}) + "\n")
+        except Exception as exc:
+            self.say(f"[yellow]warning: the traced network was not cached ({type(exc).__name__}: {exc}); "
+                     f"a resumed job traces it again[/]")
+
+    def _discard(self, why: str) -> None:
+        why = why.strip().splitlines()[0] if why.strip() else "unknown"
+        self.say(f"[yellow]warning: the cached traced network in {self.directory} could not be used ({why}); "
+                 f"tracing it again[/]")
+        self.found = False
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def check(self, net: torch.nn.Module) -> None:
+        """Before compiling: is there an entry for ``net`` traced for this run, readable by this
+        torch and these sources? One that is not is discarded (one warning), so torch traces."""
+        assert self.directory is not None
+        if not self.directory.is_dir():
+            return
+        try:
+            stamp = json.loads((self.directory / STAMP).read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            stamp = None
+        if stamp != self.stamp:
+            self._discard("it was traced for another config or torch" if stamp else "its stamp is missing")
+            return
+        from torch._dynamo.package import CompilePackage, DynamoCache, load_guards_state
+
+        path = Path(DynamoCache.path_prefix()) / CompilePackage.source_id_from_fn(net.forward) / "entry"
+        if not path.is_file():
+            return
+        try:
+            entry = pickle.loads(path.read_bytes())
+            # versions and the inlined sources' checksums, as torch checks them; installs nothing
+            CompilePackage(net.forward, entry.dynamo)
+            for code in entry.dynamo.codes:  # the guards read back (what torch 2.11 could not)
+                for guarded in code.guarded_codes:
+                    load_guards_state(guarded.guards_state)
+        except Exception as exc:
+            self._discard(f"{type(exc).__name__}: {exc}")
+            return
+        self.found = True
+
+
+def open_compile_cache(cfg: RunConfig, cache_dir: Path, *, world_size: int, own_cache: bool,
+                       net: torch.nn.Module, say: Callable[[str], None]) -> CompileCache:
+    """The job's cache: on where ``runtime.compile_cache`` is on, one process trains and the
+    kernels go to the run's own folder (a cache shared between runs would mix their entries,
+    which torch keys by the function alone)."""
+    if cfg.runtime.compile_cache != Toggle.ON:
+        return CompileCache(say=say)
+    if world_size > 1:
+        return CompileCache(say=say, why_not=f"runtime.compile_cache is for one process (this run has {world_size}): "
+                                             "the network is traced as before")
+    if not own_cache:
+        return CompileCache(say=say, why_not="runtime.compile_cache needs the run's own kernel cache "
+                                             "(TORCHINDUCTOR_CACHE_DIR is set): the network is traced as before")
+    cache = CompileCache(directory=cache_dir / "dynamo", stamp=fingerprint(cfg, world_size), say=say)
+    cache.check(net)
+    return cache
+
+
+def _compile(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+    compiled: torch.nn.Module = torch.compile(model, options=options)  # type: ignore[assignment]
+    return compiled
+
+
+@contextmanager
+def _loading_as_compiled(options: dict[str, Any]) -> Iterator[None]:
+    """Inductor's config as the compile options set it, while ``torch.compile`` installs an entry:
+    torch rebuilds the saved forward/backward with the global config (``triton.cudagraphs`` decides
+    whether it replays as CUDA graphs), not with the options the entry was compiled with."""
+    inductor = {k: v for k, v in options.items() if k != "guard_filter_fn"}
+    with torch._inductor.config.patch(inductor):
+        yield
