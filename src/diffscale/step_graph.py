@@ -7,6 +7,15 @@ tensors the graph reads: the batch's random draws (copied in), the learning rate
 rate. Everything else the step touches must stay where it was when the step was recorded
 (weights, optimizer moments, the task's data); a task says so with ``records_whole_steps``,
 and a change of any task tensor's storage, or a restored optimizer (``reset``), records anew.
+
+Under DDP the recording holds the gradient all-reduces too (NCCL >= 2.9.6 lets collectives be
+captured), so a rank's host launches one graph a step instead of DDP's Python forward, its
+hooks and each kernel: the hosts stop making each other wait in the all-reduce. What PyTorch's
+CUDA-graph notes ask for that: DDP built on a side stream (``parallelize``; the same stream as
+the warm-up and the recording, ``recording_stream``), and at least 11 eager DDP steps before
+recording (DDP rebuilds its buckets after the first and times its first ten). Recording is
+thread-local: another thread's CUDA calls (NCCL's watchdog, a simulation's ``push``) do not
+break it.
 """
 
 from __future__ import annotations
@@ -17,10 +26,13 @@ import torch
 
 from .config import CompileMode, Recipe, Toggle
 from .errors import UserError
+from .runtime.device import recording_stream
 from .trainer import Trainer
 
 EAGER_STEPS = 3
 """Steps run before recording: compilation, cuBLAS and optimizer state are set up by then."""
+EAGER_STEPS_DDP = 11
+"""The same under DDP (PyTorch's notes on CUDA graphs with DistributedDataParallel)."""
 
 
 def records_whole_steps(trainer: Trainer) -> bool:
@@ -30,7 +42,8 @@ def records_whole_steps(trainer: Trainer) -> bool:
         return False
     missing = [why for why, bad in (
         (f"a CUDA GPU (this run trains on {trainer.device.type})", trainer.device.type != "cuda"),
-        (f"one process (this run has {trainer.ctx.world_size})", trainer.ctx.world_size != 1),
+        (f"one process or NCCL between processes (this run: {trainer.ctx.world_size} with {trainer.ctx.backend})",
+         trainer.ctx.world_size != 1 and trainer.ctx.backend != "nccl"),
         (f"train.grad_accum 1 (this run: {cfg.train.grad_accum})", cfg.train.grad_accum != 1),
         ("runtime.recipe fast (fused AdamW)", cfg.runtime.recipe != Recipe.FAST or not trainer.fused),
         ("no fp16 loss scaling (precision bf16 or fp32)", trainer.scaler.is_enabled()),
@@ -39,7 +52,8 @@ def records_whole_steps(trainer: Trainer) -> bool:
     ) if bad]
     if setting == Toggle.ON and missing:
         raise UserError(f"runtime.step_graph on needs {missing[0]}", "set runtime.step_graph to auto or off")
-    return not missing and (setting == Toggle.ON or trainer.task.records_whole_steps)
+    measured = trainer.task.records_whole_ddp_steps if trainer.ctx.distributed else trainer.task.records_whole_steps
+    return not missing and (setting == Toggle.ON or measured)
 
 
 def _task_storages(task: object) -> tuple[int, ...]:
@@ -54,7 +68,8 @@ def _task_storages(task: object) -> tuple[int, ...]:
 
 class WholeStepGraph:
     """Runs ``body(batch)`` (one step: loss, backward, clip, AdamW, EMA) eagerly for
-    ``EAGER_STEPS`` steps, then records it and replays it with each step's batch copied in.
+    ``EAGER_STEPS`` steps (``EAGER_STEPS_DDP`` under DDP), then records it and replays it with
+    each step's batch copied in.
 
     ``lr`` and ``ema_rate`` are the tensors the body must read for the learning rate (it is put
     into the optimizer's param groups while the body runs) and the EMA's ``1 - decay``."""
@@ -68,6 +83,7 @@ class WholeStepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.batch: dict[str, torch.Tensor] = {}
         self.eager_steps = 0
+        self.eager_needed = EAGER_STEPS if trainer.ctx.world_size == 1 else EAGER_STEPS_DDP
         self.recordings = 0
         self._storages: tuple[int, ...] = ()
         for group in trainer.opt.param_groups:
@@ -77,14 +93,21 @@ class WholeStepGraph:
         """Record again before the next step (weights or optimizer state were restored)."""
         self.graph, self.batch, self.eager_steps = None, {}, 0
 
+    def release(self) -> None:
+        """Free the recording (before the process group ends: it holds NCCL's communicator)."""
+        if self.graph is not None:
+            torch.cuda.synchronize(self.trainer.device)
+            self.reset()
+            torch.cuda.synchronize(self.trainer.device)  # NCCL lets go of a destroyed graph's work
+
     def step(self, batch: dict[str, torch.Tensor], lr: float, ema_rate: float) -> None:
         self.lr.fill_(lr)
         self.ema_rate.fill_(ema_rate)
         if self.graph is not None and _task_storages(self.trainer.task) != self._storages:
             self.reset()
-        if self.graph is None and self.eager_steps < EAGER_STEPS:
+        if self.graph is None and self.eager_steps < self.eager_needed:
             self.eager_steps += 1
-            side = torch.cuda.Stream(self.trainer.device)  # set-up off the stream recording will read
+            side = recording_stream(self.trainer.device)  # set-up off the stream replays run on
             side.wait_stream(torch.cuda.current_stream(self.trainer.device))
             with torch.cuda.stream(side):
                 self._run_body(batch)
@@ -115,8 +138,10 @@ class WholeStepGraph:
         # Gradients are made by the recorded backward (in the graph's memory), not accumulated.
         self.trainer.opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=recording_stream(self.trainer.device), capture_error_mode="thread_local"):
             self._run_body(self.batch)
         self.graph = graph
+        if self.recordings == 0 and self.trainer.ctx.distributed:
+            self.trainer.ctx.before_shutdown(self.release)
         self.recordings += 1
         self._storages = _task_storages(self.trainer.task)

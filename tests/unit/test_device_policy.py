@@ -225,3 +225,26 @@ def test_importing_diffscale_on_macos_turns_on_the_cpu_fallback_before_torch_loa
     for platform, expected in (("darwin", "1 False"), ("linux", "None False")):
         out = subprocess.run([sys.executable, "-c", code.format(platform)], capture_output=True, text=True, check=True)
         assert out.stdout.split() == expected.split(), out
+
+
+def test_ddp_graph_split_follows_recorded_steps_unless_set():
+    from diffscale.config import Toggle
+    from diffscale.runtime.parallelize import ddp_graph_split
+
+    # recorded steps leave the overlap of all-reduces as the gain; eager ones lose more to the split
+    assert ddp_graph_split(Toggle.AUTO, whole_steps=True) is True
+    assert ddp_graph_split(Toggle.AUTO, whole_steps=False) is False
+    assert ddp_graph_split(Toggle.OFF, whole_steps=True) is False
+    assert ddp_graph_split(Toggle.ON, whole_steps=False) is True
+
+
+def test_shutdown_releases_recordings_before_the_process_group_goes_once():
+    from diffscale.runtime.distributed import DistContext, LaunchInfo
+
+    ctx = DistContext(info=LaunchInfo(launcher="single"), device=torch.device("cpu"))
+    released: list[str] = []
+    ctx.before_shutdown(lambda: released.append("first"))
+    ctx.before_shutdown(lambda: released.append("second"))
+    ctx.shutdown()
+    ctx.shutdown()
+    assert released == ["second", "first"]

@@ -276,8 +276,10 @@ class RuntimeConfig:
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
-    Needs one process, ``train.grad_accum`` 1, the fast recipe and no fp16 loss scaling. ``auto``:
-    on where that holds and the task was measured faster with it (docs/benchmarks.md, "Field diffusion")."""
+    Needs one process or NCCL between processes (DDP's all-reduces are recorded too), ``train.grad_accum``
+    1, the fast recipe and no fp16 loss scaling. ``auto``: on where that holds and the task was measured
+    faster with it: fields on one GPU, policies under DDP (docs/benchmarks.md, "Field diffusion",
+    "Diffusion policy")."""
     sampling_graph: Toggle = Toggle.AUTO
     """DDIM sampling on CUDA: the whole denoising loop (every network call and scheduler update)
     recorded once per batch shape as one CUDA graph and replayed per call, so a small network's
@@ -296,8 +298,9 @@ class RuntimeConfig:
     """DDP gradient bucket size in MiB (the fast recipe; the plain one uses DDP's default 25)."""
     ddp_graph_split: Toggle = Toggle.AUTO
     """Compiled DDP: split the graph at gradient buckets so each bucket's all-reduce overlaps the
-    rest of the backward pass (dynamo's DDPOptimizer). ``auto``: off; every split boundary
-    adds layout copies and stops fusion, which cost more than NVLink all-reduces take."""
+    rest of the backward pass (dynamo's DDPOptimizer). ``auto``: on where each step is recorded
+    as one CUDA graph (``runtime.step_graph``), else off: with eager steps every split boundary's
+    layout copies and lost fusion cost more than NVLink all-reduces take."""
     ddp_bf16_compress: Toggle = Toggle.AUTO
     """Compress gradients to bf16 for the all-reduce (NCCL only). ``auto``: off, which scaled
     better on NVLink for every preset (docs/benchmarks.md, "bf16 gradient compression"); ``on`` halves the bytes moved,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -196,6 +197,15 @@ def configure_backends(policy: DevicePolicy) -> None:
 
 def _toggle(value: Toggle, auto: bool) -> bool:
     return auto if value == Toggle.AUTO else value == Toggle.ON
+
+
+@functools.cache
+def recording_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream on ``device`` that CUDA-graph recordings of whole steps use, for
+    their eager warm-up steps and the recording itself, and that DDP is built on when they
+    record it: autograd runs a parameter's gradient accumulation on the stream it was created
+    on, and one that is not the recording's cannot be waited on while recording."""
+    return torch.cuda.Stream(device)
 
 
 def synchronize(device: torch.device) -> None:

@@ -198,6 +198,7 @@ class DistContext:
     device: torch.device
     backend: str = ""
     _initialised: bool = field(default=False, repr=False)
+    _before_shutdown: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     @property
     def rank(self) -> int:
@@ -265,7 +266,14 @@ class DistContext:
         dist.all_gather(parts, padded)
         return torch.cat([p[:int(n.item())].cpu() for p, n in zip(parts, all_counts, strict=True)])
 
+    def before_shutdown(self, release: Callable[[], None]) -> None:
+        """Call ``release`` before the process group goes: a CUDA graph that recorded NCCL
+        collectives holds its communicator, whose destruction then waits for it for ever."""
+        self._before_shutdown.append(release)
+
     def shutdown(self) -> None:
+        while self._before_shutdown:
+            self._before_shutdown.pop()()
         if self._initialised:
             dist.destroy_process_group()
             self._initialised = False

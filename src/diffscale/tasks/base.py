@@ -100,6 +100,10 @@ class Task(Protocol):
     """Whether ``runtime.step_graph auto`` records this task's optimizer steps as one CUDA graph:
     its ``loss`` reads only tensors that stay in place during a run (data resident or in a
     preallocated buffer, statistics fitted once), and recording was measured faster for it."""
+    records_whole_ddp_steps: bool
+    """The same for DDP runs (the gradient all-reduces recorded too), measured on its own: a
+    network whose one-GPU step keeps its host ahead may still gain under DDP, where one rank's
+    slow host makes every other rank wait."""
 
     def num_items(self) -> int:
         """Examples in the data set (one epoch)."""

@@ -65,6 +65,7 @@ class Standardiser:
 class FieldTask:
     name = "fields"
     records_whole_steps = True  # 2,400-step rounds: docs/benchmarks.md, "Field diffusion"
+    records_whole_ddp_steps = False  # not measured yet
     cond: torch.Tensor
     """(N, C) conditions on the device, in data units (set once the data is read)."""
     x: torch.Tensor

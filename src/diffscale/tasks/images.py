@@ -20,6 +20,7 @@ from .base import Autocast, Feed, Generated, ReferenceData
 class ImageTask:
     name = "images"
     records_whole_steps = False  # not measured yet with whole-step graphs
+    records_whole_ddp_steps = False
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:
