@@ -148,12 +148,14 @@ class BufferBatcher:
         self._generator = torch.Generator(device=device)
         self.device = device
 
-    def next_indices(self) -> torch.Tensor:
+    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.buffer.size == 0:
             raise UserError("training was asked for a batch while the buffer is empty",
                             "push data first; ask OnlineTrainer.ready() before training")
         self._generator.manual_seed(self.seed * 1_000_003 + self.position.offset)
         self.position = DataPosition(self.position.epoch, self.position.offset + 1)
+        if out is not None:  # the same draw, into a recorded step's input
+            return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, out=out)
         return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, device=self.device)
 
 
