@@ -26,8 +26,12 @@ def step_seed(seed: int, step: int) -> int:
 
 def learning_rate(cfg: RunConfig, step: int, effective_batch: int, backoff: float = 1.0) -> float:
     o = cfg.optim
-    scale = {LrScaling.NONE: 1.0, LrScaling.LINEAR: effective_batch / o.base_batch,
-             LrScaling.SQRT: math.sqrt(effective_batch / o.base_batch)}[o.lr_scaling]
+    if o.lr_scaling == LrScaling.LINEAR:  # branches, not a dict of every choice: called every step
+        scale = effective_batch / o.base_batch
+    elif o.lr_scaling == LrScaling.SQRT:
+        scale = math.sqrt(effective_batch / o.base_batch)
+    else:
+        scale = 1.0
     peak = o.lr * scale * backoff
     if o.warmup_steps and step < o.warmup_steps:
         return peak * (step + 1) / o.warmup_steps
@@ -79,7 +83,10 @@ class StepRunner:
         for group in tr.opt.param_groups:
             group["lr"] = lr
         self.generator.manual_seed(step_seed(t.seed, tr.step))
-        batch = tr.task.draw(self.batcher.next_indices(), self.generator)
+        # A recorded step draws its batch straight into the graph's inputs: no copies before a replay.
+        inputs = self.whole.inputs if self.whole is not None else None
+        indices = self.batcher.next_indices(None if inputs is None else inputs["indices"])
+        batch = tr.task.draw(indices, self.generator, out=inputs)
         rate = 1.0 - min(t.ema_decay, (1 + tr.step) / (10 + tr.step))
         if self.whole is not None:
             self.whole.step(batch, lr, rate)

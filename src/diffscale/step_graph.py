@@ -3,7 +3,7 @@
 A step of a small network (the field MLP at batch 16) is ~40 kernels of microseconds each, and
 the host launching them leaves the GPU idle most of the time (docs/benchmarks.md, "Field
 diffusion"). Recorded, a step is one launch. What changes from step to step enters through
-tensors the graph reads: the batch's random draws (copied in), the learning rate and the EMA
+tensors the graph reads: the batch's random draws (drawn into its inputs), the learning rate and the EMA
 rate. Everything else the step touches must stay where it was when the step was recorded
 (weights, optimizer moments, the task's data); a task says so with ``records_whole_steps``,
 and a change of any task tensor's storage, or a restored optimizer (``reset``), records anew.
@@ -20,6 +20,7 @@ break it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import torch
@@ -61,15 +62,51 @@ def _task_storages(task: object) -> tuple[int, ...]:
     found = []
     for value in vars(task).values():
         for item in (value, *(vars(value).values() if hasattr(value, "__dict__") else ())):
-            if isinstance(item, torch.Tensor) and item.device.type == "cuda":
+            if _watched(item):
                 found.append(item.data_ptr())
     return tuple(found)
+
+
+def _watched(item: object) -> bool:
+    """A tensor a recorded step may read in place: on the GPU."""
+    return isinstance(item, torch.Tensor) and item.device.type == "cuda"
+
+
+class _StorageWatch:
+    """``_task_storages(task) == storages``, cheap enough to ask before every replay.
+
+    ``_task_storages`` walks ~120 attributes: 35-50 us on a 2-core CPU (2026-11-27), against a
+    field step of ~420 us on an H100. Here a step compares, by identity, the values the walk
+    read at the two levels it looks at, and the storages of the CUDA tensors it found; only
+    when one of them changed is the walk made again."""
+
+    def __init__(self, task: object) -> None:
+        self.task = task
+        self.storages = _task_storages(task)
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        task = self.task
+        self.holders = [vars(task), *(vars(v) for v in vars(task).values() if hasattr(v, "__dict__"))]
+        self.values = [tuple(d.values()) for d in self.holders]
+        self.tensors = [t for d in self.holders for t in d.values() if _watched(t)]
+        self.pointers = [t.data_ptr() for t in self.tensors]
+
+    def unchanged(self) -> bool:
+        if all(len(d) == len(old) and all(map(operator.is_, d.values(), old))
+               for d, old in zip(self.holders, self.values, strict=True)) and \
+                [t.data_ptr() for t in self.tensors] == self.pointers:
+            return True
+        if _task_storages(self.task) != self.storages:
+            return False
+        self._snapshot()  # values rebound to the same storages: watch the new ones
+        return True
 
 
 class WholeStepGraph:
     """Runs ``body(batch)`` (one step: loss, backward, clip, AdamW, EMA) eagerly for
     ``EAGER_STEPS`` steps (``EAGER_STEPS_DDP`` under DDP), then records it and replays it with
-    each step's batch copied in.
+    each step's batch drawn into (or copied into) the recorded step's ``inputs``.
 
     ``lr`` and ``ema_rate`` are the tensors the body must read for the learning rate (it is put
     into the optimizer's param groups while the body runs) and the EMA's ``1 - decay``."""
@@ -85,7 +122,7 @@ class WholeStepGraph:
         self.eager_steps = 0
         self.eager_needed = EAGER_STEPS if trainer.ctx.world_size == 1 else EAGER_STEPS_DDP
         self.recordings = 0
-        self._storages: tuple[int, ...] = ()
+        self._watch: _StorageWatch | None = None
         for group in trainer.opt.param_groups:
             group["capturable"] = True  # the fused update keeps its step count on the GPU
 
@@ -100,10 +137,22 @@ class WholeStepGraph:
             self.reset()
             torch.cuda.synchronize(self.trainer.device)  # NCCL lets go of a destroyed graph's work
 
+    _filled: tuple[float, float] = (float("nan"), float("nan"))
+    """The values ``lr`` and ``ema_rate`` were last filled with (a fill is a kernel launch)."""
+
+    @property
+    def inputs(self) -> dict[str, torch.Tensor] | None:
+        """The recorded step's batch tensors, or None while no step is recorded: a batch drawn
+        into them in place (``Task.draw(..., out=)``) is replayed without copies or allocations."""
+        return self.batch if self.graph is not None else None
+
     def step(self, batch: dict[str, torch.Tensor], lr: float, ema_rate: float) -> None:
-        self.lr.fill_(lr)
-        self.ema_rate.fill_(ema_rate)
-        if self.graph is not None and _task_storages(self.trainer.task) != self._storages:
+        if lr != self._filled[0]:
+            self.lr.fill_(lr)
+        if ema_rate != self._filled[1]:  # constant once the EMA warm-up ends
+            self.ema_rate.fill_(ema_rate)
+        self._filled = (lr, ema_rate)
+        if self.graph is not None and self._watch is not None and not self._watch.unchanged():
             self.reset()
         if self.graph is None and self.eager_steps < self.eager_needed:
             self.eager_steps += 1
@@ -116,8 +165,9 @@ class WholeStepGraph:
             return
         if self.graph is None:
             self._record(batch)
-        for name, tensor in batch.items():
-            self.batch[name].copy_(tensor)
+        if batch is not self.batch:  # drawn elsewhere (the first replay): copied in
+            for name, tensor in batch.items():
+                self.batch[name].copy_(tensor)
         assert self.graph is not None
         self.graph.replay()
 
@@ -144,4 +194,4 @@ class WholeStepGraph:
         if self.recordings == 0 and self.trainer.ctx.distributed:
             self.trainer.ctx.before_shutdown(self.release)
         self.recordings += 1
-        self._storages = _task_storages(self.trainer.task)
+        self._watch = _StorageWatch(self.trainer.task)

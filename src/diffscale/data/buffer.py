@@ -9,6 +9,7 @@ Data spec: ``online:fifo:N`` or ``online:reservoir:N`` (``data.source`` of a run
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,12 +149,14 @@ class BufferBatcher:
         self._generator = torch.Generator(device=device)
         self.device = device
 
-    def next_indices(self) -> torch.Tensor:
+    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.buffer.size == 0:
             raise UserError("training was asked for a batch while the buffer is empty",
                             "push data first; ask OnlineTrainer.ready() before training")
         self._generator.manual_seed(self.seed * 1_000_003 + self.position.offset)
         self.position = DataPosition(self.position.epoch, self.position.offset + 1)
+        if out is not None:  # the same draw, into a recorded step's input
+            return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, out=out)
         return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, device=self.device)
 
 
@@ -164,16 +167,34 @@ def as_chunk(cond: object, x: object, sim_time: float, cond_dim: int,
     Rows holding NaN or inf are dropped (their count is returned): one bad cell must not stop
     the simulation or poison the buffer. Shapes that do not fit the task raise ``UserError``.
     """
-    c = torch.as_tensor(np.asarray(cond), dtype=torch.float32).detach().cpu().clone()
-    v = torch.as_tensor(np.asarray(x), dtype=torch.float32).detach().cpu().clone()
-    if c.dim() == 1:
-        c = c.unsqueeze(0)
-    if v.dim() == len(x_shape):
-        v = v.unsqueeze(0)
-    if c.dim() != 2 or c.shape[1] != cond_dim or tuple(v.shape[1:]) != tuple(x_shape) or c.shape[0] != v.shape[0]:
+    c, v, dropped = as_arrays(cond, x, cond_dim, x_shape)
+    return torch.from_numpy(c), torch.from_numpy(v), chunk_times(len(c), sim_time), dropped
+
+
+def chunk_times(rows: int, sim_time: float) -> torch.Tensor:
+    """(rows,) float64: every sample of an output step has its simulation time."""
+    return torch.full((rows,), float(sim_time), dtype=torch.float64)
+
+
+def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
+    """``as_chunk``'s checks and copies as numpy arrays, in as few array operations as possible
+    (``OnlineTrainer.push`` runs this on the simulation's thread: each operation may hand the
+    interpreter lock to the training thread and wait to get it back): one float32 copy of each
+    array and one sum each that is finite unless a row holds NaN or inf (or the sum overflows),
+    and only then the check row by row."""
+    with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32 become inf: dropped below
+        c = np.array(cond, dtype=np.float32)  # a copy: the simulation may reuse its arrays
+        v = np.array(x, dtype=np.float32)
+    if c.ndim == 1:
+        c = c[None]
+    if v.ndim == len(x_shape):
+        v = v[None]
+    if c.ndim != 2 or c.shape[1] != cond_dim or tuple(v.shape[1:]) != tuple(x_shape) or c.shape[0] != v.shape[0]:
         raise UserError(f"pushed cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
                         f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})",
                         "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
-    good = torch.isfinite(c).all(1) & torch.isfinite(v.flatten(1)).all(1)
-    times = torch.full((int(good.sum()),), float(sim_time), dtype=torch.float64)
-    return c[good], v[good], times, int((~good).sum())
+    with np.errstate(over="ignore", invalid="ignore"):
+        if math.isfinite(float(c.sum())) and math.isfinite(float(v.sum())):
+            return c, v, 0
+    good = np.isfinite(c).all(1) & np.isfinite(v.reshape(len(v), -1)).all(1)
+    return c[good], v[good], int((~good).sum())

@@ -62,14 +62,15 @@ class DeviceBatcher:
         assert self._perm is not None
         return self._perm
 
-    def next_indices(self) -> torch.Tensor:
-        """Indices of the next global batch (identical on every rank)."""
+    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Indices of the next global batch (identical on every rank), copied into ``out`` if given."""
         if self.position.offset + self.global_batch > self.num_items:
             self.position = DataPosition(self.position.epoch + 1, 0)
         perm = self._permutation(self.position.epoch)
         start = self.position.offset
         self.position = DataPosition(self.position.epoch, start + self.global_batch)
-        return perm[start:start + self.global_batch]
+        indices = perm[start:start + self.global_batch]
+        return indices if out is None else out.copy_(indices)
 
 
 def shift_augment(images: torch.Tensor, shifts: torch.Tensor, max_shift: int) -> torch.Tensor:

@@ -54,12 +54,12 @@ class SpoolBatcher(BufferBatcher):
         self._said_ready = False
         self.dropped_rows = 0
 
-    def next_indices(self) -> torch.Tensor:
+    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.feed.world_size == 1 or self.position.offset % SHARE_EVERY == 0:
             self.ingest()
         if self.buffer.size < self.ready_at:
             self._wait()
-        return super().next_indices()
+        return super().next_indices(out)
 
     def ingest(self) -> None:
         """Add what rank 0 found in the spool (if its poll is due) to the buffer of every rank."""

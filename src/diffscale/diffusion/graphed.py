@@ -20,11 +20,16 @@ WARMUP_CALLS = 2  # the first compiles; the second runs as every later call does
 
 
 class GraphedLoop:
-    """``body(x, condition)`` recorded for tensors shaped like ``x`` and ``condition``."""
+    """``body(x, condition)`` recorded for tensors shaped like ``x`` and ``condition``.
 
-    def __init__(self, body: LoopBody, x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> None:
-        self.x = x.clone()
-        self.condition = tuple(c.clone() for c in condition)
+    ``static``: ``x`` and ``condition`` themselves are the graph's inputs (not copies of them):
+    the caller writes each call's values into them (one host-to-device copy into a buffer they
+    are views of) and calls ``replay``."""
+
+    def __init__(self, body: LoopBody, x: torch.Tensor, condition: tuple[torch.Tensor, ...],
+                 static: bool = False) -> None:
+        self.x = x if static else x.clone()
+        self.condition = condition if static else tuple(c.clone() for c in condition)
         side = torch.cuda.Stream(device=x.device)
         side.wait_stream(torch.cuda.current_stream(x.device))
         with torch.cuda.stream(side):  # warm-up off the default stream, as recording requires
@@ -39,8 +44,13 @@ class GraphedLoop:
         self.x.copy_(x)
         for mine, given in zip(self.condition, condition, strict=True):
             mine.copy_(given)
+        return self.replay().clone()  # the next replay overwrites the graph's output
+
+    def replay(self) -> torch.Tensor:
+        """Run the loop on what ``x`` and ``condition`` hold now; returns the graph's own output
+        tensor, which the next replay overwrites."""
         self.graph.replay()
-        return self.out.clone()  # the next replay overwrites the graph's output
+        return self.out
 
 
 class LoopCache:

@@ -127,7 +127,7 @@ def sample(
             progress.start(sampler.kind, steps, shape[0])  # DDIM runs exactly `steps` timesteps
         try:
             key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in denoise.condition), steps, id(diffusion))
-            x = loops.run(key, _ddim_loop(denoise.network, diffusion, steps), x, denoise.condition)
+            x = loops.run(key, ddim_loop(denoise.network, diffusion, steps), x, denoise.condition)
             if progress is not None:
                 progress.advance(steps)
         finally:
@@ -169,8 +169,8 @@ def _recorded_loops(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return loops if isinstance(loops, LoopCache) else None
 
 
-def _ddim_loop(network: Any, diffusion: GaussianDiffusion,
-               steps: int) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
+def ddim_loop(network: Any, diffusion: GaussianDiffusion,
+              steps: int) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
     """The DDIM loop :func:`sample` runs step by step, as one function to record: diffusers'
     scheduler computes each update from host-side schedule values, which recording fixes."""
     def body(x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> torch.Tensor:

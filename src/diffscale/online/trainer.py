@@ -3,8 +3,9 @@ simulation's own process (or, from a spool directory, in another job).
 
 It is diffscale's run state and optimizer step (``Trainer``, ``StepRunner``) fed from a replay
 buffer: the same network, EMA, precision, compilation and checkpoints as ``diffscale train``.
-``push`` only copies the arrays into a host-side queue under a short lock, so the simulation
-never waits on training; ``train_for`` moves what was pushed into the buffer and trains.
+``push`` only checks and copies the arrays into a host-side queue (no lock, a handful of
+array operations), so the simulation never waits on training; ``train_for`` (or the
+background thread) moves what was pushed into the buffer and trains.
 
 Example (runs as is on a CPU)::
 
@@ -50,9 +51,9 @@ import torch
 from rich.console import Console
 
 from ..config import RunConfig, write_yaml
-from ..data.buffer import BufferPolicy, BufferSpec, as_chunk
+from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, chunk_times
 from ..data.spool import SpoolReader
-from ..diffusion.inference import InferenceNetwork, sampling_network
+from ..diffusion.inference import sampling_network
 from ..errors import UserError
 from ..runtime import checkpoint as ckpt
 from ..runtime.device import configure_backends, pick_device, resolve_policy
@@ -62,6 +63,7 @@ from ..step import StepRunner
 from ..step_graph import records_whole_steps
 from ..tasks.fields import FieldTask
 from ..trainer import Trainer
+from .sampling import EnsembleSampler
 
 BACKGROUND_SWITCH_INTERVAL_S = 0.0002
 """The interpreter's thread switch interval while ``start`` trains in the background."""
@@ -109,8 +111,8 @@ class OnlineTrainer:
                             whole_steps=records_whole_steps(self.trainer))
         # Draws from what the buffer holds now; this class fills it (push, follow) between rounds.
         self.runner = StepRunner(self.trainer, model, self.trainer.make_batcher())
-        self._pending: deque[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = deque()
-        self._lock = threading.Lock()  # guards _pending only: push holds it for one append
+        self._pending: deque[tuple[np.ndarray, np.ndarray, float]] = deque()
+        """Pushed, not yet in the buffer: push appends, ``_ingest_now`` (under ``_busy``) pops."""
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
         self._thread: threading.Thread | None = None
         self._switch_interval = sys.getswitchinterval()
@@ -119,7 +121,7 @@ class OnlineTrainer:
         """What ended background training, if anything did (``stop`` raises it)."""
         self.dropped_rows = 0
         self.spool: SpoolReader | None = None
-        self._sampling: InferenceNetwork | None = None
+        self._sampler: EnsembleSampler | None = None
 
     def _say(self, text: str) -> None:
         self.console.print(f"diffscale online: {text}", highlight=False)
@@ -130,13 +132,12 @@ class OnlineTrainer:
 
         Copies and returns at once (training happens in ``train_for``). Rows with NaN or inf are
         dropped and counted (``dropped_rows``); arrays of the wrong shape raise ``UserError``."""
-        c, v, times, dropped = as_chunk(cond, x, sim_time, self.task.cond_dim, self.task.x_shape)
+        c, v, dropped = as_arrays(cond, x, self.task.cond_dim, self.task.x_shape)
         if dropped:
             self.dropped_rows += dropped
             self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {sim_time:g} "
                       f"({self.dropped_rows} so far)")
-        with self._lock:
-            self._pending.append((c, v, times))
+        self._pending.append((c, v, float(sim_time)))  # deque.append is atomic: no lock to wait for
 
     def follow(self, spool_dir: str | Path) -> None:
         """Also read every file a ``SpoolWriter`` puts in ``spool_dir`` (decoupled mode)."""
@@ -148,8 +149,8 @@ class OnlineTrainer:
             self._ingest_now()
 
     def _ingest_now(self) -> None:
-        with self._lock:
-            chunks, self._pending = list(self._pending), deque()
+        pushed = [self._pending.popleft() for _ in range(len(self._pending))]  # what was there now, in order
+        chunks = [(torch.from_numpy(c), torch.from_numpy(v), chunk_times(len(c), t)) for c, v, t in pushed]
         if self.spool is not None:
             skipped = len(self.spool.skipped)
             for chunk in self.spool.poll():
@@ -212,13 +213,21 @@ class OnlineTrainer:
         if not self.task.stats_fitted:
             raise UserError("sampling was asked for before the model trained on any data",
                             "push data and train (ready() must be true) before sampling")
-        c = torch.as_tensor(np.asarray(cond), dtype=torch.float32)
+        c = np.asarray(cond)
+        if c.size % self.task.cond_dim or c.size == 0:
+            raise UserError(f"conditions of shape {c.shape} do not fit this model",
+                            f"pass an N x {self.task.cond_dim} array")
         with self._busy:  # never the weights of half an optimizer step
-            if self._sampling is None:  # the EMA as sampling runs it, reading its weights as they are now
-                self._sampling = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
-            fields = self.task.sample_for(self._sampling, c.reshape(-1, self.task.cond_dim), members=n_members,
-                                          steps=steps, seed=seed)
-        return fields.numpy()
+            if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
+                network = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
+                self._sampler = EnsembleSampler(self.task, network)
+            return self._sampler(c.reshape(-1, self.task.cond_dim), n_members, steps, seed)
+
+    @property
+    def sampler(self) -> EnsembleSampler | None:
+        """What ``sample`` runs (after its first call): its ``last_split`` says where a call's
+        host time went."""
+        return self._sampler
 
     def checkpoint(self) -> Path:
         """Write a checkpoint now (atomically); returns its folder."""

@@ -63,8 +63,9 @@ class Batcher(Protocol):
     @property
     def position(self) -> DataPosition: ...
 
-    def next_indices(self) -> torch.Tensor:
-        """(global batch,) rows of the task's data for the next optimizer step."""
+    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(global batch,) rows of the task's data for the next optimizer step; written into
+        ``out`` (int64, on the device) when given, which is returned."""
         ...
 
 
@@ -128,8 +129,12 @@ class Task(Protocol):
         ``StopWaiting`` when ``feed.stopping()`` turns true meanwhile."""
         ...
 
-    def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """All random inputs of one global batch (same on every rank). ``indices``: (B,) rows of the data."""
+    def draw(self, indices: torch.Tensor, generator: torch.Generator,
+             out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """All random inputs of one global batch (same on every rank). ``indices``: (B,) rows of the data.
+        ``out``: an earlier draw's tensors (a recorded step's inputs), drawn into in place and
+        returned: the same values as a new draw, without allocating (``out['indices']`` takes
+        ``indices`` unless it is that tensor already)."""
         ...
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
@@ -189,6 +194,12 @@ class Task(Protocol):
         """The loss of one plain-recipe batch (``examples`` as the collate made it, on the device;
         noise and timesteps from the global RNG, as the hand-written loop draws them)."""
         ...
+
+
+def take(out: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
+    """``out[name]`` holds ``tensor``'s values after this (a copy unless it is that tensor)."""
+    if out[name] is not tensor:
+        out[name].copy_(tensor)
 
 
 def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:

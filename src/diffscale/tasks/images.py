@@ -14,7 +14,7 @@ from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, ev
 from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
-from .base import Autocast, Feed, Generated, ReferenceData
+from .base import Autocast, Feed, Generated, ReferenceData, take
 
 
 class ImageTask:
@@ -69,10 +69,18 @@ class ImageTask:
         del feed  # the images are all resident: nothing arrives while training
         return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
 
-    def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def draw(self, indices: torch.Tensor, generator: torch.Generator,
+             out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
         size = self.model.sample_size
         shift = self.cfg.data.shift_px
+        if out is not None:  # the same draws, into a recorded step's inputs
+            take(out, "indices", indices)
+            torch.randn((n, self.channels, size, size), generator=generator, out=out["noise"])
+            torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, out=out["t"])
+            torch.randint(-shift, shift + 1, (n, 2), generator=generator, out=out["shifts"])
+            torch.lt(torch.rand((n,), generator=generator, device=self.device), 0.5, out=out["flips"])
+            return out
         batch = {
             "indices": indices,
             "noise": torch.randn((n, self.channels, size, size), generator=generator, device=self.device),

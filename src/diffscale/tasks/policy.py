@@ -24,7 +24,7 @@ from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
 from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import build_unet1d
-from .base import Autocast, Feed, Generated, ReferenceData
+from .base import Autocast, Feed, Generated, ReferenceData, take
 
 PREVIEW_OBSERVATIONS = 64
 """Observation histories kept (as task state) for previews: episode starts, seeded."""
@@ -120,8 +120,14 @@ class PolicyTask:
                 "obs_horizon": m.obs_horizon, "pred_horizon": m.pred_horizon, "down_dims": list(m.down_dims),
                 "kernel_size": m.kernel_size, "n_groups": m.n_groups, "step_embed_dim": m.step_embed_dim}
 
-    def draw(self, indices: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    def draw(self, indices: torch.Tensor, generator: torch.Generator,
+             out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
+        if out is not None:  # the same draws, into a recorded step's inputs
+            take(out, "indices", indices)
+            torch.randn((n, self.model.pred_horizon, self.action_dim), generator=generator, out=out["noise"])
+            torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, out=out["t"])
+            return out
         return {
             "indices": indices,
             "noise": torch.randn((n, self.model.pred_horizon, self.action_dim), generator=generator,

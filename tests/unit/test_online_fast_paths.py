@@ -1,0 +1,184 @@
+"""The per-call fast paths of online field training, checked on the CPU against the plain
+ones: batches drawn straight into a recorded step's inputs, the cheap check of the task's
+storages before a replay, ``push`` as a copy into a queue, and ``sample`` through staging
+buffers (the same samples as ``FieldTask.sample_for``)."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from test_online import FakeSimulation, _cfg, _weights
+
+from diffscale import step_graph
+from diffscale.data.buffer import as_arrays, as_chunk
+from diffscale.errors import UserError
+from diffscale.online import OnlineTrainer
+from diffscale.step import step_seed
+from diffscale.step_graph import WholeStepGraph, _StorageWatch, _task_storages
+
+
+def _trainer(tmp_path, name="run", **kw):
+    trainer = OnlineTrainer(tmp_path / name, _cfg(), capacity=480, ready_at=240, **kw)
+    sim = FakeSimulation()
+    for _ in range(4):
+        trainer.push(*sim.output())
+    assert trainer.ready()
+    return trainer, sim
+
+
+def test_a_draw_into_a_recorded_steps_inputs_is_the_same_draw(tmp_path):
+    trainer, _ = _trainer(tmp_path)
+    task, batcher = trainer.task, trainer.runner.batcher
+    gen = torch.Generator().manual_seed(step_seed(3, 7))
+    fresh_batcher = copy.deepcopy(batcher)
+    fresh = task.draw(fresh_batcher.next_indices(), gen)
+    inputs = {k: torch.full_like(v, -1) for k, v in fresh.items()}
+    gen.manual_seed(step_seed(3, 7))
+    drawn = task.draw(batcher.next_indices(inputs["indices"]), gen, out=inputs)
+    assert drawn is inputs and all(torch.equal(drawn[k], fresh[k]) for k in fresh)
+    assert batcher.position == fresh_batcher.position
+
+
+class _FakeGraph:
+    """Stands in for a recorded CUDA graph on the CPU: a replay keeps the inputs it saw."""
+
+    def __init__(self, inputs: dict[str, torch.Tensor]) -> None:
+        self.inputs, self.seen = inputs, []
+
+    def replay(self) -> None:
+        self.seen.append({k: v.clone() for k, v in self.inputs.items()})
+
+
+def test_recorded_steps_replay_the_batches_eager_steps_would_draw(tmp_path):
+    trainer, _ = _trainer(tmp_path)
+    runner, task = trainer.runner, trainer.task
+    expected_batcher, generator = copy.deepcopy(runner.batcher), torch.Generator()
+    expected = []
+    for step in range(trainer.trainer.step, trainer.trainer.step + 5):
+        generator.manual_seed(step_seed(trainer.trainer.cfg.train.seed, step))
+        expected.append(task.draw(expected_batcher.next_indices(), generator))
+    whole = WholeStepGraph(trainer.trainer, runner._whole_step)
+    whole.batch = {k: torch.zeros_like(v) for k, v in expected[0].items()}
+    whole.graph = fake = _FakeGraph(whole.batch)  # type: ignore[assignment]
+    whole._watch = _StorageWatch(task)
+    runner.whole = whole
+    for _ in range(5):
+        runner.step()
+    assert whole.lr.item() == pytest.approx(trainer.trainer.opt.param_groups[0]["lr"])
+    assert len(fake.seen) == 5 and all(torch.equal(seen[k], want[k])
+                                       for seen, want in zip(fake.seen, expected, strict=True) for k in want)
+
+
+def test_the_storage_watch_answers_as_the_full_walk(monkeypatch):
+    monkeypatch.setattr(step_graph, "_watched", lambda item: isinstance(item, torch.Tensor))  # CPU tensors count
+
+    class Stats:
+        def __init__(self) -> None:
+            self.mean, self.std = torch.zeros(3), torch.ones(3)
+
+    class Task:
+        def __init__(self) -> None:
+            self.data, self.stats, self.name = torch.arange(6.0), Stats(), "fields"
+
+    task = Task()
+    watch = _StorageWatch(task)
+    assert watch.unchanged()
+    task.name = "renamed"  # rebound, but no tensor moved: the same answer as the walk, no re-record
+    assert watch.unchanged() and _task_storages(task) == watch.storages
+    task.data = task.data[:]  # a new tensor object on the same storage
+    assert watch.unchanged()
+    task.stats.mean = torch.zeros(3)  # a tensor the step reads moved
+    assert not watch.unchanged()
+    watch = _StorageWatch(task)
+    task.data.set_(torch.arange(6.0).untyped_storage())  # the same object, another storage
+    assert not watch.unchanged()
+    watch = _StorageWatch(task)
+    task.stats = Stats()  # a new holder object
+    assert not watch.unchanged()
+    watch = _StorageWatch(task)
+    task.extra = torch.ones(2)  # a tensor the walk did not see before
+    assert not watch.unchanged()
+
+
+def test_push_checks_and_copies_as_as_chunk_did():
+    rng = np.random.default_rng(0)
+    cond, x = rng.normal(size=(80, 7)), rng.normal(size=(80, 256))
+    x[3, 5], cond[9, 0], x[11, 0] = np.nan, np.inf, -np.inf
+    c, v, dropped = as_arrays(cond, x, 7, (256,))
+    good = np.ones(80, bool)
+    good[[3, 9, 11]] = False
+    assert dropped == 3 and c.dtype == v.dtype == np.float32
+    assert torch.equal(torch.from_numpy(v), torch.as_tensor(x, dtype=torch.float32)[torch.from_numpy(good)])
+    huge = np.full((2, 256), 3e38)  # finite rows whose sum overflows: kept
+    assert as_arrays(np.ones((2, 7)), huge, 7, (256,))[2] == 0
+    tc, tv, times, d = as_chunk(cond, x, 5.0, 7, (256,))
+    assert d == 3 and tc.shape == (77, 7) and times.dtype == torch.float64 and times.tolist() == [5.0] * 77
+    with pytest.raises(UserError, match="do not fit the task"):
+        as_arrays(np.ones((4, 6)), np.ones((4, 256)), 7, (256,))
+
+
+def test_pushed_arrays_are_copied_at_once(tmp_path):
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
+    cond, x, t = FakeSimulation().output()
+    expected = torch.tensor(x, dtype=torch.float32)  # a copy of what was pushed
+    trainer.push(cond, x, t)
+    x[:] = 0.0  # the simulation reuses its output buffer
+    assert trainer.ready() and torch.equal(trainer.buffer.x[:80], expected)
+
+
+def test_sample_gives_sample_for_ensembles_and_fresh_arrays(tmp_path):
+    trainer, _ = _trainer(tmp_path)
+    trainer.train_for(steps=3)
+    cond = np.random.default_rng(1).normal(size=(5, 7))
+    first = trainer.sample(cond, n_members=4, steps=6, seed=2)
+    sampler = trainer.sampler
+    assert sampler is not None and set(sampler.last_split) == {"prepare_ms", "launch_ms", "wait_ms", "finish_ms"}
+    reference = trainer.task.sample_for(sampler.network, torch.as_tensor(cond, dtype=torch.float32), members=4,
+                                        steps=6, seed=2).numpy()
+    assert first.shape == (5, 4, 256) and np.array_equal(first, reference)
+    kept = first.copy()
+    other = trainer.sample(cond, n_members=4, steps=6, seed=3)
+    assert np.array_equal(first, kept) and not np.array_equal(other, first)  # a result is not the next call's buffer
+    assert np.array_equal(trainer.sample(cond.reshape(-1), n_members=4, steps=6, seed=2), first)
+    with pytest.raises(UserError, match="do not fit this model"):
+        trainer.sample(np.zeros((2, 6)), n_members=4, steps=6)
+
+
+def test_pushes_while_training_in_the_background_resume_bit_for_bit(tmp_path):
+    trainer, sim = _trainer(tmp_path)
+    trainer.start(steps_per_round=2)
+    for _ in range(3):
+        trainer.push(*sim.output())  # folded into the buffer by the training thread
+    trainer.stop()
+    trainer.push(*sim.output())  # still queued: the checkpoint takes it into the buffer first
+    trainer.checkpoint()
+    later = [sim.output() for _ in range(2)]
+    for chunk in later:
+        trainer.push(*chunk)
+    trainer.train_for(steps=5)
+    expected, expected_buffer = _weights(trainer), trainer.buffer.state_tensors()
+    assert trainer.buffer.pushes == 10
+
+    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=240)
+    for chunk in later:
+        resumed.push(*chunk)
+    resumed.train_for(steps=5)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(resumed), expected, strict=True))
+    assert all(torch.equal(resumed.buffer.state_tensors()[k], v) for k, v in expected_buffer.items())
+
+
+@pytest.mark.parametrize("preset", ["tiny", "policy-tiny"])
+def test_every_task_draws_into_a_recorded_steps_inputs_as_it_draws_anew(preset):
+    from diffscale.config import merge
+    from diffscale.presets import get_preset
+    from diffscale.tasks import build_task
+
+    cfg = get_preset(preset)
+    if preset == "tiny":
+        cfg = merge(cfg, {"model": {"sample_size": 16}})
+    task = build_task(cfg, torch.device("cpu"))
+    fresh = task.draw(torch.arange(8), torch.Generator().manual_seed(4))
+    inputs = {k: torch.zeros_like(v) for k, v in fresh.items()}
+    drawn = task.draw(torch.arange(8), torch.Generator().manual_seed(4), out=inputs)
+    assert drawn is inputs and set(drawn) == set(fresh) and all(torch.equal(drawn[k], fresh[k]) for k in fresh)
