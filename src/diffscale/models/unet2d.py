@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from diffusers import UNet2DModel
 
 from ..config import ModelConfig
+from .lean_diffusers import UNet2DModel
 
 
 def build_unet(cfg: ModelConfig, channels: int) -> UNet2DModel:

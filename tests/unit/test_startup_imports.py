@@ -1,0 +1,72 @@
+"""What a ``diffscale train`` start imports: nothing it does not use (issue 19, start-up)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=300)
+
+
+def test_a_training_start_imports_no_scipy_plotting_or_transformer_models():
+    done = _python(
+        "import json, sys\n"
+        "from diffscale import cli\n"
+        "cli.build_parser('train')\n"
+        "import diffscale.train, diffscale.tasks.images\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    unused = {"scipy", "matplotlib", "imageio", "tensorboard", "torch._inductor.compile_fx", "diffscale.cluster.plan",
+              "diffscale.doctor", "diffusers.loaders.single_file_utils", "diffusers.models.unets.unet_2d_condition",
+              "diffusers.models.transformers.auraflow_transformer_2d"}
+    assert not unused & loaded, unused & loaded
+    assert "diffusers.models.unets.unet_2d" in loaded  # the network diffscale trains
+
+
+def test_deferred_diffusers_packages_still_give_every_model():
+    done = _python(
+        "import diffusers, sys\n"
+        "from diffscale.models import build_unet\n"
+        "from diffscale.models.lean_diffusers import UNet2DModel\n"
+        "assert UNet2DModel is diffusers.UNet2DModel\n"
+        "from diffusers.models.unets import unet_2d\n"  # a submodule: the package's __init__ still waits
+        "assert 'diffusers.models.unets.unet_2d_condition' not in sys.modules\n"
+        "from diffusers.models.unets import UNet2DConditionModel\n"  # a name: the __init__ runs now
+        "assert UNet2DConditionModel is diffusers.UNet2DConditionModel\n"
+        "import diffusers.models.transformers as t\n"
+        "assert t.Transformer2DModel is diffusers.Transformer2DModel and t.SD3Transformer2DModel\n"
+        "print('ok')\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_defer_package_init_leaves_imported_and_missing_packages_alone():
+    from diffscale.models.lean_diffusers import defer_package_init
+
+    assert defer_package_init("json") is False  # imported already
+    assert defer_package_init("diffusers.models.no_such_package") is False
+    assert "diffusers.models.no_such_package" not in sys.modules
+
+
+def test_the_train_verb_parses_without_the_registered_verbs():
+    from diffscale.cli import CORE_VERBS, build_parser
+
+    def verbs(parser) -> set[str]:
+        sub = next(a for a in parser._actions if a.dest == "command")
+        return set(sub.choices)
+
+    assert verbs(build_parser("train")) == CORE_VERBS  # a verb added to cli.py is added there too
+    assert {"plan", "submit", "bench", "doctor"} <= verbs(build_parser()) - CORE_VERBS
+    args = build_parser("train").parse_args(["train", "--preset", "tiny", "--max-steps", "3"])
+    assert args.preset == "tiny" and args.max_steps == 3
