@@ -272,7 +272,9 @@ class RuntimeConfig:
     again: tiny's resumed compile on 2 CPU cores took 3.0 s instead of 8.7 (no tracing, 5.8 s of it;
     docs/benchmarks.md, "Start-up and compile time"). Written once, after the first step; one
     process only (a distributed run traces as before); an entry for another config or torch is
-    discarded. ``auto``: off until measured on GPUs (CUDA graphs)."""
+    discarded. ``auto``: off. On an H100 with CUDA graphs (torch 2.11) a resumed job could not install
+    the saved network ("TracingContext.get() must be called within an ongoing trace") and traced it
+    again (docs/benchmarks.md, "Start-up and compile time")."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
