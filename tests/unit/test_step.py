@@ -52,3 +52,27 @@ def test_non_finite_gradients_give_a_non_finite_norm():
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.tensor([1.0, float("nan"), 2.0])
     assert not torch.isfinite(clip_gradients([p], 1.0))
+
+
+def _recording_trainer(world_size: int, backend: str, step_graph: str) -> SimpleNamespace:
+    from diffscale import config as C
+
+    cfg = C.resolve_config(C.ConfigSources(preset="policy", overrides=[f"runtime.step_graph={step_graph}"]))
+    return SimpleNamespace(
+        cfg=cfg, device=torch.device("cuda"), fused=True, scaler=SimpleNamespace(is_enabled=lambda: False),
+        ctx=SimpleNamespace(world_size=world_size, backend=backend, distributed=world_size > 1),
+        task=SimpleNamespace(records_whole_steps=False, records_whole_ddp_steps=True))
+
+
+def test_whole_steps_are_recorded_under_ddp_with_nccl_where_the_task_measured_it():
+    from diffscale.errors import UserError
+    from diffscale.step_graph import records_whole_steps
+
+    # a policy: recorded under DDP (4-GPU scaling), not on one GPU (no faster there)
+    assert records_whole_steps(_recording_trainer(4, "nccl", "auto")) is True
+    assert records_whole_steps(_recording_trainer(1, "", "auto")) is False
+    assert records_whole_steps(_recording_trainer(4, "gloo", "auto")) is False
+    with pytest.raises(UserError) as err:
+        records_whole_steps(_recording_trainer(2, "gloo", "on"))
+    assert "runtime.step_graph on needs one process or NCCL between processes (this run: 2 with gloo)" in str(err.value)
+    assert err.value.fix == "set runtime.step_graph to auto or off"
