@@ -136,21 +136,33 @@ def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
     fields = trainer.sample(np.zeros((3, 7)), n_members=4, steps=5)
     assert fields.shape == (3, 4, 256) and np.isfinite(fields).all()
     trainer.push(*sim.output())  # pushed, not trained on yet: the checkpoint keeps it
+    def restored(resumed: OnlineTrainer) -> None:
+        assert resumed.trainer.step == 6 and resumed.buffer.size == 400 and resumed.buffer.latest_time() == 3000.0
+
+    resumed = checkpoint_and_resume(trainer, sim, tmp_path / "run", steps=7, restored=restored)
+    assert resumed.sample(np.zeros((3, 7)), n_members=4, steps=5).shape == (3, 4, 256)
+
+
+def checkpoint_and_resume(trainer: OnlineTrainer, sim: FakeSimulation, run_dir, steps: int,
+                          restored=lambda resumed: None) -> OnlineTrainer:
+    """Checkpoint ``trainer``, then push two more outputs and train ``steps`` on it and on a
+    trainer restarted from that checkpoint (a restarted simulation; ``restored`` checks it as
+    loaded); asserts both end with the same weights and buffer to the bit, and returns the
+    restarted one."""
     trainer.checkpoint()
     later = [sim.output() for _ in range(2)]
     for chunk in later:
         trainer.push(*chunk)
-    trainer.train_for(steps=7)
+    trainer.train_for(steps=steps)
     expected, expected_buffer = _weights(trainer), trainer.buffer.state_tensors()
-
-    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=240)  # a restarted simulation
-    assert resumed.trainer.step == 6 and resumed.buffer.size == 400 and resumed.buffer.latest_time() == 3000.0
+    resumed = OnlineTrainer(run_dir, _cfg(), capacity=480, ready_at=240)
+    restored(resumed)
     for chunk in later:
         resumed.push(*chunk)
-    resumed.train_for(steps=7)
+    resumed.train_for(steps=steps)
     assert all(torch.equal(a, b) for a, b in zip(_weights(resumed), expected, strict=True))
     assert all(torch.equal(resumed.buffer.state_tensors()[k], v) for k, v in expected_buffer.items())
-    assert resumed.sample(np.zeros((3, 7)), n_members=4, steps=5).shape == (3, 4, 256)
+    return resumed
 
 
 def test_background_training_between_pushes(tmp_path):
