@@ -165,8 +165,8 @@ class WholeStepGraph:
             return
         if self.graph is None:
             self._record(batch)
-        if batch is not self.batch:  # drawn elsewhere (the first replay): copied in
-            for name, tensor in batch.items():
+        for name, tensor in batch.items():
+            if tensor is not self.batch[name]:  # drawn elsewhere (the first replay): copied in
                 self.batch[name].copy_(tensor)
         assert self.graph is not None
         self.graph.replay()

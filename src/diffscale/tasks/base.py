@@ -196,10 +196,18 @@ class Task(Protocol):
         ...
 
 
-def take(out: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> None:
-    """``out[name]`` holds ``tensor``'s values after this (a copy unless it is that tensor)."""
-    if out[name] is not tensor:
-        out[name].copy_(tensor)
+def into(out: dict[str, torch.Tensor] | None, name: str) -> torch.Tensor | None:
+    """Where a draw named ``name`` goes: a recorded step's input (``Task.draw``'s ``out``), or
+    None, a new tensor (torch's ``out=None``)."""
+    return None if out is None else out[name]
+
+
+def kept(out: dict[str, torch.Tensor] | None, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or the recorded step's input ``name`` holding its values (a copy unless it is
+    that input already)."""
+    if out is None or out[name] is tensor:
+        return tensor
+    return out[name].copy_(tensor)
 
 
 def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:

@@ -24,7 +24,7 @@ from ..data.spool import SpoolReader, SpoolSpec, parse_spool_spec
 from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import FieldMLP
-from .base import Autocast, Batcher, Feed, Generated, ReferenceData, no_environment, take
+from .base import Autocast, Batcher, Feed, Generated, ReferenceData, into, kept, no_environment
 
 PREVIEW_CONDITIONS = 4
 """Conditions a preview samples for (members are spread over them); kept in the task state."""
@@ -204,15 +204,11 @@ class FieldTask:
     def draw(self, indices: torch.Tensor, generator: torch.Generator,
              out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
-        if out is not None:  # the same draws, into a recorded step's inputs
-            take(out, "indices", indices)
-            torch.randn((n, *self.x_shape), generator=generator, out=out["noise"])
-            torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, out=out["t"])
-            return out
-        return {
-            "indices": indices,
-            "noise": torch.randn((n, *self.x_shape), generator=generator, device=self.device),
-            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=self.device),
+        return {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
+            "indices": kept(out, "indices", indices),
+            "noise": torch.randn((n, *self.x_shape), generator=generator, device=self.device, out=into(out, "noise")),
+            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=self.device,
+                               out=into(out, "t")),
         }
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, ev
 from ..errors import UserError
 from ..models import Denoiser, build_unet
 from ..sample import save_animation, save_grid
-from .base import Autocast, Feed, Generated, ReferenceData, take
+from .base import Autocast, Feed, Generated, ReferenceData, into, kept
 
 
 class ImageTask:
@@ -74,21 +74,17 @@ class ImageTask:
         n = indices.shape[0]
         size = self.model.sample_size
         shift = self.cfg.data.shift_px
-        if out is not None:  # the same draws, into a recorded step's inputs
-            take(out, "indices", indices)
-            torch.randn((n, self.channels, size, size), generator=generator, out=out["noise"])
-            torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, out=out["t"])
-            torch.randint(-shift, shift + 1, (n, 2), generator=generator, out=out["shifts"])
-            torch.lt(torch.rand((n,), generator=generator, device=self.device), 0.5, out=out["flips"])
-            return out
-        batch = {
-            "indices": indices,
-            "noise": torch.randn((n, self.channels, size, size), generator=generator, device=self.device),
-            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=self.device),
-            "shifts": torch.randint(-shift, shift + 1, (n, 2), generator=generator, device=self.device),
-            "flips": torch.rand((n,), generator=generator, device=self.device) < 0.5,
+        device = self.device
+        return {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
+            "indices": kept(out, "indices", indices),
+            "noise": torch.randn((n, self.channels, size, size), generator=generator, device=device,
+                                 out=into(out, "noise")),
+            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=device,
+                               out=into(out, "t")),
+            "shifts": torch.randint(-shift, shift + 1, (n, 2), generator=generator, device=device,
+                                    out=into(out, "shifts")),
+            "flips": torch.lt(torch.rand((n,), generator=generator, device=device), 0.5, out=into(out, "flips")),
         }
-        return batch
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""

@@ -24,7 +24,7 @@ from ..data.episodes import Episodes, MinMax, load_episodes, window_positions
 from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from ..errors import UserError
 from ..models import build_unet1d
-from .base import Autocast, Feed, Generated, ReferenceData, take
+from .base import Autocast, Feed, Generated, ReferenceData, into, kept
 
 PREVIEW_OBSERVATIONS = 64
 """Observation histories kept (as task state) for previews: episode starts, seeded."""
@@ -123,16 +123,12 @@ class PolicyTask:
     def draw(self, indices: torch.Tensor, generator: torch.Generator,
              out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         n = indices.shape[0]
-        if out is not None:  # the same draws, into a recorded step's inputs
-            take(out, "indices", indices)
-            torch.randn((n, self.model.pred_horizon, self.action_dim), generator=generator, out=out["noise"])
-            torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, out=out["t"])
-            return out
-        return {
-            "indices": indices,
+        return {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
+            "indices": kept(out, "indices", indices),
             "noise": torch.randn((n, self.model.pred_horizon, self.action_dim), generator=generator,
-                                 device=self.device),
-            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=self.device),
+                                 device=self.device, out=into(out, "noise")),
+            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=self.device,
+                               out=into(out, "t")),
         }
 
     def _norms(self) -> tuple[MinMax, MinMax]:
