@@ -16,6 +16,7 @@ from .runtime.distributed import DistContext
 from .runtime.parallelize import trains_in_cuda_graphs
 from .step_graph import WholeStepGraph, records_whole_steps
 from .tasks import Batcher
+from .tasks.base import into
 from .trainer import Trainer
 
 
@@ -85,7 +86,7 @@ class StepRunner:
         self.generator.manual_seed(step_seed(t.seed, tr.step))
         # A recorded step draws its batch straight into the graph's inputs: no copies before a replay.
         inputs = self.whole.inputs if self.whole is not None else None
-        indices = self.batcher.next_indices(None if inputs is None else inputs["indices"])
+        indices = self.batcher.next_indices(into(inputs, "indices"))
         batch = tr.task.draw(indices, self.generator, out=inputs)
         rate = 1.0 - min(t.ema_decay, (1 + tr.step) / (10 + tr.step))
         if self.whole is not None:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import TypeGuard
 
 import torch
 
 from .config import CompileMode, Recipe, Toggle
 from .errors import UserError
-from .runtime.device import recording_stream
+from .runtime.device import on_side_stream, recording_stream
 from .trainer import Trainer
 
 EAGER_STEPS = 3
@@ -57,17 +58,18 @@ def records_whole_steps(trainer: Trainer) -> bool:
     return not missing and (setting == Toggle.ON or measured)
 
 
+def _holders(task: object) -> list[dict[str, object]]:
+    """The attribute dicts a recorded step's tensors are found in: the task's and those of its
+    attributes' objects."""
+    return [vars(task), *(vars(v) for v in vars(task).values() if hasattr(v, "__dict__"))]
+
+
 def _task_storages(task: object) -> tuple[int, ...]:
     """Where the task's tensors (and those of its attributes' objects) live now."""
-    found = []
-    for value in vars(task).values():
-        for item in (value, *(vars(value).values() if hasattr(value, "__dict__") else ())):
-            if _watched(item):
-                found.append(item.data_ptr())
-    return tuple(found)
+    return tuple(item.data_ptr() for d in _holders(task) for item in d.values() if _watched(item))
 
 
-def _watched(item: object) -> bool:
+def _watched(item: object) -> TypeGuard[torch.Tensor]:
     """A tensor a recorded step may read in place: on the GPU."""
     return isinstance(item, torch.Tensor) and item.device.type == "cuda"
 
@@ -86,8 +88,7 @@ class _StorageWatch:
         self._snapshot()
 
     def _snapshot(self) -> None:
-        task = self.task
-        self.holders = [vars(task), *(vars(v) for v in vars(task).values() if hasattr(v, "__dict__"))]
+        self.holders = _holders(self.task)
         self.values = [tuple(d.values()) for d in self.holders]
         self.tensors = [t for d in self.holders for t in d.values() if _watched(t)]
         self.pointers = [t.data_ptr() for t in self.tensors]
@@ -120,9 +121,11 @@ class WholeStepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.batch: dict[str, torch.Tensor] = {}
         self.eager_steps = 0
-        self.eager_needed = EAGER_STEPS if trainer.ctx.world_size == 1 else EAGER_STEPS_DDP
+        self.eager_needed = EAGER_STEPS_DDP if trainer.ctx.distributed else EAGER_STEPS
         self.recordings = 0
         self._watch: _StorageWatch | None = None
+        self._filled = (float("nan"), float("nan"))
+        """The values ``lr`` and ``ema_rate`` were last filled with (a fill is a kernel launch)."""
         for group in trainer.opt.param_groups:
             group["capturable"] = True  # the fused update keeps its step count on the GPU
 
@@ -136,9 +139,6 @@ class WholeStepGraph:
             torch.cuda.synchronize(self.trainer.device)
             self.reset()
             torch.cuda.synchronize(self.trainer.device)  # NCCL lets go of a destroyed graph's work
-
-    _filled: tuple[float, float] = (float("nan"), float("nan"))
-    """The values ``lr`` and ``ema_rate`` were last filled with (a fill is a kernel launch)."""
 
     @property
     def inputs(self) -> dict[str, torch.Tensor] | None:
@@ -156,12 +156,9 @@ class WholeStepGraph:
             self.reset()
         if self.graph is None and self.eager_steps < self.eager_needed:
             self.eager_steps += 1
-            side = recording_stream(self.trainer.device)  # set-up off the stream replays run on
-            side.wait_stream(torch.cuda.current_stream(self.trainer.device))
-            with torch.cuda.stream(side):
+            with on_side_stream(recording_stream(self.trainer.device)):  # set-up off the stream replays run on
                 self._run_body(batch)
                 self.trainer.opt.zero_grad(set_to_none=True)
-            torch.cuda.current_stream(self.trainer.device).wait_stream(side)
             return
         if self.graph is None:
             self._record(batch)

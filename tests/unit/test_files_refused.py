@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from diffscale.cli import main
+from diffscale.rundir import read_records
 from diffscale.runtime import checkpoint as ckpt
 
 from helpers import REPO, micro_args
@@ -167,13 +168,7 @@ def _metric_steps(run: Path) -> list[int]:
 def _steps_logged_so_far(run: Path) -> int:
     """The newest step in metrics.jsonl while a run writes it: a line still being written is
     skipped (only a finished file must parse whole, ``_metric_steps``)."""
-    steps = [0]
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        try:
-            steps.append(json.loads(line)["step"])
-        except ValueError:
-            continue
-    return max(steps)
+    return max([0, *(record["step"] for record in read_records(run)[0])])
 
 
 def _tensorboard_steps(run: Path) -> list[int]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
+from ..rundir import read_records
 
 # The child prints dynamo's compile-phase totals and the cache hit counters at its first logged
 # step (and when it exits, if it never logged): they say which part of the compile a job still pays.
@@ -81,31 +82,13 @@ runpy.run_module("diffscale", run_name="__main__")
 
 def _first_logged_step(run_dir: Path, since: int) -> int | None:
     """The step of the first metrics.jsonl record past ``since``, if one was written."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record.get("step"), int) and record["step"] > since and "loss" in record:
-            return int(record["step"])
-    return None
+    return next((int(r["step"]) for r in read_records(run_dir)[0] if r["step"] > since and "loss" in r), None)
 
 
 def _rates_after_first(run_dir: Path, since: int) -> list[float]:
     """samples/s of the logged windows past ``since`` except the first (which holds the compile)."""
-    path = run_dir / "metrics.jsonl"
-    rates: list[float] = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record.get("step"), int) and record["step"] > since and "samples_per_s" in record:
-            rates.append(float(record["samples_per_s"]))
-    return rates[1:]
+    windows = [r for r in read_records(run_dir)[0] if r["step"] > since and "samples_per_s" in r]
+    return [float(r["samples_per_s"]) for r in windows[1:]]
 
 
 def parse_inductor(settings: list[str]) -> dict[str, Any]:

@@ -155,9 +155,9 @@ class BufferBatcher:
                             "push data first; ask OnlineTrainer.ready() before training")
         self._generator.manual_seed(self.seed * 1_000_003 + self.position.offset)
         self.position = DataPosition(self.position.epoch, self.position.offset + 1)
-        if out is not None:  # the same draw, into a recorded step's input
-            return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, out=out)
-        return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, device=self.device)
+        # into a recorded step's input when ``out`` is given: the same draw
+        return torch.randint(0, self.buffer.size, (self.global_batch,), generator=self._generator, device=self.device,
+                             out=out)
 
 
 def as_chunk(cond: object, x: object, sim_time: float, cond_dim: int,

@@ -15,6 +15,8 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from ..runtime.device import on_side_stream
+
 LoopBody = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
 WARMUP_CALLS = 2  # the first compiles; the second runs as every later call does before recording
 
@@ -30,12 +32,9 @@ class GraphedLoop:
                  static: bool = False) -> None:
         self.x = x if static else x.clone()
         self.condition = condition if static else tuple(c.clone() for c in condition)
-        side = torch.cuda.Stream(device=x.device)
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):  # warm-up off the default stream, as recording requires
+        with on_side_stream(torch.cuda.Stream(device=x.device)):  # warm-up off the default stream
             for _ in range(WARMUP_CALLS):
                 body(self.x, self.condition)
-        torch.cuda.current_stream(x.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = body(self.x, self.condition)

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -206,6 +207,18 @@ def recording_stream(device: torch.device) -> torch.cuda.Stream:
     record it: autograd runs a parameter's gradient accumulation on the stream it was created
     on, and one that is not the recording's cannot be waited on while recording."""
     return torch.cuda.Stream(device)
+
+
+@contextlib.contextmanager
+def on_side_stream(side: torch.cuda.Stream) -> Iterator[None]:
+    """Run the block on ``side``, after the work queued on the current stream, and have the
+    current stream wait for it: set-up before a CUDA-graph recording runs off the stream that
+    recording and replays use, as recording requires."""
+    current = torch.cuda.current_stream(side.device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield
+    current.wait_stream(side)
 
 
 def synchronize(device: torch.device) -> None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -12,7 +13,7 @@ import torch
 from ..config import CompileMode, Recipe, RunConfig, Toggle
 from ..errors import UserError
 from .compile_cache import CompileCache
-from .device import DevicePolicy, recording_stream
+from .device import DevicePolicy, on_side_stream, recording_stream
 from .distributed import DistContext
 
 
@@ -83,13 +84,7 @@ def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: Dev
     if cfg.runtime.recipe == Recipe.FAST:
         # Larger buckets mean fewer all-reduce launches; bucket views avoid a gradient copy.
         kwargs.update(bucket_cap_mb=cfg.runtime.ddp_bucket_mb, gradient_as_bucket_view=True)
-    if recorded:
-        side = recording_stream(policy.device)
-        side.wait_stream(torch.cuda.current_stream(policy.device))
-        with torch.cuda.stream(side):
-            model = DDP(net, **kwargs)
-        torch.cuda.current_stream(policy.device).wait_stream(side)
-    else:
+    with on_side_stream(recording_stream(policy.device)) if recorded else contextlib.nullcontext():
         model = DDP(net, **kwargs)
     if bf16_gradient_compression(cfg.runtime.ddp_bf16_compress, ctx.backend):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
