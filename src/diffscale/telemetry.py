@@ -95,6 +95,7 @@ class Telemetry:
                 from torch.utils.tensorboard import SummaryWriter
 
                 # purge_step hides the events at and after it that an earlier writer left
+                _after_earlier_event_files(self._tb_dir, self.console)
                 self._tb = SummaryWriter(log_dir=str(self._tb_dir), purge_step=after_step + 1)
             except Exception as exc:  # TensorBoard missing or broken: metrics.jsonl still has everything
                 self.console.print(f"[yellow]warning: TensorBoard disabled ({exc})[/]")
@@ -200,6 +201,39 @@ def open_telemetry(run_dir: Path, cfg: RunConfig, *, main: bool, on_gpu: bool, s
     gpus = open_gpu_stats(on_gpu, lambda text: console.print(text, highlight=False, markup=False))
     return Telemetry(run_dir, enabled=True, total_steps=cfg.train.steps, start_step=start_step, console=console,
                      gpus=gpus, trackers=open_trackers(cfg.logging, Path(run_dir), cfg.to_dict()))
+
+
+def _event_file_second(name: str) -> int | None:
+    """The creation second in a TensorBoard event file's name
+    (``events.out.tfevents.SECONDS.HOST.PID.N``), or None for another file."""
+    parts = name.split(".")
+    if name.startswith("events.out.tfevents.") and len(parts) > 3 and parts[3].isdigit():
+        return int(parts[3])
+    return None
+
+
+def _after_earlier_event_files(tb_dir: Path, console: Console, max_wait_s: float = 2.0) -> None:
+    """Wait until a new event file's name sorts after every one already in ``tb_dir``.
+
+    TensorBoard reads a directory's event files in name order, and the name starts with the
+    second the writer was created. A run resumed in the same second its killed predecessor
+    opened its writer (a tiny model logs ten steps in under a second) would sort by host and
+    pid instead, so TensorBoard would apply the old file (and its purge) last and show the
+    killed run's lost steps again. A later second settles it; a clock behind the newest file by
+    more than ``max_wait_s`` (another node's clock on a shared file system) gets a warning."""
+    if not tb_dir.is_dir():
+        return
+    seconds = [s for s in (_event_file_second(p.name) for p in tb_dir.iterdir()) if s is not None]
+    if not seconds:
+        return
+    newest = max(seconds)
+    deadline = time.monotonic() + max_wait_s
+    while int(time.time()) <= newest and time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.01, newest + 1 - time.time())))
+    if int(time.time()) <= newest:
+        console.print(f"warning: {tb_dir} holds an event file from {newest - int(time.time()) + 1} s in this "
+                      "host's future (clocks differ between nodes?); TensorBoard may show steps a resume "
+                      "replaced until the clocks agree", highlight=False)
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -209,3 +209,43 @@ def test_after_a_kill_and_a_resume_every_step_has_one_record(tmp_path):
     assert _metric_steps(run) == [2, 4, 6, 8]
     assert _tensorboard_steps(run) == [2, 4, 6, 8]
     assert _tensorboard_purges(run)[-1] == 5  # the last resume (from step 4) hid the killed run's steps 5..
+
+
+def _event_files_in_reading_order(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "tb").iterdir())
+
+
+def test_a_writer_opened_in_the_second_of_an_earlier_one_still_sorts_after_it(tmp_path):
+    """TensorBoard applies event files in name order; a resume's file must come last even when
+    the killed run opened its writer in the same second from a higher-sorting host and pid."""
+    import io
+
+    from rich.console import Console
+
+    from diffscale.telemetry import Telemetry
+
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    earlier = f"events.out.tfevents.{int(time.time()):010d}.zzzz.99999999.0"
+    (run / "tb" / earlier).write_bytes(b"")
+    console = Console(file=io.StringIO())
+    telemetry = Telemetry(run, enabled=True, total_steps=10, start_step=4, console=console)
+    telemetry.close()
+    names = _event_files_in_reading_order(run)
+    assert len(names) == 2 and names[0] == earlier
+
+
+def test_an_event_file_from_a_clock_far_ahead_is_a_warning_not_a_long_wait(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from diffscale.telemetry import Telemetry
+
+    run = tmp_path / "run"
+    (run / "tb").mkdir(parents=True)
+    (run / "tb" / f"events.out.tfevents.{int(time.time()) + 600:010d}.other.1.0").write_bytes(b"")
+    out = io.StringIO()
+    telemetry = Telemetry(run, enabled=True, total_steps=10, start_step=0, console=Console(file=out, width=400))
+    telemetry.close()
+    assert "s in this host's future" in out.getvalue() and "clocks differ between nodes" in out.getvalue()
