@@ -27,6 +27,8 @@ def test_online_bench_times_a_round_sampling_and_pushes_during_training(tmp_path
     record = json.loads(out.read_text())
     assert record["round_steps"] == 3 and record["round_s"] > 0 and record["device"] == "CPU"
     assert record["sampling"]["cells"] == 80 and record["sampling"]["p50_ms"] > 0
+    assert record["sampling"]["start_noise"] == {"ahead": 2}  # each drawn during the call before
+    assert record["sampling"]["unforeseen_seeds"]["p50_ms"] > 0
     assert record["push"]["count"] == 3 and 0 < record["push"]["p50_ms"] <= record["push"]["p99_ms"]
 
 

@@ -170,3 +170,19 @@ def test_every_task_draws_into_a_recorded_steps_inputs_as_it_draws_anew(preset):
     inputs = {k: torch.zeros_like(v) for k, v in fresh.items()}
     drawn = task.draw(torch.arange(8), torch.Generator().manual_seed(4), out=inputs)
     assert set(drawn) == set(fresh) and all(drawn[k] is inputs[k] and torch.equal(drawn[k], fresh[k]) for k in fresh)
+
+
+def test_start_noise_drawn_ahead_or_kept_gives_the_same_ensembles(tmp_path):
+    trainer, _ = _trainer(tmp_path)
+    trainer.train_for(steps=3)
+    cond = np.random.default_rng(2).normal(size=(3, 7))
+    how = []
+    for seed in (5, 6, 7, 7, 3, 4, 4, 9):  # numbered output steps, repeats, and jumps
+        got = trainer.sample(cond, n_members=2, steps=4, seed=seed)
+        sampler = trainer.sampler
+        assert sampler is not None
+        how.append(sampler.last_noise)
+        reference = trainer.task.sample_for(sampler.network, torch.as_tensor(cond, dtype=torch.float32),
+                                            members=2, steps=4, seed=seed).numpy()
+        assert np.array_equal(got, reference), seed
+    assert how == ["drawn", "ahead", "ahead", "kept", "drawn", "ahead", "kept", "drawn"]

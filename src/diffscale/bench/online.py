@@ -4,8 +4,11 @@ sampling, and ``push`` while training runs in the background thread.
 ``python -m diffscale.bench.online --preset field-icon --json OUT`` fills the replay buffer
 with the preset's round (48 output steps x 80 cells = 3,840 samples), then times
 ``train_for(steps=2400)`` (10 epochs at batch 16, after a compiling warm-up round),
-``sample`` of 80 cells x 16 members x 50 steps, and every ``push`` of 80 samples while
-``start()`` trains in the background. Prints and writes one JSON record.
+``sample`` of 80 cells x 16 members x 50 steps with seeds 1, 2, 3, ... (a simulation numbering
+its output steps: each call's start noise was drawn ahead during the one before; how each came
+is in ``start_noise``) and again with seeds nothing foresees (``unforeseen_seeds``: drawn in
+the call), and every ``push`` of 80 samples while ``start()`` trains in the background. Prints
+and writes one JSON record.
 
 ``--profile-sampling N`` adds where a sampling call's time goes (``sampling_profile``): the
 host's parts of each timed call (``EnsembleSampler.last_split``: preparing the inputs,
@@ -63,12 +66,18 @@ def measure(args: argparse.Namespace) -> dict:
         round_host = _round_host_profile(trainer, args.host_profile, device) if args.host_profile else None
         cond = rng.normal(size=(cells, coarse))
         trainer.sample(cond, n_members=args.members, steps=args.sample_steps)  # compiles the sampling path
-        sampling, splits = [], []
-        for seed in range(args.repeats):
+        sampling, splits, noise = [], [], []
+        for seed in range(1, args.repeats + 1):  # numbered output steps after the warm-up call's seed 0: drawn ahead
             start = time.perf_counter()
             trainer.sample(cond, n_members=args.members, steps=args.sample_steps, seed=seed)
             sampling.append(time.perf_counter() - start)  # sample() returns numpy: synchronised
             splits.append(dict(trainer.sampler.last_split) if trainer.sampler is not None else {})
+            noise.append(trainer.sampler.last_noise if trainer.sampler is not None else "")
+        unforeseen = []
+        for seed in range(10_000, 10_000 + 7 * args.repeats, 7):  # seeds nothing foresees: drawn in the call
+            start = time.perf_counter()
+            trainer.sample(cond, n_members=args.members, steps=args.sample_steps, seed=seed)
+            unforeseen.append(time.perf_counter() - start)
         profile = None
         if args.profile_sampling:
             profile = _sampling_profile(trainer, cond, args, splits, device)
@@ -86,7 +95,9 @@ def measure(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(), "round_steps": args.round_steps, "batch": cfg.train.batch_per_gpu,
             "round_s": round_s, "steps_per_s": args.round_steps / round_s,
             **({"round_host_profile": round_host} if round_host is not None else {}),
-            "sampling": {"cells": cells, "members": args.members, "steps": args.sample_steps, **_percentiles(sampling)},
+            "sampling": {"cells": cells, "members": args.members, "steps": args.sample_steps, **_percentiles(sampling),
+                         "start_noise": {how: noise.count(how) for how in sorted(set(noise))},
+                         "unforeseen_seeds": _percentiles(unforeseen)},
             **({"sampling_profile": profile} if profile is not None else {}),
             "push": {"rows": cells, "count": args.pushes, "gap_ms": args.push_gap_ms,
                      "switch_interval_ms": args.switch_interval_ms, **_percentiles(pushes),
