@@ -209,7 +209,10 @@ class OnlineTrainer:
         return record
 
     def sample(self, cond: Any, n_members: int, steps: int, *, seed: int = 0) -> np.ndarray:
-        """Ensembles from the EMA weights: cond (N, C) -> (N, n_members, D[, K]) in data units."""
+        """Ensembles from the EMA weights: cond (N, C) -> (N, n_members, D[, K]) in data units.
+
+        ``seed`` fixes the start noise (the same ensemble on every device). Numbering calls by
+        output step (0, 1, 2, ...) is fastest: the next seed's noise is drawn while this call runs."""
         if not self.task.stats_fitted:
             raise UserError("sampling was asked for before the model trained on any data",
                             "push data and train (ready() must be true) before sampling")
