@@ -29,7 +29,8 @@ def _write_zarr(path: Path, data: dict[str, np.ndarray], episode_ends: np.ndarra
         create("meta/episode_ends", data=episode_ends)
 
 
-def _write_lerobot(path: Path, episodes) -> None:
+def _write_lerobot(path: Path, episodes, null_action_row: tuple[int, int] | None = None) -> None:
+    """LeRobot's layout: frames under data/, and (as v3.0 has) Parquet tables of other kinds under meta/."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -37,11 +38,18 @@ def _write_lerobot(path: Path, episodes) -> None:
     chunk.mkdir(parents=True)
     for index, (obs, action) in reversed(list(enumerate(episodes))):  # files out of order on purpose
         frames = np.arange(len(obs))[::-1]  # rows out of order too: the reader sorts by frame_index
+        actions = [list(r) for r in action[frames]]
+        if null_action_row is not None and null_action_row[0] == index:
+            actions[list(frames).index(null_action_row[1])] = None
         table = pa.table({
             "observation.state": pa.array([list(r) for r in obs[frames]], pa.list_(pa.float32())),
-            "action": pa.array([list(r) for r in action[frames]], pa.list_(pa.float32(), action.shape[1])),
+            "action": pa.array(actions, pa.list_(pa.float32(), action.shape[1])),
             "episode_index": np.full(len(obs), index), "frame_index": frames, "timestamp": frames / 10.0})
         pq.write_table(table, chunk / f"episode_{index:06d}.parquet")
+    (path / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
+    pq.write_table(pa.table({"episode_index": np.arange(len(episodes)), "length": [len(o) for o, _ in episodes]}),
+                   path / "meta" / "episodes" / "chunk-000" / "file-000.parquet")
+    pq.write_table(pa.table({"task_index": [0], "task": ["reach"]}), path / "meta" / "tasks.parquet")
 
 
 def test_readers_load_the_same_episodes_from_every_format(tmp_path):
@@ -89,6 +97,13 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, str]]:
     np.savez(tmp / "nokey.npz", state=obs, action=action)
     np.savez(tmp / "badends.npz", obs=obs, action=np.nan_to_num(action), episode_ends=np.array([30, 20]))
     _write_zarr(tmp / "noends.zarr", {"state": obs, "action": np.nan_to_num(action)}, None)
+    _write_zarr(tmp / "uneven.zarr", {"state": obs[:-1], "action": np.nan_to_num(action)}, ends)
+    _write_zarr(tmp / "nosteps.zarr", {"state": obs[:0], "action": action[:0]}, ends[:0])
+    np.savez(tmp / "noends0.npz", obs=obs[:0], action=action[:0], episode_ends=np.array([0]))
+    (tmp / "text.npz").write_text("obs,action\n1,2\n")
+    two = random_episodes(lengths=(20, 20))
+    _write_lerobot(tmp / "lerobot-dims", [two[0], (np.concatenate([two[1][0], two[1][0][:, :1]], 1), two[1][1])])
+    _write_lerobot(tmp / "lerobot-null", two, null_action_row=(1, 5))
     return [
         (f"npz:{tmp}/short.npz", "short.npz' episode 0: 10 steps, fewer than the prediction horizon "
                                  "model.pred_horizon=16 -- drop episodes that short"),
@@ -103,6 +118,15 @@ def _bad_inputs(tmp: Path) -> list[tuple[str, str]]:
         (f"zarr:{tmp}/noends.zarr:keypoint", "has no meta/episode_ends"),
         (f"npz:{tmp}/missing.npz", "missing.npz' does not exist -- check the path"),
         (f"lerobot:{tmp}/mixed", "holds no .parquet files"),
+        (f"zarr:{tmp}/uneven.zarr", "uneven.zarr': data/state has 49 steps but data/action has 50 -- store one row "
+                                    "per step in every data/ array"),
+        (f"zarr:{tmp}/nosteps.zarr", "holds no episodes"),
+        (f"npz:{tmp}/noends0.npz", "holds no episodes"),
+        (f"npz:{tmp}/text.npz", "text.npz' is not a .npz archive (numpy.savez writes a zip file)"),
+        (f"lerobot:{tmp}/lerobot-dims", "lerobot-dims': column 'observation.state' holds 3 values in its first row "
+                                        "but 4 in episode 1, frame 0 -- store the same number of values"),
+        (f"lerobot:{tmp}/lerobot-null", "lerobot-null': column 'action' has 1 empty rows (the first: episode 1, "
+                                        "frame 5) -- give every frame its values"),
         ("hdf5:demo.h5", "unknown episode source 'hdf5:demo.h5'"),
     ]
 

@@ -25,6 +25,8 @@ def _split(where: str, obs: np.ndarray, action: np.ndarray, ends: np.ndarray) ->
     """Cut arrays concatenated along time at ``ends`` (exclusive episode ends)."""
     ends = np.asarray(ends).reshape(-1).astype(np.int64)
     total = len(obs)
+    if total == 0:  # whatever the ends say: no episode (the caller says the data set is empty)
+        return []
     if len(ends) and (np.any(np.diff(ends) <= 0) or ends[0] <= 0 or ends[-1] != total):
         raise UserError(f"{where}: episode_ends {ends[:8].tolist()}{'...' if len(ends) > 8 else ''} do not rise "
                         f"strictly to the {total} stored steps",
@@ -44,6 +46,9 @@ def read_npz(path: Path, option: str) -> list[RawEpisode]:
         raise UserError(f"folder '{path}' holds no .npz files", "point npz:PATH at a .npz file or a folder of them")
     episodes: list[RawEpisode] = []
     for file in files:
+        if file.is_file() and not zipfile.is_zipfile(file):  # np.load would take it for a pickle
+            raise UserError(f"'{file}' is not a .npz archive (numpy.savez writes a zip file)",
+                            "write it with numpy.savez(path, obs=..., action=..., episode_ends=...)")
         try:  # opened here: np.load leaves a file it opened itself open when the archive is cut short
             with open(file, "rb") as fid, np.load(fid, allow_pickle=False) as arrays:
                 missing = [k for k in ("obs", "action") if k not in arrays.files]
@@ -85,17 +90,40 @@ def read_zarr(path: Path, option: str) -> list[RawEpisode]:
                         f"name the observation arrays: zarr:{path}:KEY[+KEY] (e.g. keypoint+state), and store "
                         "actions in data/action")
     steps = data["action"].shape[0]
+    if steps == 0:  # no episode (the caller says the data set is empty)
+        return []
+    uneven = [k for k in wanted if data[k].shape[0] != steps]
+    if uneven:
+        raise UserError(f"'{path}': data/{uneven[0]} has {data[uneven[0]].shape[0]} steps but data/action has {steps}",
+                        "store one row per step in every data/ array (the same episodes, the same order)")
     obs = np.concatenate([np.asarray(data[k][:]).reshape(steps, -1) for k in wanted], axis=1)
     return _split(f"'{path}'", obs, np.asarray(data["action"][:]), np.asarray(meta["episode_ends"][:]))
 
 
-def _column(table: Any, name: str) -> np.ndarray:
-    """A Parquet column of numbers or of fixed-length lists -> (N, D)."""
+def _column(table: Any, name: str, where: str) -> np.ndarray:
+    """A Parquet column of numbers or of lists of one length -> (N, D); empty rows or lists of
+    several lengths are a ``UserError`` naming the first such row's episode and frame."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     column = table.column(name).combine_chunks()
+
+    def row(i: int) -> str:
+        frame = f", frame {table.column('frame_index')[i].as_py()}" if "frame_index" in table.column_names else ""
+        return f"episode {table.column('episode_index')[i].as_py()}{frame}"
+
+    if column.null_count:
+        first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise UserError(f"{where}: column '{name}' has {column.null_count} empty rows (the first: {row(first)})",
+                        "give every frame its values, or leave those frames out")
     if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or \
             pa.types.is_large_list(column.type):
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+        if len(lengths) and np.any(lengths != lengths[0]):
+            first = int(np.flatnonzero(lengths != lengths[0])[0])
+            raise UserError(f"{where}: column '{name}' holds {int(lengths[0])} values in its first row but "
+                            f"{int(lengths[first])} in {row(first)}",
+                            "store the same number of values in every frame (one robot, one state layout)")
         values = column.flatten().to_numpy(zero_copy_only=False)
         return values.reshape(len(column), -1) if len(column) else values.reshape(0, 0)
     return column.to_numpy(zero_copy_only=False).reshape(len(column), 1)
@@ -106,7 +134,9 @@ def read_lerobot(path: Path, option: str) -> list[RawEpisode]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+    # LeRobot keeps the frames under data/; meta/ may hold Parquet files of other tables (v3.0)
+    root = path / "data" if (path / "data").is_dir() else path
+    files = sorted(root.rglob("*.parquet")) if path.is_dir() else [path]
     if not files:
         raise UserError(f"'{path}' holds no .parquet files",
                         "point lerobot:PATH at a LeRobot data set folder (its data/ holds the Parquet files)")
@@ -123,9 +153,10 @@ def read_lerobot(path: Path, option: str) -> list[RawEpisode]:
                         "and episodes in 'episode_index'")
     order = ["episode_index", "frame_index"] if "frame_index" in table.column_names else ["episode_index"]
     table = table.sort_by([(c, "ascending") for c in order])
-    obs = np.concatenate([_column(table, c) for c in wanted], axis=1)
-    action = _column(table, "action")
-    episode = _column(table, "episode_index")[:, 0]
+    where = f"'{path}'"
+    obs = np.concatenate([_column(table, c, where) for c in wanted], axis=1)
+    action = _column(table, "action", where)
+    episode = _column(table, "episode_index", where)[:, 0]
     ids, starts = np.unique(episode, return_index=True)
     ends = np.append(starts[1:], len(episode))
     return [RawEpisode(f"'{path}' episode {int(i)}", obs[s:e], action[s:e])  # no rows: ends is [0], no episode
