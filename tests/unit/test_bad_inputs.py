@@ -183,7 +183,7 @@ CASES = [
     Case(f"{FIELDS} --data spool:{{ws}}/nospool", "spool directory"),
     Case(f"{POLICY} --data npz:{{ws}}/missing.npz", "episode data"),
     Case(f"{POLICY} --data npz:{{ws}}/x.npz", "has no 'obs' or 'action' array", (_npz("x.npz", x=[[1.0]]),)),
-    Case(f"{POLICY} --data npz:{{ws}}/cut.npz", "is not a readable .npz file",
+    Case(f"{POLICY} --data npz:{{ws}}/cut.npz", "cut.npz' is not a .npz archive (numpy.savez writes a zip file)",
          (_npz("cut.npz", truncated=True, obs=[[1.0]] * 64, action=[[1.0]] * 64, episode_ends=[64]),)),
     Case(f"{POLICY} --data zarr:{{ws}}/missing.zarr", "episode data"),
     Case(f"{POLICY} --data zarr:{{ws}}/afile", "is not a zarr group", (_file("afile"),)),
