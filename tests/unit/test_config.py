@@ -93,3 +93,23 @@ def test_presets_table(capsys):
     for name in PRESETS:
         assert name in out
     assert "widths 32/64/128" in out and "2048" in out and "images" in out
+
+
+@pytest.mark.parametrize("width", [33, 2, 0])
+def test_policy_step_embedding_width_must_be_even_and_at_least_4(width):
+    # 33 crashed in the first training step (a 32-wide embedding fed a 33-wide layer), 2 divided by zero
+    with pytest.raises(UserError) as info:
+        C.merge(get_preset("policy-tiny"), C.parse_overrides([f"model.step_embed_dim={width}"]))
+    assert info.value.message.startswith(f"config model.step_embed_dim: {width} is not an even number of at least 4 "
+                                         "-- use an even width such as")
+
+
+def test_the_smallest_step_embedding_width_builds_a_working_network():
+    import torch
+
+    from diffscale.models import build_unet1d
+
+    cfg = C.merge(get_preset("policy-tiny"), C.parse_overrides(["model.step_embed_dim=4"]))
+    net = build_unet1d(cfg.model, 4, 2)
+    out = net(torch.randn(3, 16, 2), torch.tensor([0, 50, 99]), torch.randn(3, 2 * 4))
+    assert out.shape == (3, 16, 2) and torch.isfinite(out).all()

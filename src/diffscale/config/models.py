@@ -162,7 +162,7 @@ class PolicyModelConfig:
             if getattr(self, name) < 0:
                 _fail(f"model.{name}", f"{getattr(self, name)} is negative",
                       "use 0 (follow the data) or a positive size")
-        for name in ("obs_horizon", "pred_horizon", "action_horizon", "step_embed_dim", "n_groups"):
+        for name in ("obs_horizon", "pred_horizon", "action_horizon", "n_groups"):
             if getattr(self, name) < 1:
                 _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})",
                       f"set model.{name} to a positive number")
@@ -182,7 +182,12 @@ class PolicyModelConfig:
                   "lower model.action_horizon or raise model.pred_horizon")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             _fail("model.kernel_size", f"{self.kernel_size} is not a positive odd number", "use 3 or 5")
-
+        # The sinusoidal step embedding is a sine and a cosine per frequency, half the width each,
+        # its frequencies spaced over half - 1 intervals: an odd width or one below 4 cannot be built.
+        if self.step_embed_dim < 4 or self.step_embed_dim % 2:
+            _fail("model.step_embed_dim", f"{self.step_embed_dim} is not an even number of at least 4",
+                  f"use an even width such as {max(4, self.step_embed_dim + self.step_embed_dim % 2)} (the presets "
+                  "use 32 and 256)")
 
     def summary(self) -> str:
         return (f"UNet1D To {self.obs_horizon} / T {self.pred_horizon} / Ta {self.action_horizon}, "
