@@ -186,6 +186,7 @@ def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: De
         cfg = _adjust_for_world_size(cfg, state, ctx.world_size, say)
     trainer = Trainer(cfg, run_dir, ctx, policy, console)
     records_whole_steps(trainer)  # a runtime.step_graph this run cannot have is refused before anything is written
+    trainer.make_batcher()  # so is data smaller than one batch (the loop makes its own batcher later)
     if state is not None:
         _check_signature(state, trainer.task.signature(), f"'{run_dir}' step {state.step}")
         trainer.restore(state)

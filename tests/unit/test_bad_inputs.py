@@ -192,6 +192,10 @@ CASES = [
     Case(f"{POLICY} --data builtin:nope", "unknown built-in episodes 'nope'"),
     Case(f"{POLICY} --set model.conv=fft", "model.conv: 'fft' is not one of auto, cudnn, matmul"),
     Case(f"{POLICY} --data spool:{{ws}}/sp", "unknown episode source"),
+    Case(f"{POLICY} --data npz:{{ws}}/one.npz", "has 13 training examples, fewer than one effective batch of 64",
+         (_npz("one.npz", obs=[[0.0] * 4] * 20, action=[[0.0] * 2] * 20),)),
+    Case(f"{POLICY} --set model.step_embed_dim=33", "model.step_embed_dim: 33 is not an even number of at least 4"),
+    Case(f"{POLICY} --set data.shift_px=3", "data.shift_px: 3 is an image augmentation"),
     # eval
     Case("eval {run} --count 0", "--count 0 is out of range", RUN),
     Case("eval {run} --steps 0", "--steps 0 is out of range", RUN),
