@@ -214,7 +214,12 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["task"] == "fields" and record["members"] == 4.0 and record["crps"] > 0
+    assert record["task"] == "fields" and record["members"] == 4 and record["crps"] > 0
+    assert all(isinstance(record[k], int) for k in ("members", "cases", "sampling_steps", "baseline_steps"))
+    assert main(["eval", str(run), "--count", "1"]) == 2  # refused before sampling, naming the minimum
+    assert capsys.readouterr().err.strip() == (
+        "error: --count 1: a fields evaluation scores ensembles, and the spread-skill ratio and rank histogram need "
+        "at least 2 members -- pass --count 2 or more (default 16)")
     assert (run / "eval" / "step_00000004" / "evaluation.png").is_file()
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "eval"
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0

@@ -225,9 +225,13 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "3", "--steps", "2", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["task"] == "policy" and record["episodes"] == 3.0 and 0 <= record["success"] <= 1
+    assert record["task"] == "policy" and record["episodes"] == 3 and 0 <= record["success"] <= 1
+    assert isinstance(record["episodes"], int)
     assert {"mode_left", "mode_right", "length"} <= record.keys()
-    assert len(list((run / "eval" / "step_00000004").glob("rollout_*.gif"))) == 3
+    gifs = run / "eval" / "step_00000004"
+    assert sorted(p.name[:9] for p in gifs.glob("rollout_*.gif")) == ["rollout_0", "rollout_1", "rollout_2"]
+    assert main(["eval", str(run), "--count", "1", "--steps", "2", "--json"]) == 0  # a re-eval with fewer rollouts
+    assert [p.name[:9] for p in gifs.glob("rollout_*.gif")] == ["rollout_0"]  # the earlier eval's GIFs are gone
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
     assert (tmp_path / "export" / "unet.safetensors").is_file()
 

@@ -288,6 +288,10 @@ class FieldTask:
         from ..evaluation.fields import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
+        if count is not None and count < 2:  # refused before sampling: spread and ranks need two members
+            raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "
+                            "rank histogram need at least 2 members",
+                            f"pass --count 2 or more (default {EVAL_MEMBERS})")
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
                                cases=cases)
 
