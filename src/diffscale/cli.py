@@ -208,7 +208,9 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
              "diffscale sample runs/tiny --n 64 --steps 50 --gif")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
     p.add_argument("--n", type=int, default=64, help="samples to generate (default 64)")
-    p.add_argument("--steps", type=int, default=50, help="denoising steps (default 50)")
+    p.add_argument("--steps", type=int, default=50,
+                   help="denoising steps (default 50; at most the run's diffusion.num_train_timesteps, to which "
+                        "more are capped)")
     p.add_argument("--sampler", choices=["ddim", "ddpm"], default="ddim", help="--steps applies to both (DDPM strided)")
     p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
