@@ -225,6 +225,12 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
     task, network = load_export(tmp_path / "export")
     assert task.sample_for(network, torch.zeros(2, 7), members=3, steps=3, seed=0).shape == (2, 3, 256)
+    # the loading hint export prints (and the model card shows) runs as written, its cond a NumPy array
+    how = capsys.readouterr().out.split("(load with ", 1)[1].rsplit("); model card:", 1)[0]
+    scope: dict = {}
+    exec(how.replace("members=16", "members=2"), scope)
+    assert "cond = np.zeros((4, 7))" in how and "steps=3" in how
+    assert task.sample_for(network, np.zeros((4, 7)), members=2, steps=3, seed=0).shape == (4, 2, 256)
 
 
 def test_resuming_a_field_run_restores_its_statistics(tmp_path, capsys):
