@@ -57,6 +57,9 @@ def split_targets(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]
                         "write e.g. diffscale submit --couple SPOOL_DIR --preset field-icon -- ./simulation")
     if args.race:
         raise UserError("--race and --couple cannot be combined", "race the trainer on its own, or couple one shape")
+    if args.data:
+        raise UserError("--data and --couple cannot be combined: the trainer reads the spool --couple names",
+                        "drop --data")
     return config, tuple(target)
 
 
