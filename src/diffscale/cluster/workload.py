@@ -36,6 +36,8 @@ class DiffscaleRun:
     data_found: bool | None = None
     """Whether the path ``data.source`` reads exists on the host that plans the job (None: data
     without a path, or not looked at)."""
+    sizes_note: str = ""
+    """Where the network sizes that ``config`` leaves to the data came from, for the plan's notes."""
 
     @property
     def config_path(self) -> str:
@@ -58,7 +60,7 @@ class DiffscaleRun:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return ()
+        return (self.sizes_note,) if self.sizes_note else ()
 
     @property
     def title(self) -> str:
@@ -83,17 +85,20 @@ def job_config(cfg: RunConfig) -> RunConfig:
 
 
 def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
-    """The job training ``cfg`` (a ``job_config``): with the bytes of an npz it loads whole and
-    whether its data path exists on this host."""
+    """The job training ``cfg`` (a ``job_config``): with the bytes of an npz it loads whole, whether
+    its data path exists on this host, and for the estimates the network sizes that ``cfg`` leaves
+    to the data (the config the job writes keeps them following the data)."""
     from ..data.locations import local_path
+    from .estimates import with_data_sizes
 
     path = local_path(cfg.data.source)
     where = Path(path).expanduser() if path is not None else None
     data_bytes = 0
     if where is not None and cfg.data.source.startswith("npz:") and where.is_file():
         data_bytes = where.stat().st_size
-    return DiffscaleRun(config=cfg, run_dir=run_dir, python=python, data_bytes=data_bytes,
-                        data_found=None if where is None else where.exists())
+    sized, note = with_data_sizes(cfg)
+    return DiffscaleRun(config=sized, run_dir=run_dir, python=python, data_bytes=data_bytes,
+                        data_found=None if where is None else where.exists(), sizes_note=note)
 
 
 @dataclass(frozen=True)

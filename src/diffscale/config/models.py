@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .errors import fail as _fail
 
@@ -14,6 +15,8 @@ from .errors import fail as _fail
 class ModelConfig:
     """The denoising network (a diffusers ``UNet2DModel``)."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("channels",)
+    """Sizes that 0 leaves to the data."""
     sample_size: int = 28
     """Image side in pixels; data is resized/cropped to it."""
     channels: int = 0
@@ -79,6 +82,8 @@ class FieldModelConfig:
     """The field denoiser: a residual MLP mapping a noised field ``x`` (D values, or D x K for
     K fields, flattened) to its noise, given the condition ``c`` (C values) and the timestep."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("cond_dim", "x_dim")
+    """Sizes that 0 leaves to the data."""
     cond_dim: int = 0
     """Condition values C per sample (e.g. 7: a coarse cell and its six neighbours); 0 follows the data."""
     x_dim: int = 0
@@ -131,6 +136,8 @@ class PolicyModelConfig:
     """The action denoiser: a 1-D temporal convolutional UNet over the action chunk, conditioned
     by FiLM on the observation history and the timestep (ConditionalUnet1D of diffusion policy)."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("obs_dim", "action_dim")
+    """Sizes that 0 leaves to the data."""
     obs_dim: int = 0
     """Observation values O per time step; 0 follows the data."""
     action_dim: int = 0

@@ -1,5 +1,5 @@
 """plan and submit of a run on the user's own data: the path the job reads (absolute, since the job
-runs in its run directory) and whether it exists here."""
+runs in its run directory), whether it exists here, and network sizes that follow the data."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from diffscale.cluster.scheduler import Slurm
 from diffscale.data.locations import absolute, local_path
 
 PLAN = ["plan", "--cluster", "purdue-gilbreth", "--account", "mylab", "--gpus-per-node", "1"]
-POLICY = ["--preset", "policy"]
+POLICY = ["--preset", "policy", "--set", "model.obs_dim=0", "--set", "model.action_dim=0"]
 
 
-def _demos(path, obs_dim=4):
+def _demos(path, obs_dim=5):
     rng = np.random.default_rng(0)
     np.savez(path, obs=rng.normal(size=(60, obs_dim)).astype(np.float32),
              action=rng.normal(size=(60, 2)).astype(np.float32), episode_ends=np.array([30, 60]))
@@ -63,7 +63,39 @@ def test_submit_writes_a_relative_data_path_as_an_absolute_one(flag, tmp_path, c
     assert main(["submit", *PLAN[1:], *POLICY, *data, "--out", str(tmp_path / "run")]) == 0
     written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert written["data"]["source"] == f"npz:{tmp_path / 'data' / 'demos.npz'}"  # the job cds into run/
+    assert written["model"]["obs_dim"] == 0 and written["model"]["action_dim"] == 0  # still follow the data
     assert sched.scripts == ["job-1x1.slurm.sh"]
+
+
+def test_plan_reads_the_sizes_that_follow_the_data_where_it_is_readable(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _demos(tmp_path / "demos.npz", obs_dim=7)
+    assert main([*PLAN, *POLICY, "--data", "npz:demos.npz", "--out", str(tmp_path / "run")]) == 0
+    printed = capsys.readouterr().out
+    out = " ".join(printed.split())  # notes wrap
+    assert (f"note: model.obs_dim and model.action_dim follow the data: obs_dim 7, action_dim 2, read from "
+            f"npz:{tmp_path / 'demos.npz'} here") in out
+    [row] = [line.split("│") for line in printed.splitlines() if line.startswith("│ data ")]
+    assert row[2].strip() == "pass" and row[3].strip().startswith(f"npz:{tmp_path}")  # table cells wrap
+    assert not (tmp_path / "run").exists()  # plan is a dry run
+
+
+def test_a_field_run_whose_sizes_follow_built_in_data_plans_with_them(tmp_path, capsys):
+    assert main([*PLAN, "--preset", "field-icon", "--set", "model.cond_dim=0", "--set", "model.x_dim=0",
+                 "--out", str(tmp_path / "run")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("note: model.cond_dim and model.x_dim follow the data: cond_dim 7, x_dim 256, read from "
+            "builtin:fields:3840 here") in out and "│ data │" not in out  # built-in data has no path
+
+
+def test_plan_of_data_elsewhere_uses_the_presets_sizes_and_says_so(tmp_path, capsys):
+    elsewhere = "/projectnb/lab/pusht.zarr"  # on the cluster's file system only
+    assert main([*PLAN, *POLICY, "--data", f"zarr:{elsewhere}", "--out", str(tmp_path / "run")]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table wraps long details
+    assert (f"note: model.obs_dim and model.action_dim follow the data: obs_dim 4, action_dim 2, the data is not "
+            f"readable here (episode data '{elsewhere}' does not exist): the estimates use preset policy's sizes, "
+            "and the job reads the data's own") in out
+    assert "│ data │ unknown │ zarr:/projectnb/lab/pusht.zarr does not exist on this host │ make sure it exists" in out
 
 
 def test_a_relative_data_path_that_does_not_exist_here_is_refused(tmp_path, capsys, monkeypatch):
