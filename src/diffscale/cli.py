@@ -30,15 +30,32 @@ def at_least(value: int | None, least: int, flag: str, example: str) -> None:
         raise UserError(f"{flag} {value} is out of range (it must be {least} or more)", f"e.g. {flag} {example}")
 
 
+def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
+    """(run dir, a line saying why where it is not asked for): ``--out``; else, resuming with a run
+    dir's own config.yaml, that run dir; else runs/PRESET."""
+    if args.out:
+        return str(args.out), ""
+    config = Path(args.config) if args.config else None
+    if args.resume and config is not None and config.name == "config.yaml":
+        from .runtime.checkpoint import list_checkpoints
+
+        if list_checkpoints(config.parent):  # `train RUN/config.yaml --resume auto` continues RUN
+            return str(config.parent), f"resuming the run in {config.parent}, the folder of {config}"
+    return os.path.join("runs", preset), ""
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     at_least(args.max_steps, 1, "--max-steps", "100")
     cfg = resolve_config(config_sources(args))
-    out = folder_target(args.out or os.path.join("runs", cfg.preset), "--out")
+    where, why = train_out(args, cfg.preset)
+    out = folder_target(where, "--out")
     if args.dry_run:
         print(cfg.to_yaml(), end="")
         return 0
+    if why:
+        print(why)
     from .train import train
 
     outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True))
@@ -191,7 +208,9 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
              "diffscale sample runs/tiny --n 64 --steps 50 --gif")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
     p.add_argument("--n", type=int, default=64, help="samples to generate (default 64)")
-    p.add_argument("--steps", type=int, default=50, help="denoising steps (default 50)")
+    p.add_argument("--steps", type=int, default=50,
+                   help="denoising steps (default 50; at most the run's diffusion.num_train_timesteps, to which "
+                        "more are capped)")
     p.add_argument("--sampler", choices=["ddim", "ddpm"], default="ddim", help="--steps applies to both (DDPM strided)")
     p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "

@@ -154,9 +154,10 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
                console: Console | None = None) -> list[Path]:
     """Generate ``n`` samples from a trained run's EMA weights (``diffscale sample``, from Python).
 
-    Writes ``out`` (default ``RUN_DIR/samples/sample_step..._seed.._ddimN.png``), plus the
-    denoising trajectory as GIF (and MP4 where imageio-ffmpeg is installed) with ``gif``;
-    returns the files written. Progress goes to ``console`` (default: stderr).
+    Writes ``out`` (default ``RUN_DIR/samples/sample_step..._seed.._ddimN.png``, N the steps run),
+    plus the denoising trajectory as GIF (and MP4 where imageio-ffmpeg is installed) with ``gif``;
+    returns the files written. ``steps`` above the run's ``diffusion.num_train_timesteps`` run that
+    many, as a line says. Progress goes to ``console`` (default: stderr).
     """
     from .diffusion.inference import sampling_network
     from .diffusion.sampler import reporting
@@ -164,9 +165,14 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     from .trained import load_trained
 
     run = load_trained(Path(run_dir), device)
+    status = console or Console(stderr=True, soft_wrap=True)
+    trained = run.cfg.diffusion.num_train_timesteps
+    if steps > trained:  # the sampler cannot take more steps than there are timesteps
+        status.print(f"note: --steps {steps} is more than the {trained} timesteps this run was trained with: "
+                     f"sampling {trained} steps", markup=False, highlight=False)
+        steps = trained
     name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}.png"
     target = Path(out) if out else run.run_dir / "samples" / name
-    status = console or Console(stderr=True, soft_wrap=True)
     with reporting(progress_for(status)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
                        seed=seed, sampler=sampler, trajectory=gif)

@@ -76,14 +76,23 @@ def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int,
     )
 
 
-def _check_signature(state: ckpt.TrainingState, expected: dict[str, Any], where: str) -> None:
+def _check_signature(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path, resume: str) -> None:
+    """The checkpoint ``resume`` names (``auto``: the run dir's newest) fits the network this config
+    builds; otherwise one error naming its folder and the command that resumes it as written."""
     found = state.meta.signature
     if found != expected:
         diffs = [f"{k}: checkpoint {found.get(k) if found else None} vs config {v}" for k, v in expected.items()
                  if not found or found.get(k) != v]
+        if resume == "auto":
+            where = ckpt.checkpoint_root(run_dir) / f"step_{state.step:08d}"
+            how = f"diffscale train --out {run_dir} --resume auto (it reads {run_dir / 'config.yaml'})"
+        else:  # another run's checkpoint: that run's config built the network it holds
+            where = Path(resume)
+            how = f"diffscale train {where.parent.parent / 'config.yaml'} --out {run_dir} --resume {where}"
         raise UserError(
-            f"checkpoint {where} was written for a different model ({'; '.join(diffs)})",
-            "resume with the run's own config (RUN_DIR/config.yaml), or start a new run with another --out",
+            f"checkpoint '{where}' was written for a different model ({'; '.join(diffs)})",
+            f"resume with the config it was written with, without --data or --set that change the model: {how}; "
+            "or start a new run with another --out",
         )
 
 
@@ -184,10 +193,13 @@ def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: De
     state = ckpt.load_resume(run_dir, resume, log=say) if resume else None
     if state is not None:
         cfg = _adjust_for_world_size(cfg, state, ctx.world_size, say)
+    elif resume:  # auto in a folder without checkpoints: said, since a wrong --out starts over silently
+        say(f"--resume auto: no checkpoint in '{run_dir}', starting a new run there")
     trainer = Trainer(cfg, run_dir, ctx, policy, console)
     records_whole_steps(trainer)  # a runtime.step_graph this run cannot have is refused before anything is written
+    trainer.make_batcher()  # so is data smaller than one batch (the loop makes its own batcher later)
     if state is not None:
-        _check_signature(state, trainer.task.signature(), f"'{run_dir}' step {state.step}")
+        _check_signature(state, trainer.task.signature(), run_dir, str(resume))
         trainer.restore(state)
         say(f"resumed from step {state.step}")
     if ctx.is_main:

@@ -93,3 +93,45 @@ def test_presets_table(capsys):
     for name in PRESETS:
         assert name in out
     assert "widths 32/64/128" in out and "2048" in out and "images" in out
+
+
+@pytest.mark.parametrize("width", [33, 2, 0])
+def test_policy_step_embedding_width_must_be_even_and_at_least_4(width):
+    # 33 crashed in the first training step (a 32-wide embedding fed a 33-wide layer), 2 divided by zero
+    with pytest.raises(UserError) as info:
+        C.merge(get_preset("policy-tiny"), C.parse_overrides([f"model.step_embed_dim={width}"]))
+    assert info.value.message.startswith(f"config model.step_embed_dim: {width} is not an even number of at least 4 "
+                                         "-- use an even width such as")
+
+
+def test_the_smallest_step_embedding_width_builds_a_working_network():
+    import torch
+
+    from diffscale.models import build_unet1d
+
+    cfg = C.merge(get_preset("policy-tiny"), C.parse_overrides(["model.step_embed_dim=4"]))
+    net = build_unet1d(cfg.model, 4, 2)
+    out = net(torch.randn(3, 16, 2), torch.tensor([0, 50, 99]), torch.randn(3, 2 * 4))
+    assert out.shape == (3, 16, 2) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("preset", ["policy-tiny", "field-icon"])
+@pytest.mark.parametrize("override, value, off", [("data.shift_px=3", "3", "0"), ("data.hflip=true", "true", "false")])
+def test_image_augmentations_are_refused_for_other_tasks(preset, override, value, off, capsys):
+    name = override.split("=")[0]
+    task = get_preset(preset).task
+    assert main(["train", "--preset", preset, "--set", override, "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: config {name}: {value} is an image augmentation (task images only); this run's task is {task}, "
+        f"where it would do nothing -- drop {name} from --set or the config file, or set it to {off}")
+
+
+def test_image_augmentations_stay_for_images_and_for_an_images_preset_switched_to_another_task(tmp_path):
+    assert C.resolve_config(C.ConfigSources(preset="tiny", overrides=["data.shift_px=3", "data.hflip=true"]))
+    switched = C.resolve_config(C.ConfigSources(preset="tiny", overrides=["task=policy"]))
+    assert switched.data.shift_px == get_preset("tiny").data.shift_px  # the preset's, not the user's: kept
+    config = tmp_path / "config.yaml"
+    C.write_yaml(switched, config)  # that run's own config.yaml resumes
+    assert C.resolve_config(C.ConfigSources(config_file=config)).task == "policy"
+    off = C.resolve_config(C.ConfigSources(preset="policy-tiny", overrides=["data.shift_px=0", "data.hflip=false"]))
+    assert off.data.shift_px == 0 and off.data.hflip is False

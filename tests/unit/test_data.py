@@ -153,7 +153,9 @@ def test_data_smaller_than_one_batch_via_cli(tmp_path, capsys):
     path = tmp_path / "few.npz"
     np.savez(path, images=np.zeros((3, 8, 8), dtype=np.uint8))
     assert main(["train", "--out", str(tmp_path / "run"), "--data", f"npz:{path}", *micro_args()]) == 2
-    assert "the data set has 3 images, fewer than one effective batch of 8" in capsys.readouterr().err
+    assert ("error: the data set has 3 training examples, fewer than one effective batch of 8 -- add data, or lower "
+            "train.batch_per_gpu / train.grad_accum") in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before config.yaml, metrics.jsonl, system.json or tb/
 
 
 def test_global_batches_split_disjointly_over_ranks_and_accumulation():

@@ -214,12 +214,23 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["task"] == "fields" and record["members"] == 4.0 and record["crps"] > 0
+    assert record["task"] == "fields" and record["members"] == 4 and record["crps"] > 0
+    assert all(isinstance(record[k], int) for k in ("members", "cases", "sampling_steps", "baseline_steps"))
+    assert main(["eval", str(run), "--count", "1"]) == 2  # refused before sampling, naming the minimum
+    assert capsys.readouterr().err.strip() == (
+        "error: --count 1: a fields evaluation scores ensembles, and the spread-skill ratio and rank histogram need "
+        "at least 2 members -- pass --count 2 or more (default 16)")
     assert (run / "eval" / "step_00000004" / "evaluation.png").is_file()
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "eval"
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
     task, network = load_export(tmp_path / "export")
     assert task.sample_for(network, torch.zeros(2, 7), members=3, steps=3, seed=0).shape == (2, 3, 256)
+    # the loading hint export prints (and the model card shows) runs as written, its cond a NumPy array
+    how = capsys.readouterr().out.split("(load with ", 1)[1].rsplit("); model card:", 1)[0]
+    scope: dict = {}
+    exec(how.replace("members=16", "members=2"), scope)
+    assert "cond = np.zeros((4, 7))" in how and "steps=3" in how
+    assert task.sample_for(network, np.zeros((4, 7)), members=2, steps=3, seed=0).shape == (4, 2, 256)
 
 
 def test_resuming_a_field_run_restores_its_statistics(tmp_path, capsys):

@@ -170,6 +170,18 @@ def test_generation_from_a_checkpoint_without_data(tiny_task, tmp_path):
     assert [p.name for p in written] == ["preview.png", "preview.gif"] and all(p.stat().st_size > 1000 for p in written)
 
 
+def test_plan_takes_batched_histories_and_names_the_shape_otherwise(tiny_task):
+    net = tiny_task.build_network()
+    history = np.zeros((2, 4), np.float32)  # one (To, O) history, as an environment gives it
+    assert tiny_task.plan(net, history[None], steps=2).samples.shape == (1, 16, 2)
+    for wrong in (history, np.zeros((1, 2, 5), np.float32)):
+        with pytest.raises(UserError) as info:
+            tiny_task.plan(net, wrong, steps=2)
+        assert info.value.message == (
+            f"an observation history of shape {wrong.shape} does not fit this policy -- pass (B, 2, 4): a batch of "
+            "model.obs_horizon=2 observations of 4 values (one history: obs_history[None])")
+
+
 def test_checkpoint_statistics_of_other_data_are_refused(tiny_task):
     state = tiny_task.state_tensors()
     state["obs_min"] = torch.zeros(6)
@@ -225,9 +237,13 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "3", "--steps", "2", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["task"] == "policy" and record["episodes"] == 3.0 and 0 <= record["success"] <= 1
+    assert record["task"] == "policy" and record["episodes"] == 3 and 0 <= record["success"] <= 1
+    assert isinstance(record["episodes"], int)
     assert {"mode_left", "mode_right", "length"} <= record.keys()
-    assert len(list((run / "eval" / "step_00000004").glob("rollout_*.gif"))) == 3
+    gifs = run / "eval" / "step_00000004"
+    assert sorted(p.name[:9] for p in gifs.glob("rollout_*.gif")) == ["rollout_0", "rollout_1", "rollout_2"]
+    assert main(["eval", str(run), "--count", "1", "--steps", "2", "--json"]) == 0  # a re-eval with fewer rollouts
+    assert [p.name[:9] for p in gifs.glob("rollout_*.gif")] == ["rollout_0"]  # the earlier eval's GIFs are gone
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
     assert (tmp_path / "export" / "unet.safetensors").is_file()
 

@@ -114,7 +114,7 @@ def test_eval_on_pusht_of_a_policy_trained_on_a_pusht_zarr(gym, tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1, out  # one JSON line and nothing else
     record = json.loads(out[0])
-    assert record["env"] == "pusht" and record["episodes"] == 2.0 and record["step"] == 2
+    assert record["env"] == "pusht" and record["episodes"] == 2 and record["step"] == 2
     assert not {"mode_left", "mode_right"} & record.keys()
     assert 0.0 <= record["coverage"] <= record["score"] <= 1.0 and record["success"] in (0.0, 0.5, 1.0)
     folder = run / "eval" / "step_00000002"

@@ -59,6 +59,19 @@ def test_sample_writes_an_mp4_where_imageio_ffmpeg_is_installed(tmp_path, capsys
     assert out.with_suffix(".mp4").stat().st_size > 0
 
 
+@pytest.mark.parametrize("sampler", ["ddim", "ddpm"])
+def test_sample_names_its_file_by_the_steps_it_ran_and_says_when_it_capped_them(sampler, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *micro_args("diffusion.num_train_timesteps=20", steps=4)]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--n", "2", "--steps", "50", "--sampler", sampler]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.split() == [str(run / "samples" / f"sample_step00000004_seed0_{sampler}20.png")]
+    err = captured.err.splitlines()
+    assert err[0] == "note: --steps 50 is more than the 20 timesteps this run was trained with: sampling 20 steps"
+    assert err[1] == f"sampling: 2 samples, {sampler}, 20 steps"
+
+
 def test_sample_errors(tmp_path, capsys):
     assert main(["sample", str(tmp_path)]) == 2
     assert "is not a diffscale run (no config.yaml)" in capsys.readouterr().err

@@ -60,7 +60,42 @@ def test_resume_with_a_different_model_is_refused(tmp_path, capsys):
                                                                             "model.norm_num_groups=8", steps=8)])
     assert code == 2
     err = capsys.readouterr().err
-    assert "was written for a different model (block_out_channels: checkpoint [8, 16] vs config [16, 32])" in err
+    assert (f"error: checkpoint '{run / 'checkpoints' / 'step_00000004'}' was written for a different model "
+            "(block_out_channels: checkpoint [8, 16] vs config [16, 32]) -- resume with the config it was written "
+            f"with, without --data or --set that change the model: diffscale train --out {run} --resume auto (it "
+            f"reads {run / 'config.yaml'}); or start a new run with another --out") in err
+
+
+def test_another_runs_checkpoint_of_a_different_model_is_named_with_its_own_folder(tmp_path, capsys):
+    other, new = tmp_path / "other", tmp_path / "new"
+    assert main(["train", "--out", str(other), *micro_args(steps=4)]) == 0
+    step = ckpt.list_checkpoints(other)[-1]
+    assert main(["train", "--out", str(new), "--resume", str(step),
+                 *micro_args("model.block_out_channels=[16,32]", steps=8)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: checkpoint '{step}' was written for a different model" in err
+    assert f"diffscale train {other / 'config.yaml'} --out {new} --resume {step};" in err
+    # the command the hint gives works
+    assert main(["train", str(other / "config.yaml"), "--out", str(new), "--resume", str(step),
+                 *micro_args(steps=8)]) == 0
+    assert f"resumed from step {ckpt.step_of(step)}" in capsys.readouterr().out
+
+
+def test_a_run_dirs_config_resumes_that_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where runs/PRESET would go if the run dir were not taken from the config
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--max-steps", "4", *micro_args(steps=8)]) == 0
+    capsys.readouterr()
+    assert main(["train", str(run / "config.yaml"), "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming the run in {run}, the folder of {run / 'config.yaml'}" in out and "resumed from step 4" in out
+    assert ckpt.step_of(ckpt.list_checkpoints(run)[-1]) == 8 and not (tmp_path / "runs").exists()
+
+
+def test_resume_auto_without_a_checkpoint_says_it_starts_a_new_run(tmp_path, capsys):
+    run = tmp_path / "fresh"
+    assert main(["train", "--out", str(run), "--resume", "auto", *micro_args(steps=2)]) == 0
+    assert f"--resume auto: no checkpoint in '{run}', starting a new run there" in capsys.readouterr().out
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):

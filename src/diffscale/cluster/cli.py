@@ -93,7 +93,7 @@ def _stamp() -> str:
 def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | None]:
     """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
     from .. import config as cfgmod
-    from .workload import DiffscaleRun, UserCommand
+    from .workload import UserCommand, diffscale_run, job_config
 
     target = list(args.target)
     is_config = len(target) == 1 and target[0].endswith((".yaml", ".yml"))
@@ -104,20 +104,17 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
         from .probe_cli import check_no_command_facts
 
         check_no_command_facts(args)
-        cfg = cfgmod.resolve_config(cfgmod.ConfigSources(preset=args.preset,
-                                                         config_file=None if args.preset else target[0],
-                                                         overrides=args.overrides or []))
+        cfg = job_config(cfgmod.resolve_config(cfgmod.ConfigSources(
+            preset=args.preset, config_file=None if args.preset else target[0], data=args.data,
+            overrides=args.overrides or [])))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
-        data_bytes = 0
-        if cfg.data.source.startswith("npz:"):
-            npz = Path(cfg.data.source[4:]).expanduser()
-            data_bytes = npz.stat().st_size if npz.is_file() else 0
-        return DiffscaleRun(config=cfg, run_dir=str(run_dir), python=args.python, data_bytes=data_bytes), run_dir, cfg
+        return diffscale_run(cfg, str(run_dir), args.python), run_dir, cfg
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
-    if args.overrides:
-        raise UserError("--set applies to diffscale runs, not to a user command",
-                        "drop --set, or pass the options to your command")
+    for flag, given in (("--set", args.overrides), ("--data", args.data)):
+        if given:
+            raise UserError(f"{flag} applies to diffscale runs, not to a user command",
+                            f"drop {flag}, or pass the options to your command")
     run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
     from .probe_cli import command_facts
 

@@ -27,6 +27,7 @@ from ..errors import UserError
 from .plan import Plan, PlanOptions, make_plan
 from .profiles import ClusterProfile, SchedulerKind
 from .shape import Shape
+from .timefmt import hms, human
 from .workload import DiffscaleRun, UserCommand
 
 SPOOL_ENV = "DIFFSCALE_SPOOL"
@@ -57,6 +58,9 @@ def split_targets(args: argparse.Namespace) -> tuple[str | None, tuple[str, ...]
                         "write e.g. diffscale submit --couple SPOOL_DIR --preset field-icon -- ./simulation")
     if args.race:
         raise UserError("--race and --couple cannot be combined", "race the trainer on its own, or couple one shape")
+    if args.data:
+        raise UserError("--data and --couple cannot be combined: the trainer reads the spool --couple names",
+                        "drop --data")
     return config, tuple(target)
 
 
@@ -114,9 +118,15 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
     # --signal is the trainer's (it checkpoints on it); the simulation's job traps none.
     sim_plan = make_plan(profile, sim, UserCommand(command, run_dir, python, env=((SPOOL_ENV, str(spool.directory)),)),
                          dataclasses.replace(options, role="simulation", signal="auto"))
+    source = ""
     if trainer.time_s is None and sim_plan.spec.time_s is not None:
-        limit = profile.partition(trainer.partition).max_time_s
-        trainer = dataclasses.replace(trainer, time_s=min(sim_plan.spec.time_s, limit or sim_plan.spec.time_s))
+        sim_time, limit = sim_plan.spec.time_s, profile.partition(trainer.partition).max_time_s
+        trainer = dataclasses.replace(trainer, time_s=min(sim_time, limit or sim_time))
+        if trainer.time_s == sim_time:
+            given = "--sim-time" if sim.time_s is not None else "its partition's maximum"
+            source = f"the simulation's wall time ({given}), so the trainer can follow it to the end"
+        else:
+            source = f"the trainer partition's maximum (the simulation's wall time is {hms(sim_time)})"
     train_plan = make_plan(profile, trainer, DiffscaleRun(config=cfg, run_dir=run_dir, python=python),
                            dataclasses.replace(options, role="trainer"))
     tie = ("the trainer is submitted with --dependency=after:<simulation job>: it starts once the simulation has "
@@ -126,7 +136,17 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
     sim_plan = dataclasses.replace(sim_plan, notes=sim_plan.notes + (
         f"the simulation writes its output steps to {spool.directory} (exported as ${SPOOL_ENV}) with "
         "diffscale.online.SpoolWriter, or as numbered .npz files of the same format (data/spool.py)",))
-    train_plan = dataclasses.replace(train_plan, notes=train_plan.notes + (
+    train_plan = dataclasses.replace(train_plan, time_source=source, notes=train_plan.notes + (
         f"{tie}; it trains once its buffer holds {spool.capacity} samples and says 'waiting for data' in its "
-        "log until then; the training-time estimate leaves that wait out",))
+        "log until then; the training-time estimate leaves that wait out",
+        _stops(cfg, train_plan.estimate_s, sim_plan.spec.time_s)))
     return [sim_plan, train_plan]
+
+
+def _stops(cfg: RunConfig, estimate_s: int | None, sim_time_s: int | None) -> str:
+    """When each job ends: the trainer after train.steps, whatever the simulation still writes."""
+    took = f" (estimated {human(estimate_s)} of training)" if estimate_s else ""
+    writes = f"up to its wall time, {hms(sim_time_s)}" if sim_time_s else "until it ends"
+    return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, while the simulation "
+            f"writes to the spool for {writes}: what it writes after that is not trained on -- raise train.steps to "
+            "train for longer")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ModelConfig, RunConfig
+from ..errors import UserError
 from ..runtime import resources
 from . import measured
 
@@ -109,6 +110,40 @@ def network_cost(cfg: RunConfig) -> ModelCost:
         network(*task.example_inputs(1))
     return ModelCost(params=sum(p.numel() for p in network.parameters()), macs_per_sample=flops.get_total_flops() // 2,
                      activation_bytes_per_sample=outputs.elements * 2)
+
+
+def with_data_sizes(cfg: RunConfig) -> tuple[RunConfig, str]:
+    """``cfg`` with the network sizes its model section leaves to the data (0) filled in, so that
+    the estimates can build its network, and a line saying where they came from: the data's own
+    where it is readable here, else the preset's. ``cfg`` itself and '' where the network is built
+    without them (an image run's channels)."""
+    import torch
+
+    from ..config import merge
+    from ..presets import get_preset
+    from ..tasks import build_task
+
+    follow = [name for name in cfg.model.FOLLOW_DATA if getattr(cfg.model, name) == 0]
+    try:
+        with torch.device("meta"):
+            build_task(cfg, torch.device("meta"), load_data=False)
+        return cfg, ""
+    except UserError as unknown:
+        names = " and ".join(f"model.{name}" for name in follow)
+        try:  # read here as the job will read it: sizes of a policy's demonstrations, a field's arrays
+            signature = build_task(cfg, torch.device("cpu")).signature()
+            sizes = {name: int(signature[name]) for name in follow}
+            how = f"read from {cfg.data.source} here"
+        except UserError as unreadable:
+            preset = get_preset(cfg.preset).model
+            sizes = {name: int(getattr(preset, name, 0)) for name in follow}
+            if not all(sizes.values()):
+                raise UserError(f"{unknown.cause}, and {unreadable.cause}",
+                                f"set {names} for the estimates, or plan where the data is readable") from unreadable
+            how = (f"the data is not readable here ({unreadable.cause}): the estimates use preset {cfg.preset}'s "
+                   "sizes, and the job reads the data's own")
+    found = ", ".join(f"{name} {value}" for name, value in sizes.items())
+    return merge(cfg, {"model": sizes}), f"{names} follow the data: {found}, {how}"
 
 
 def model_cost(model: ModelConfig, channels: int = 3) -> ModelCost:

@@ -102,6 +102,8 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("--cluster", required=True,
                    help="bundled profile name (`diffscale cluster list`) or profile YAML path")
     p.add_argument("--preset", help="train this preset (see `diffscale presets`)")
+    p.add_argument("--data", metavar="SPEC",
+                   help="data spec, as for train (a relative path is made absolute: the job runs in its run dir)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set train.steps=1000 (repeatable)")
     p.add_argument("--out", help="run directory (default: runs/<preset or job>-<time>)")

@@ -81,6 +81,9 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     role: str = ""
     """``PlanOptions.role``: this job's part in a layout of several."""
+    time_source: str = ""
+    """Where a time limit neither asked (--time) nor estimated came from (a coupled trainer's:
+    the simulation's wall time), for the plan's time-limit line; empty otherwise."""
 
     @property
     def label(self) -> str:

@@ -253,6 +253,19 @@ def multi_host(profile: ClusterProfile, r: Resolved) -> Check | None:
     return Check(name, True, f"{pe} on one host")
 
 
+def data_path(workload: Workload) -> Check | None:
+    """A diffscale run's data path as the job will read it (absolute): found on this host, or
+    not, in which case it may still exist on the cluster's own file system (nothing assumed)."""
+    if not isinstance(workload, DiffscaleRun) or workload.data_found is None:
+        return None
+    source = workload.config.data.source
+    if workload.data_found:
+        return Check("data", True, f"{source} (found here; the job reads this absolute path)")
+    return Check("data", None, f"{source} does not exist on this host",
+                 "make sure it exists on the cluster's file system, where the job reads it, or pass --data with "
+                 "a path that does")
+
+
 def run_directory(profile: ClusterProfile, workload: Workload) -> Check | None:
     """Grid Engine expands $HOME-style pseudo variables in a job's working directory and
     cannot enter one with a newline (measured on SoGE 8.1.9: failed 28, "changing into
@@ -293,7 +306,8 @@ def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Wor
         global_batch(r, workload),
         nodes_limit(part, r),
     ]
-    for extra in (multi_host(profile, r), run_directory(profile, workload), task_executable(profile, workload)):
+    for extra in (multi_host(profile, r), data_path(workload), run_directory(profile, workload),
+                  task_executable(profile, workload)):
         if extra is not None:
             checks.append(extra)
     return checks

@@ -38,6 +38,8 @@ def time_limit(plan: Plan, asked: bool) -> str:
                 "document (on a partition without a maximum the job may run unlimited); pass --time to set one")
     if asked:
         return f"{hms(t)} (--time)"
+    if plan.time_source:
+        return f"{hms(t)}: {plan.time_source}"
     if plan.estimate_s is None:
         return f"{hms(t)}: the partition's maximum (diffscale cannot estimate a user command's time; pass --time)"
     if part.max_time_s is not None and t == part.max_time_s:
@@ -81,7 +83,7 @@ def print_checks(plan: Plan, *, time_asked: bool) -> None:
     for c in plan.checks:
         table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
     console.print(table)
-    console.print(f"time limit ({plan.shape.label}): {time_limit(plan, time_asked)}", markup=False)
+    console.print(f"time limit ({plan.label}): {time_limit(plan, time_asked)}", markup=False)
 
 
 def _shape(job: JobRecord) -> str:

@@ -7,8 +7,8 @@ script starts once per rank (srun) or once per host (torchrun under Grid Engine)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import PurePosixPath
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -33,6 +33,11 @@ class DiffscaleRun:
     """Interpreter on the cluster nodes (by default the one running diffscale now)."""
     data_bytes: int = 0
     """Bytes of training data each data-loading process holds in memory (npz files are loaded whole)."""
+    data_found: bool | None = None
+    """Whether the path ``data.source`` reads exists on the host that plans the job (None: data
+    without a path, or not looked at)."""
+    sizes_note: str = ""
+    """Where the network sizes that ``config`` leaves to the data came from, for the plan's notes."""
 
     @property
     def config_path(self) -> str:
@@ -55,11 +60,45 @@ class DiffscaleRun:
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return ()
+        return (self.sizes_note,) if self.sizes_note else ()
 
     @property
     def title(self) -> str:
         return f"diffscale train (preset {self.config.preset})"
+
+
+def job_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` as a job's config.yaml holds it: a relative data path made absolute from here, since
+    the job reads it from its run directory. A relative path that names nothing here is refused:
+    made absolute it would name nothing on the cluster either."""
+    from ..data.locations import absolute, local_path
+
+    path = local_path(cfg.data.source)
+    if path is None or Path(path).expanduser().is_absolute():
+        return cfg
+    if not Path(path).exists():
+        raise UserError(f"data path '{path}' (data.source {cfg.data.source}) does not exist under {Path.cwd()}",
+                        "the job runs in its run directory, so plan and submit make a relative path absolute from "
+                        "the current one: run them from the folder the path is relative to, or give the path on the "
+                        "cluster's file system as an absolute one")
+    return replace(cfg, data=replace(cfg.data, source=absolute(cfg.data.source)))
+
+
+def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
+    """The job training ``cfg`` (a ``job_config``): with the bytes of an npz it loads whole, whether
+    its data path exists on this host, and for the estimates the network sizes that ``cfg`` leaves
+    to the data (the config the job writes keeps them following the data)."""
+    from ..data.locations import local_path
+    from .estimates import with_data_sizes
+
+    path = local_path(cfg.data.source)
+    where = Path(path).expanduser() if path is not None else None
+    data_bytes = 0
+    if where is not None and cfg.data.source.startswith("npz:") and where.is_file():
+        data_bytes = where.stat().st_size
+    sized, note = with_data_sizes(cfg)
+    return DiffscaleRun(config=sized, run_dir=run_dir, python=python, data_bytes=data_bytes,
+                        data_found=None if where is None else where.exists(), sizes_note=note)
 
 
 @dataclass(frozen=True)

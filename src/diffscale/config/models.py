@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .errors import fail as _fail
 
@@ -14,6 +15,8 @@ from .errors import fail as _fail
 class ModelConfig:
     """The denoising network (a diffusers ``UNet2DModel``)."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("channels",)
+    """Sizes that 0 leaves to the data."""
     sample_size: int = 28
     """Image side in pixels; data is resized/cropped to it."""
     channels: int = 0
@@ -79,6 +82,8 @@ class FieldModelConfig:
     """The field denoiser: a residual MLP mapping a noised field ``x`` (D values, or D x K for
     K fields, flattened) to its noise, given the condition ``c`` (C values) and the timestep."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("cond_dim", "x_dim")
+    """Sizes that 0 leaves to the data."""
     cond_dim: int = 0
     """Condition values C per sample (e.g. 7: a coarse cell and its six neighbours); 0 follows the data."""
     x_dim: int = 0
@@ -131,6 +136,8 @@ class PolicyModelConfig:
     """The action denoiser: a 1-D temporal convolutional UNet over the action chunk, conditioned
     by FiLM on the observation history and the timestep (ConditionalUnet1D of diffusion policy)."""
 
+    FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("obs_dim", "action_dim")
+    """Sizes that 0 leaves to the data."""
     obs_dim: int = 0
     """Observation values O per time step; 0 follows the data."""
     action_dim: int = 0
@@ -162,7 +169,7 @@ class PolicyModelConfig:
             if getattr(self, name) < 0:
                 _fail(f"model.{name}", f"{getattr(self, name)} is negative",
                       "use 0 (follow the data) or a positive size")
-        for name in ("obs_horizon", "pred_horizon", "action_horizon", "step_embed_dim", "n_groups"):
+        for name in ("obs_horizon", "pred_horizon", "action_horizon", "n_groups"):
             if getattr(self, name) < 1:
                 _fail(f"model.{name}", f"must be at least 1 (got {getattr(self, name)})",
                       f"set model.{name} to a positive number")
@@ -182,7 +189,12 @@ class PolicyModelConfig:
                   "lower model.action_horizon or raise model.pred_horizon")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             _fail("model.kernel_size", f"{self.kernel_size} is not a positive odd number", "use 3 or 5")
-
+        # The sinusoidal step embedding is a sine and a cosine per frequency, half the width each,
+        # its frequencies spaced over half - 1 intervals: an odd width or one below 4 cannot be built.
+        if self.step_embed_dim < 4 or self.step_embed_dim % 2:
+            _fail("model.step_embed_dim", f"{self.step_embed_dim} is not an even number of at least 4",
+                  f"use an even width such as {max(4, self.step_embed_dim + self.step_embed_dim % 2)} (the presets "
+                  "use 32 and 256)")
 
     def summary(self) -> str:
         return (f"UNet1D To {self.obs_horizon} / T {self.pred_horizon} / Ta {self.action_horizon}, "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
 from .loading import load_yaml, merge, parse_overrides
 from .schema import RunConfig
 
@@ -52,12 +53,32 @@ def resolve_config(sources: ConfigSources) -> RunConfig:
                                  ("recipe", sources.recipe)) if v}
     if runtime:
         flags["runtime"] = runtime
+    base = cfg
     for layer in (data, flags, parse_overrides(list(sources.overrides)), sources.fixed):
         if layer:
             cfg = merge(cfg, layer)
     if sources.preset:
         cfg.preset = sources.preset
+    _refuse_image_options(cfg, base)
     return cfg
+
+
+IMAGE_ONLY = {"shift_px": 0, "hflip": False}
+"""``data`` options only the images task reads, each with its off value."""
+
+
+def _refuse_image_options(cfg: RunConfig, base: RunConfig) -> None:
+    """An image augmentation turned on over the preset in a run of another task would do nothing:
+    refused, naming it. A value the preset itself has (an images preset switched to another task)
+    is left alone, so such a run's own config.yaml still resumes."""
+    if cfg.task == "images":
+        return
+    for name, off in IMAGE_ONLY.items():
+        value = getattr(cfg.data, name)
+        if value != off and value != getattr(base.data, name):
+            raise UserError(f"config data.{name}: {str(value).lower()} is an image augmentation (task images "
+                            f"only); this run's task is {cfg.task}, where it would do nothing",
+                            f"drop data.{name} from --set or the config file, or set it to {str(off).lower()}")
 
 
 __all__ = ["ConfigSources", "resolve_config"]

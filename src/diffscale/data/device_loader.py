@@ -41,7 +41,7 @@ class DeviceBatcher:
                  position: DataPosition | None = None) -> None:
         if num_items < global_batch:
             raise UserError(
-                f"the data set has {num_items} images, fewer than one effective batch of {global_batch}",
+                f"the data set has {num_items} training examples, fewer than one effective batch of {global_batch}",
                 "add data, or lower train.batch_per_gpu / train.grad_accum",
             )
         self.num_items = num_items

@@ -144,7 +144,7 @@ def summarize(results: list[Rollout]) -> dict[str, float]:
     """``episodes``, ``success`` (rate), ``mode_<name>`` (share of all episodes passing on that
     side) and ``length`` (mean environment steps per episode)."""
     n = len(results)
-    summary = {"episodes": float(n), "success": sum(r.success for r in results) / n}
+    summary: dict[str, float] = {"episodes": n, "success": sum(r.success for r in results) / n}
     for mode in MODES:
         summary[f"mode_{mode}"] = sum(r.mode == mode for r in results) / n
     summary["length"] = float(np.mean([r.length for r in results]))
@@ -156,7 +156,7 @@ def summarize_coverage(results: list[Rollout]) -> dict[str, float]:
     ``coverage`` (mean of each episode's largest coverage of the target area), ``score``
     (mean of each episode's best reward, diffusion policy's ``mean_score``) and ``length``."""
     n = len(results)
-    return {"episodes": float(n), "success": sum(r.success for r in results) / n,
+    return {"episodes": n, "success": sum(r.success for r in results) / n,
             "coverage": float(np.mean([r.coverage or 0.0 for r in results])),
             "score": float(np.mean([r.score or 0.0 for r in results])),
             "length": float(np.mean([r.length for r in results]))}
@@ -175,10 +175,14 @@ def write_episodes(results: list[Rollout], path: Path, *, seed: int) -> Path:
 
 def write_gifs(results: list[Rollout], out_dir: Path, *, fps: int = 15) -> list[Path]:
     """One GIF per recorded rollout, named by its index, mode or coverage (percent) and outcome
-    (``rollout_0_left_success.gif``, ``rollout_1_coverage87_failure.gif``)."""
+    (``rollout_0_left_success.gif``, ``rollout_1_coverage87_failure.gif``). An earlier evaluation's
+    rollout GIFs in ``out_dir`` are removed first: their names carry outcomes, so the new ones would
+    not replace them, and the folder would show rollouts this evaluation did not run."""
     import imageio.v2 as imageio
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob("rollout_*.gif"):
+        stale.unlink()
     written = []
     for i, result in enumerate(results):
         if not result.frames:

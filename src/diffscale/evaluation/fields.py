@@ -63,8 +63,9 @@ def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *,
     baseline, baseline_steps = train_baseline(task, seed=seed)
     forecasts = Forecasts(cond, truth, ensemble, climatology, predict(task, baseline, cond), ideal)
     scores = score(forecasts, task.model_cfg.coarse_index)
-    scores.update(held_out=float(held_out), cases=float(cases), members=float(members), sampling_steps=float(steps),
-                  baseline_steps=float(baseline_steps))
+    # counts stay whole numbers in eval's JSON and table
+    scores.update(held_out=float(held_out), cases=cases, members=members, sampling_steps=steps,
+                  baseline_steps=baseline_steps)
     from .field_plots import plot_evaluation
 
     plot_evaluation(forecasts, scores, out_dir / "evaluation.png")

@@ -7,7 +7,7 @@ holds what diffscale's own sampler needs, without pickle:
 * ``scheduler/`` -- the diffusers DDIM scheduler config (``DDIMScheduler.from_pretrained``)
 
 ``load_export(DIR)`` gives back the task and network; ``task.sample_for(network, cond, ...)``
-then samples ensembles in data units.
+then samples ensembles in data units (``cond``: an N x C array or tensor).
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ def export_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path) -> s
     write_yaml(task.cfg, out_dir / "config.yaml")
     (out_dir / "signature.json").write_text(json.dumps(task.signature(), indent=2))
     task.diffusion.ddim_scheduler().save_config(str(out_dir / "scheduler"))
-    return (f"from diffscale.tasks.field_export import load_export; task, net = load_export('{out_dir}'); "
-            "task.sample_for(net, cond, members=16, steps=50, seed=0)")
+    # one line that runs as written: cond stands for the caller's (N, C) conditions in data units
+    return (f"import numpy as np; from diffscale.tasks.field_export import load_export; "
+            f"task, net = load_export('{out_dir}'); cond = np.zeros((4, {task.cond_dim})); "
+            f"task.sample_for(net, cond, members=16, steps={task.cfg.train.sample_steps}, seed=0)")
 
 
 def load_export(path: str | Path, device: str | torch.device = "cpu") -> tuple[FieldTask, torch.nn.Module]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
@@ -248,9 +249,11 @@ class FieldTask:
         return Generated(samples, frames)
 
     @torch.no_grad()
-    def sample_for(self, network: torch.nn.Module, cond: torch.Tensor, *, members: int, steps: int, seed: int,
-                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
-        """An ensemble for each condition: cond (N, C) in data units -> (N, members, *x_shape) on the CPU."""
+    def sample_for(self, network: torch.nn.Module, cond: torch.Tensor | np.ndarray, *, members: int, steps: int,
+                   seed: int, sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        """An ensemble for each condition: cond (N, C) in data units, a tensor or a NumPy array ->
+        (N, members, *x_shape) on the CPU."""
+        cond = torch.as_tensor(cond)
         if cond.dim() != 2 or cond.shape[1] != self.cond_dim:
             raise UserError(f"conditions of shape {tuple(cond.shape)} do not fit this model",
                             f"pass an N x {self.cond_dim} array")
@@ -288,6 +291,10 @@ class FieldTask:
         from ..evaluation.fields import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
+        if count is not None and count < 2:  # refused before sampling: spread and ranks need two members
+            raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "
+                            "rank histogram need at least 2 members",
+                            f"pass --count 2 or more (default {EVAL_MEMBERS})")
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
                                cases=cases)
 

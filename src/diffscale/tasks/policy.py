@@ -167,6 +167,11 @@ class PolicyTask:
         execute ``model.action_horizon`` of them from index ``model.obs_horizon - 1``."""
         obs_norm, action_norm = self._norms()
         history = torch.as_tensor(obs_history)
+        horizon = self.model.obs_horizon
+        if history.dim() != 3 or tuple(history.shape[1:]) != (horizon, self.obs_dim):
+            raise UserError(f"an observation history of shape {tuple(history.shape)} does not fit this policy",
+                            f"pass (B, {horizon}, {self.obs_dim}): a batch of model.obs_horizon={horizon} observations "
+                            f"of {self.obs_dim} values (one history: obs_history[None])")
         generator = generator if generator is not None else torch.Generator().manual_seed(0)
         if noise is None:
             noise = torch.randn((history.shape[0], self.model.pred_horizon, self.action_dim), generator=generator)

@@ -27,6 +27,26 @@ def test_plan_couple_renders_the_simulation_and_the_trainer(tmp_path, capsys):
     assert not (tmp_path / "run").exists() and not spool.exists()  # plan is a dry run
 
 
+def test_the_trainers_time_limit_says_it_follows_the_simulation_and_when_each_job_stops(tmp_path, capsys):
+    config = tmp_path / "field.yaml"
+    config.write_text(yaml.safe_dump({"preset": "field-icon", "train": {"steps": 100}}))
+    argv = [*LEVANTE, "--couple", str(tmp_path / "spool"), "--out", str(tmp_path / "run")]
+    assert main([*argv, str(config), "--", "./icon.exe"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # notes wrap
+    assert ("time limit (simulation 1x1): 08:00:00: the partition's maximum (diffscale cannot estimate a user "
+            "command's time; pass --time)") in out
+    assert ("time limit (trainer 1x1): 08:00:00: the simulation's wall time (its partition's maximum), so the trainer "
+            "can follow it to the end") in out and "rounded up to 15 min" not in out
+    assert ("note: the trainer stops once it has trained train.steps=100 steps (estimated 3 min of training), while "
+            "the simulation writes to the spool for up to its wall time, 08:00:00: what it writes after that is not "
+            "trained on -- raise train.steps to train for longer") in out
+    assert main([*argv, "--sim-time", "02:00:00", str(config), "--", "./icon.exe"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "time limit (trainer 1x1): 02:00:00: the simulation's wall time (--sim-time)" in out
+    assert main([*argv, "--time", "01:00:00", str(config), "--", "./icon.exe"]) == 0  # the trainer's own
+    assert "time limit (trainer 1x1): 01:00:00 (--time)" in capsys.readouterr().out
+
+
 def test_the_config_keeps_its_buffer_size_unless_couple_names_one(tmp_path, capsys):
     config = tmp_path / "field.yaml"
     config.write_text(yaml.safe_dump({"preset": "field-icon", "data": {"source": "spool:/elsewhere:480"}}))
