@@ -118,6 +118,43 @@ def test_spool_files_are_read_once_in_order_and_bad_ones_skipped(tmp_path):
         SpoolReader(tmp_path / "absent", 7, (256,)).poll()
 
 
+# One rank of a simulation: writes STEPS output steps marked with its rank, starting when GO exists.
+RANK_WRITER = """
+import sys, time
+from pathlib import Path
+import numpy as np
+from diffscale.data.spool import SpoolWriter
+spool, rank, steps, go = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+writer = SpoolWriter(spool)  # every rank sees the same empty directory: all would start at 0000000000
+(go.parent / f"ready-{rank}").touch()
+while not go.exists():
+    time.sleep(0.001)
+for step in range(steps):
+    writer.write(np.full((2, 7), rank), np.full((2, 256), step), sim_time=float(step))
+"""
+
+
+def test_writer_processes_sharing_a_spool_lose_no_file(tmp_path):
+    spool, ranks, steps = tmp_path / "spool", 4, 25
+    spool.mkdir()
+    writers = [subprocess.Popen([sys.executable, "-c", RANK_WRITER, str(spool), str(rank), str(steps),
+                                 str(tmp_path / "go")]) for rank in range(ranks)]
+    while len(list(tmp_path.glob("ready-*"))) < ranks and all(w.poll() is None for w in writers):
+        time.sleep(0.01)
+    (tmp_path / "go").touch()  # all at once
+    reader, chunks = SpoolReader(spool, 7, (256,)), []
+    while any(w.poll() is None for w in writers):  # the follower reads while they write
+        chunks += reader.poll()
+        time.sleep(0.01)
+    chunks += reader.poll()
+    assert [w.returncode for w in writers] == [0] * ranks
+    assert sorted(p.name for p in spool.iterdir()) == [f"{n:010d}.npz" for n in range(ranks * steps)]  # no temp left
+    assert reader.skipped == [] and [c.sequence for c in chunks] == list(range(ranks * steps))
+    written = [(int(c.cond[0, 0]), int(c.x[0, 0])) for c in chunks]  # (rank, step) of each file, in file order
+    assert sorted(written) == [(rank, step) for rank in range(ranks) for step in range(steps)]
+    assert all([s for r, s in written if r == rank] == list(range(steps)) for rank in range(ranks))
+
+
 # -- OnlineTrainer ------------------------------------------------------------------------------
 def _weights(trainer: OnlineTrainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in [*trainer.trainer.net.parameters(), *trainer.trainer.ema.parameters()]]

@@ -5,9 +5,17 @@ Format (one directory, written by the simulation, only read by the trainer):
 * one file per output step, ``NNNNNNNNNN.npz`` (a 10-digit sequence number, counting up from
   0000000000), holding ``cond`` (n x C, float32), ``x`` (n x D or n x D x K, float32) and
   ``sim_time`` (a float64 scalar: the simulation time of the step);
-* written atomically: the writer saves ``.NNNNNNNNNN.npz.tmp`` in the same directory, flushes
-  it to disk and renames it into place, so a reader sees a complete file or none. Readers
-  ignore every other name (temporary files, notes, a ``.lock``).
+* written atomically: the writer saves a temporary file (a name starting with ``.``) in the
+  same directory, flushes it to disk and then gives it its final name, so a reader sees a
+  complete file or none. Readers ignore every other name (temporary files, notes, a ``.lock``).
+* several writers may share one directory (the ranks of a simulation, on one node or across
+  the nodes of a shared file system such as Lustre or GPFS): each writes its own temporary
+  file (process id and a random part in its name) and claims the next free number with a
+  hard link (``os.link``), which fails rather than replace a file another writer claimed
+  first; the writer then tries the number after. A number is claimed only after the one
+  before it exists, so files appear in sequence order and a reader never finds a gap it has
+  already passed. The file system must support hard links (local disks, Lustre, GPFS and
+  NFS do).
 
 ``SpoolWriter`` writes it (any language can: it is plain ``numpy.savez``); ``SpoolReader``
 returns the files that appeared since its last poll, in sequence order. A file that does not
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -75,26 +84,52 @@ def _sequence(path: Path) -> int:
 
 class SpoolWriter:
     """Writes one file per output step into ``directory`` (created if missing), continuing the
-    numbering after the files already there (a restarted simulation appends)."""
+    numbering after the files already there (a restarted simulation appends). Several writers
+    (processes, nodes) may share the directory: each file takes the next number no other writer
+    has taken (see the module docstring)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.next = self._after_newest()
+        self._token = secrets.token_hex(6)  # with the pid: a temporary name no other writer uses
+
+    def _after_newest(self) -> int:
         existing = [_sequence(p) for p in self.directory.iterdir() if NAME.match(p.name)]
-        self.next = max(existing, default=-1) + 1
+        return max(existing, default=-1) + 1
 
     def write(self, cond: np.ndarray, x: np.ndarray, sim_time: float) -> Path:
         """Save one step's samples (cond n x C, x n x D [x K]) atomically; returns the file."""
-        final = self.directory / f"{self.next:010d}.npz"
-        tmp = self.directory / f".{final.name}.tmp"
+        tmp = self.directory / f".{os.getpid()}-{self._token}.npz.tmp"
         with open(tmp, "wb") as fh:
             np.savez(fh, cond=np.asarray(cond, dtype=np.float32), x=np.asarray(x, dtype=np.float32),
                      sim_time=np.float64(sim_time))
             fh.flush()
             os.fsync(fh.fileno())  # on disk before the name appears: a reader never sees half a file
-        os.replace(tmp, final)
-        self.next += 1
+        try:
+            final = self._claim(tmp)
+        finally:
+            tmp.unlink()
         return final
+
+    def _claim(self, tmp: Path) -> Path:
+        """Give ``tmp`` the first free sequence number from ``next`` on. A link, unlike a rename,
+        fails when another writer took the name first, and the new name appears atomically."""
+        while True:
+            final = self.directory / f"{self.next:010d}.npz"
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                if os.stat(tmp).st_nlink < 2:  # else NFS made the link and lost its reply (see open(2))
+                    # Another writer was first: jump past its files rather than try them one by one.
+                    self.next = max(self.next + 1, self._after_newest())
+                    continue
+            except OSError as exc:
+                raise UserError(f"cannot link spool file {final} into place ({exc})",
+                                "put the spool directory on a file system with hard links (local disk, Lustre, "
+                                "GPFS, NFS): several writers claim file numbers with them") from exc
+            self.next += 1
+            return final
 
 
 @dataclass
