@@ -103,12 +103,9 @@ def _write(writer: SpoolWriter, steps: range) -> None:
         writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
 
 
-def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path, capsys):
-    spool, run = tmp_path / "spool", tmp_path / "run"
-    writer = SpoolWriter(spool)
-    _write(writer, range(2))
-
-    def stop_once_waiting() -> None:  # what SLURM's warning signal does before the time limit
+def _stop_once_waiting(run: Path) -> None:
+    """What SLURM's warning signal does before the time limit, once ``run`` waits for data."""
+    def stop() -> None:
         metrics, deadline = run / "metrics.jsonl", time.monotonic() + 300
         while time.monotonic() < deadline:
             if metrics.is_file() and '"kind": "waiting"' in metrics.read_text():
@@ -116,7 +113,14 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=stop_once_waiting, daemon=True).start()
+    threading.Thread(target=stop, daemon=True).start()
+
+
+def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path, capsys):
+    spool, run = tmp_path / "spool", tmp_path / "run"
+    writer = SpoolWriter(spool)
+    _write(writer, range(2))
+    _stop_once_waiting(run)
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == EXIT_REQUEUE
     out = capsys.readouterr().out
     assert "waiting for data: buffer 160/480 samples (2 spool files)" in out
@@ -130,6 +134,31 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
     assert "resumed from step 0" in out and "buffer full: 480 samples from 6 spool files" in out
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 480, 6, 6]
+
+
+def test_a_follower_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_is_full(tmp_path, capsys):
+    spool, run = tmp_path / "spool", tmp_path / "run"
+    writer = SpoolWriter(spool)
+    _write(writer, range(4))  # 320 samples: spool:DIR:160 keeps the newest 160
+    assert main(["train", "--data", f"spool:{spool}:160", "--out", str(run), "--max-steps", "20", *SMALL]) == 0
+    assert "buffer full: 160 samples from 4 spool files" in capsys.readouterr().out
+
+    _write(writer, range(4, 6))
+    _stop_once_waiting(run)
+    args = ["train", "--data", f"spool:{spool}:480", "--out", str(run), "--resume", "auto", *SMALL]
+    assert main(args) == EXIT_REQUEUE
+    out = capsys.readouterr().out
+    assert "resumed from step 20" in out and "waiting for data: buffer 320/480 samples (6 spool files)" in out
+    assert "buffer full" not in out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 20 and state.task["buffer_counters"].tolist() == [320, 480, 6, 6]
+    assert state.task["buffer_time"].tolist() == [1200.0] * 80 + [1800.0] * 80 + [2400.0] * 80 + [3000.0] * 80
+
+    _write(writer, range(6, 8))
+    assert main(args) == 0
+    assert "buffer full: 480 samples from 8 spool files" in capsys.readouterr().out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 640, 8, 8]
 
 
 def test_spool_sources_and_their_messages(tmp_path, capsys):

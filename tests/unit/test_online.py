@@ -77,6 +77,55 @@ def test_reservoir_keeps_a_uniform_sample_and_resumes_exactly():
     assert 400 < kept.mean() < 600 and (kept < 500).sum() > 70  # old and new samples alike, not the newest
 
 
+@pytest.mark.parametrize("saved_before_buffer_head", [False, True])
+def test_a_fifo_resumed_larger_keeps_its_rows_oldest_first_and_fills_after_them(saved_before_buffer_head):
+    small = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 5), 2, (3,), CPU)
+    for start in range(100, 112, 3):  # samples 100..111: it keeps 107..111, wrapped round its slots
+        small.add(*_rows(3, start))
+    state = small.state_tensors()
+    if saved_before_buffer_head:  # a checkpoint of an older diffscale
+        del state["buffer_head"]
+    larger = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 8), 2, (3,), CPU)
+    larger.load_state_tensors(state)
+    assert larger.x[:5, 0].tolist() == [107, 108, 109, 110, 111] and (larger.size, larger.seen) == (5, 12)
+    larger.add(*_rows(2, 112))
+    assert larger.describe() == "fifo buffer 7/8 samples (5 pushes, 14 seen)"
+    assert larger.x[:7, 0].tolist() == larger.sim_time[:7].tolist() == list(range(107, 114))
+    larger.add(*_rows(3, 114))  # full: the oldest rows make room
+    assert sorted(larger.x[:, 0].tolist()) == list(range(109, 117))
+
+    same = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 8), 2, (3,), CPU)  # resumed at its own capacity: unchanged
+    same.load_state_tensors(larger.state_tensors())
+    for buffer in (larger, same):
+        buffer.add(*_rows(3, 117))
+    assert all(torch.equal(same.state_tensors()[k], v) for k, v in larger.state_tensors().items())
+    assert torch.equal(same.x, larger.x)
+
+
+def test_a_reservoir_resumed_larger_keeps_its_rows_and_then_samples_as_if_larger_throughout():
+    small = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 200), 2, (3,), CPU, seed=1)
+    for start in range(1, 1001, 10):  # samples 1..1000 (a zero would look like an empty row)
+        small.add(*_rows(10, start))
+    larger = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 400), 2, (3,), CPU)
+    larger.load_state_tensors(small.state_tensors())
+    assert torch.equal(larger.x[:200], small.x) and (larger.size, larger.seen) == (200, 1000)
+    larger.add(*_rows(10, 1001))
+    assert larger.size == 210 and larger.x[200:210, 0].tolist() == list(range(1001, 1011))  # after the kept rows
+    for start in range(1011, 1201, 10):
+        larger.add(*_rows(10, start))
+    assert torch.equal(larger.x[:200], small.x) and sorted(larger.x[200:, 0].tolist()) == list(range(1001, 1201))
+    for start in range(1201, 2401, 10):
+        larger.add(*_rows(10, start))
+    # A new sample enters as in a reservoir of 400 that saw all 2400 (drawn against every sample
+    # seen): about half of what it holds came in the second half, 1201..2400.
+    assert larger.size == 400 and 170 < int((larger.x[:, 0] > 1200).sum()) < 230
+    same = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 400), 2, (3,), CPU)
+    same.load_state_tensors(larger.state_tensors())
+    for buffer in (larger, same):
+        buffer.add(*_rows(10, 2401))
+    assert torch.equal(same.x, larger.x) and same.seen == larger.seen == 2410
+
+
 def test_buffer_specs_chunks_and_batches():
     assert parse_buffer_spec("online:reservoir:48").capacity == 48
     with pytest.raises(UserError, match="is not an online buffer -- write online:POLICY:N with POLICY one of fifo, "
