@@ -1,6 +1,7 @@
 """Online training: the replay buffer, the spool format, and OnlineTrainer driven by a fake
 simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit for bit)."""
 
+import re
 import subprocess
 import sys
 import time
@@ -251,6 +252,26 @@ def checkpoint_and_resume(trainer: OnlineTrainer, sim: FakeSimulation, run_dir, 
     return resumed
 
 
+def test_a_run_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_holds_ready_at(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160)
+    for _ in range(5):  # 400 samples seen, the newest 160 kept
+        trainer.push(*sim.output())
+    assert trainer.train_for(steps=2)["steps"] == 2
+    trainer.checkpoint()
+    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480)
+    resumed.push(*sim.output())
+    assert not resumed.ready()  # ready_at: the 480 of a full buffer
+    assert resumed.buffer.describe() == "fifo buffer 240/480 samples (6 pushes, 480 seen)"
+    assert bool(resumed.buffer.x[:240].ne(0).any(1).all())  # no empty row among those it trains on
+    assert resumed.buffer.sim_time[:240].tolist() == [2400.0] * 80 + [3000.0] * 80 + [3600.0] * 80  # oldest first
+    waiting = resumed.train_for(steps=2)
+    assert waiting["waiting"] and (waiting["buffer"], waiting["ready_at"], waiting["step"]) == (240, 480, 2)
+    for _ in range(3):
+        resumed.push(*sim.output())
+    assert resumed.ready() and resumed.train_for(steps=2)["step"] == 4
+
+
 def test_background_training_between_pushes(tmp_path):
     sim = FakeSimulation()
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
@@ -290,6 +311,21 @@ def test_a_run_directory_of_another_task_is_refused(tmp_path):
     assert main(["train", "--out", str(run), *micro_args(steps=2)]) == 0
     with pytest.raises(UserError, match="holds checkpoints of a 'images' run"):
         OnlineTrainer(run, _cfg(), capacity=160, ready_at=80)
+
+
+def test_a_field_run_trained_offline_is_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / "offline"
+    args = ["--preset", "field-icon", "--device", "cpu", "--data", "builtin:fields:256"]
+    for item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=2", "train.seed=3",
+                 "train.checkpoint_every=2", "train.sample_count=4", "train.sample_steps=2", "optim.warmup_steps=1"):
+        args += ["--set", item]
+    assert main(["train", "--out", str(run), *args]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=re.escape(
+            f"'{run}' holds a run that was trained offline from builtin:fields:256; OnlineTrainer continues only runs "
+            "it started -- start online training in a new run directory")):
+        OnlineTrainer(run, _cfg(), capacity=160, ready_at=80)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 WRITER = """

@@ -33,6 +33,8 @@ Or let it train in a background thread between pushes, so the simulation never w
 
 A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
 EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
+A larger ``capacity`` keeps the buffer's rows and fills up after them. A run directory that
+``diffscale train`` wrote from other data (a file, a spool) is refused, never rewritten.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, chunk_times
 from ..data.spool import SpoolReader
 from ..diffusion.inference import sampling_network
 from ..errors import UserError
+from ..rundir import read_config
 from ..runtime import checkpoint as ckpt
 from ..runtime.device import configure_backends, pick_device, resolve_policy
 from ..runtime.distributed import DistContext, LaunchInfo
@@ -103,6 +106,8 @@ class OnlineTrainer:
                             "train once the buffer holds at least one batch (raise ready_at)")
         if state is not None:
             _check_same_model(state, task.signature(), self.run_dir)
+        _check_online_run(self.run_dir, state)  # before anything in the run directory is written
+        if state is not None:
             self.trainer.restore(state)
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +173,7 @@ class OnlineTrainer:
     def ready(self) -> bool:
         """Whether the buffer holds ``ready_at`` samples (counting what was pushed since the last call)."""
         self._ingest()
-        return self.task.stats_fitted
+        return self.task.stats_fitted and self.buffer.size >= self.ready_at
 
     # -- training and sampling ---------------------------------------------------------------
     def train_for(self, steps: int | None = None, seconds: float | None = None) -> dict[str, Any]:
@@ -279,6 +284,19 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def _check_online_run(run_dir: Path, state: ckpt.TrainingState | None) -> None:
+    """Refuse a run directory that ``diffscale train`` filled from other data: resuming it would
+    start from an empty buffer and rewrite its config (after which it no longer evaluates)."""
+    saved = read_config(run_dir) or (state.meta.config if state is not None else {})
+    source = str((saved.get("data") or {}).get("source", "")) if saved else ""
+    if not saved or source.startswith("online:"):
+        return
+    how = (f"follows a spool ({source}) with diffscale train" if source.startswith("spool:")
+           else f"was trained offline from {source or 'data of its config'}")
+    raise UserError(f"'{run_dir}' holds a run that {how}; OnlineTrainer continues only runs it started",
+                    "start online training in a new run directory, e.g. OnlineTrainer('runs/online', cfg)")
 
 
 def _check_same_model(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path) -> None:
