@@ -15,11 +15,15 @@ import pytest
 import torch
 
 from diffscale.cli import main
+from diffscale.data.buffer import BufferPolicy, BufferSpec, ReplayBuffer
+from diffscale.data.device_loader import DataPosition
 from diffscale.data.fields import FieldGenerator
+from diffscale.data.follow import SpoolBatcher
 from diffscale.data.spool import DEFAULT_CAPACITY, SpoolReader, SpoolWriter, parse_spool_spec
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.tasks.base import Feed
 
 SMALL = ["--preset", "field-icon", "--device", "cpu"]
 for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=40", "train.log_every=10",
@@ -77,7 +81,8 @@ def test_a_follower_waits_for_a_writer_process_trains_and_resumes_bit_for_bit(tm
     log = "".join(seen) + follower.communicate(timeout=300)[0]
     assert follower.returncode == 0, log
     assert f"waiting for data: buffer 0/480 samples (0 spool files) from {spool}" in log
-    assert "warning: skipped spool file 0000000003.npz: pushed cond (80, 6) and x (80, 256) do not fit" in log
+    assert ("warning: skipped spool file 0000000003.npz: cond (80, 6) and x (80, 256) do not fit the task (cond n x "
+            "7, x n x 256) -- the simulation must pass arrays of those shapes to SpoolWriter.write" in log)
     assert "(1 skipped so far)" in log
     assert f"buffer full: 480 samples from 6 spool files of {spool}; training" in log and "done: 40 steps" in log
     records = [line for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -176,6 +181,26 @@ def test_spool_sources_and_their_messages(tmp_path, capsys):
     absent.mkdir()
     assert main(["train", "--data", f"spool:{absent}:8", "--out", str(tmp_path / "run"), *SMALL]) == 2
     assert "keeps 8 samples, fewer than one effective batch of 16" in capsys.readouterr().err
+
+
+def test_each_skipped_file_is_reported_with_the_count_up_to_it(tmp_path):
+    writer = SpoolWriter(tmp_path)
+    _write(writer, range(1))
+    np.savez(tmp_path / "0000000001.npz", cond=np.ones((2, 6)), x=np.ones((2, 256)), sim_time=1.0)
+    (tmp_path / "0000000002.npz").write_text("not an archive")
+    np.savez(tmp_path / "0000000003.npz", cond=np.ones((2, 7)), x=np.ones((2, 255)), sim_time=1.0)
+    _write(SpoolWriter(tmp_path), range(4, 5))
+    reports: list[tuple[str, dict]] = []
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 480), 7, (256,), torch.device("cpu"))
+    batcher = SpoolBatcher(buffer, SpoolReader(tmp_path, 7, (256,)), 16, 0, torch.device("cpu"), DataPosition(),
+                           Feed(report=lambda line, record: reports.append((line, record))), on_ready=lambda: None)
+    batcher.ingest()  # one poll finds all five files
+    skipped = [(line, record["skipped_files"]) for line, record in reports if "skipped_files" in record]
+    assert [(line.split(": ")[1], line.rpartition(" (")[2], count) for line, count in skipped] == [
+        ("skipped spool file 0000000001.npz", "1 skipped so far)", 1),
+        ("skipped spool file 0000000002.npz", "2 skipped so far)", 2),
+        ("skipped spool file 0000000003.npz", "3 skipped so far)", 3)]
+    assert buffer.pushes == 2
 
 
 def test_the_newest_file_is_read_again_while_it_may_still_be_written(tmp_path):

@@ -160,10 +160,14 @@ def test_spool_files_are_read_once_in_order_and_bad_ones_skipped(tmp_path):
     assert reader.poll() == [] and reader.next == 3
     np.savez(tmp_path / "spool" / "0000000003.npz", cond=np.ones((2, 5)), x=np.ones((2, 256)), sim_time=0.0)
     (tmp_path / "spool" / "0000000004.npz").write_bytes(b"PK\x03\x04 truncated")
-    assert SpoolWriter(tmp_path / "spool").write(np.ones((1, 7)), np.ones((1, 256)), 1.0).name == "0000000005.npz"
-    assert [c.sequence for c in reader.poll()] == [5]
-    assert [s.split(":")[0] for s in reader.skipped] == ["0000000003.npz", "0000000004.npz"]
-    assert "do not fit the task" in reader.skipped[0]
+    (tmp_path / "spool" / "0000000005.npz").write_text("a note saved under a spool file's name")
+    assert SpoolWriter(tmp_path / "spool").write(np.ones((1, 7)), np.ones((1, 256)), 1.0).name == "0000000006.npz"
+    assert [c.sequence for c in reader.poll()] == [6]
+    assert reader.skipped == [
+        "0000000003.npz: cond (2, 5) and x (2, 256) do not fit the task (cond n x 7, x n x 256) -- the simulation "
+        "must pass arrays of those shapes to SpoolWriter.write",
+        "0000000004.npz: not a complete .npz archive (File is not a zip file)",
+        "0000000005.npz: not a spool .npz archive (not a zip file: write spool files with SpoolWriter or numpy.savez)"]
     with pytest.raises(UserError, match="spool directory .* does not exist"):
         SpoolReader(tmp_path / "absent", 7, (256,)).poll()
 

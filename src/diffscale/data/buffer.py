@@ -186,6 +186,15 @@ class BufferBatcher:
                              out=out)
 
 
+class MisfitArrays(UserError):
+    """Arrays whose shapes do not fit the task; ``misfit`` says how, without ``push``'s fix
+    (a spool reader words its own)."""
+
+    def __init__(self, misfit: str, cause: str, fix: str) -> None:
+        self.misfit = misfit
+        super().__init__(cause, fix)
+
+
 def as_chunk(cond: object, x: object, sim_time: float, cond_dim: int,
              x_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """One output step's samples as float32 CPU copies: cond (n, C), x (n, *x_shape), times (n,).
@@ -216,9 +225,10 @@ def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) 
     if v.ndim == len(x_shape):
         v = v[None]
     if c.ndim != 2 or c.shape[1] != cond_dim or tuple(v.shape[1:]) != tuple(x_shape) or c.shape[0] != v.shape[0]:
-        raise UserError(f"pushed cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
-                        f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})",
-                        "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
+        misfit = (f"cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
+                  f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})")
+        raise MisfitArrays(misfit, f"pushed {misfit}",
+                           "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
     with np.errstate(over="ignore", invalid="ignore"):
         if math.isfinite(float(c.sum())) and math.isfinite(float(v.sum())):
             return c, v, 0

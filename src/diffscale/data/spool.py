@@ -42,11 +42,13 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .buffer import as_chunk
+from .buffer import MisfitArrays, as_chunk
 
 NAME = re.compile(r"^(\d{10})\.npz$")
 DEFAULT_CAPACITY = 3840
 """Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
+ZIP_MAGIC = b"PK\x03\x04"
+"""How every .npz archive (a zip file) begins."""
 UNREADABLE_GRACE_S = 60.0
 """How long the newest file may stay unreadable (still being written) before it is skipped."""
 
@@ -182,6 +184,14 @@ class SpoolReader:
         except OSError as exc:
             raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
         with fid:
+            start = fid.read(len(ZIP_MAGIC))
+            if not ZIP_MAGIC.startswith(start):
+                # numpy would try it as a pickle and suggest allow_pickle=, which is no fix for a spool
+                raise _Unreadable("not a spool .npz archive (not a zip file: write spool files with SpoolWriter "
+                                  "or numpy.savez)")
+            if len(start) < len(ZIP_MAGIC):
+                raise _Unreadable(f"not a complete .npz archive ({len(start)} bytes)")
+            fid.seek(0)
             try:
                 archive = np.load(fid, allow_pickle=False)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -192,6 +202,10 @@ class SpoolReader:
                 c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
             except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a member cut short
                 raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+            except MisfitArrays as exc:
+                self.skipped.append(f"{path.name}: {exc.misfit} -- the simulation must pass arrays of those shapes "
+                                    "to SpoolWriter.write")
+                return None
             except (ValueError, TypeError, KeyError, UserError) as exc:
                 self.skipped.append(f"{path.name}: {exc}")
                 return None
