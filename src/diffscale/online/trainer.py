@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import numbers
 import sys
 import threading
 import time
@@ -214,22 +216,41 @@ class OnlineTrainer:
         return record
 
     def sample(self, cond: Any, n_members: int, steps: int, *, seed: int = 0) -> np.ndarray:
-        """Ensembles from the EMA weights: cond (N, C) -> (N, n_members, D[, K]) in data units.
+        """Ensembles from the EMA weights: cond (N, C), or (C,) for one cell -> (N, n_members,
+        D[, K]) in data units (N = 1 for one cell). ``steps``: DDIM steps, 1 to the model's
+        diffusion steps (``diffusion.num_train_timesteps``).
 
-        ``seed`` fixes the start noise (the same ensemble on every device). Numbering calls by
-        output step (0, 1, 2, ...) is fastest: the next seed's noise is drawn while this call runs."""
+        ``seed`` (0 to 2**63 - 1) fixes the start noise (the same ensemble on every device).
+        Numbering calls by output step (0, 1, 2, ...) is fastest: the next seed's noise is drawn
+        while this call runs. A condition holding NaN or inf gives NaN members for that cell."""
         if not self.task.stats_fitted:
             raise UserError("sampling was asked for before the model trained on any data",
                             "push data and train (ready() must be true) before sampling")
-        c = np.asarray(cond)
-        if c.size % self.task.cond_dim or c.size == 0:
-            raise UserError(f"conditions of shape {c.shape} do not fit this model",
-                            f"pass an N x {self.task.cond_dim} array")
+        dim = self.task.cond_dim
+        fix = f"pass an N x {dim} array of numbers (one row per cell), or {dim} numbers for one cell"
+        try:
+            c = np.asarray(cond.detach().to("cpu", torch.float32).numpy() if isinstance(cond, torch.Tensor) else cond)
+        except ValueError:
+            raise UserError("conditions with rows of different lengths do not fit this model", fix) from None
+        if c.shape == (dim,):
+            c = c[None]
+        if c.ndim != 2 or c.shape[1] != dim or c.shape[0] == 0 or c.dtype.kind not in "iuf":
+            raise UserError(f"conditions of shape {c.shape} ({c.dtype}) do not fit this model", fix)
+        limit = self.task.diffusion.num_timesteps
+        if not _whole(steps, 1, limit):
+            raise UserError(f"sample's steps={steps!r} is not a whole number from 1 to {limit}",
+                            f"pass steps from 1 to {limit} (the model's diffusion steps)")
+        if not _whole(n_members, 1):
+            raise UserError(f"sample's n_members={n_members!r} is not a whole number of at least 1",
+                            "pass n_members=1 or more (ensemble members per cell)")
+        if not _whole(seed, 0, 2**63 - 1):
+            raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
+                            "pass seed= an integer in that range, e.g. the output step's number")
         with self._busy:  # never the weights of half an optimizer step
             if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
                 network = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
                 self._sampler = EnsembleSampler(self.task, network)
-            return self._sampler(c.reshape(-1, self.task.cond_dim), n_members, steps, seed)
+            return self._sampler(c, int(n_members), int(steps), int(seed))
 
     @property
     def sampler(self) -> EnsembleSampler | None:
@@ -284,6 +305,11 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def _whole(value: object, low: float, high: float = math.inf) -> bool:
+    """Whether ``value`` is an integer (Python or numpy, not a bool) from ``low`` to ``high``."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and low <= int(value) <= high
 
 
 def _check_online_run(run_dir: Path, state: ckpt.TrainingState | None) -> None:
