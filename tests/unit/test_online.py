@@ -4,6 +4,7 @@ simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -292,6 +293,45 @@ def test_background_training_between_pushes(tmp_path):
     assert sys.getswitchinterval() == interval  # the simulation's interpreter as it was
     assert trainer.trainer.step >= 6 and trainer.buffer.pushes == 4
     assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
+
+
+def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=160)
+    for _ in range(2):
+        trainer.push(*sim.output())
+    assert trainer.ready()
+    trainer.sample(np.zeros((2, 7)), n_members=2, steps=2)  # a sampler to watch below
+    rounds: list[int] = []  # one entry per training round started
+    calls: list[int] = []  # for each call: the rounds started when it got the lock
+    holds = {k: threading.Event() for k in range(3, 34, 3)}  # a lock that is not fair lets some calls in late
+    train_round, save, sampler = trainer._train_round, trainer.trainer.save, trainer._sampler
+
+    def round_held_until_a_call_waits(steps, seconds):
+        rounds.append(len(rounds))
+        if len(rounds) in holds:  # this round runs while sample() or checkpoint() waits for the lock
+            holds[len(rounds)].set()
+            while trainer._waiting == 0:
+                time.sleep(0.001)
+        return train_round(steps, seconds)
+
+    def sampled(*args):
+        calls.append(len(rounds))
+        return sampler(*args)
+
+    def saved(batcher):
+        calls.append(len(rounds))
+        save(batcher)
+
+    trainer._train_round, trainer._sampler, trainer.trainer.save = round_held_until_a_call_waits, sampled, saved
+    trainer.start(steps_per_round=1)
+    for k in sorted(holds)[:-1]:
+        assert holds[k].wait(timeout=300)  # a guard against a hang, not a speed requirement
+        assert trainer.sample(np.zeros((2, 7)), n_members=2, steps=2).shape == (2, 2, 256)
+    assert holds[33].wait(timeout=300)
+    trainer.checkpoint()
+    trainer.stop()
+    assert calls == sorted(holds)  # each right after the round it waited for: no further round started first
 
 
 def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):

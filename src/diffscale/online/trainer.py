@@ -39,6 +39,7 @@ A larger ``capacity`` keeps the buffer's rows and fills up after them. A run dir
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -47,6 +48,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,9 @@ class OnlineTrainer:
         self._pending: deque[tuple[np.ndarray, np.ndarray, float]] = deque()
         """Pushed, not yet in the buffer: push appends, ``_ingest_now`` (under ``_busy``) pops."""
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
+        self._callers = threading.Condition()
+        self._waiting = 0
+        """API calls waiting for ``_busy``: background training lets them in first (see ``_turn``)."""
         self._thread: threading.Thread | None = None
         self._switch_interval = sys.getswitchinterval()
         self._halt = threading.Event()
@@ -150,12 +155,26 @@ class OnlineTrainer:
         """Also read every file a ``SpoolWriter`` puts in ``spool_dir`` (decoupled mode)."""
         self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor)
 
-    def _ingest(self) -> None:
-        """Move pushed and spooled samples into the buffer (on the training device)."""
-        with self._busy:
-            self._ingest_now()
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Hold ``_busy`` for an API call. A lock is not fair: background training, releasing it
+        after a round and taking it again at once, could keep a waiting caller out for rounds.
+        Counted in ``_waiting``, the caller gets it at the next round boundary instead."""
+        with self._callers:
+            self._waiting += 1
+        try:
+            self._busy.acquire()
+        finally:
+            with self._callers:
+                self._waiting -= 1
+                self._callers.notify_all()
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _ingest_now(self) -> None:
+        """Move pushed and spooled samples into the buffer (on the training device); under ``_busy``."""
         pushed = [self._pending.popleft() for _ in range(len(self._pending))]  # what was there now, in order
         chunks = [(torch.from_numpy(c), torch.from_numpy(v), chunk_times(len(c), t)) for c, v, t in pushed]
         if self.spool is not None:
@@ -174,7 +193,11 @@ class OnlineTrainer:
 
     def ready(self) -> bool:
         """Whether the buffer holds ``ready_at`` samples (counting what was pushed since the last call)."""
-        self._ingest()
+        with self._turn():
+            return self._ready_now()
+
+    def _ready_now(self) -> bool:  # under ``_busy``
+        self._ingest_now()
         return self.task.stats_fitted and self.buffer.size >= self.ready_at
 
     # -- training and sampling ---------------------------------------------------------------
@@ -185,11 +208,11 @@ class OnlineTrainer:
         if (steps is None) == (seconds is None):
             raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
                             "train_for(seconds=2.0)")
-        with self._busy:
+        with self._turn():
             return self._train_round(steps, seconds)
 
     def _train_round(self, steps: int | None, seconds: float | None) -> dict[str, Any]:
-        if not self.ready():
+        if not self._ready_now():
             record = {"kind": "online", "waiting": True, "step": self.trainer.step, "buffer": self.buffer.size,
                       "ready_at": self.ready_at, "pushes": self.buffer.pushes, "time": time.time()}
             self._say(f"waiting for data: buffer {self.buffer.size}/{self.ready_at} samples "
@@ -246,7 +269,7 @@ class OnlineTrainer:
         if not _whole(seed, 0, 2**63 - 1):
             raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
                             "pass seed= an integer in that range, e.g. the output step's number")
-        with self._busy:  # never the weights of half an optimizer step
+        with self._turn():  # never the weights of half an optimizer step
             if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
                 network = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
                 self._sampler = EnsembleSampler(self.task, network)
@@ -260,8 +283,8 @@ class OnlineTrainer:
 
     def checkpoint(self) -> Path:
         """Write a checkpoint now (atomically); returns its folder."""
-        with self._busy:
-            self._ingest()  # pushed samples are kept too
+        with self._turn():
+            self._ingest_now()  # pushed samples are kept too
             self.trainer.save(self.runner.batcher)
             return ckpt.list_checkpoints(self.run_dir)[-1]
 
@@ -284,9 +307,13 @@ class OnlineTrainer:
         def run() -> None:
             try:
                 while not self._halt.is_set():
-                    if self.ready():
-                        self.train_for(steps=steps_per_round)
-                    else:
+                    with self._callers:  # a round boundary: API calls waiting for the lock go first
+                        self._callers.wait_for(lambda: self._waiting == 0)
+                    with self._busy:
+                        ready = self._ready_now()
+                        if ready:
+                            self._train_round(steps_per_round, None)
+                    if not ready:
                         self._halt.wait(0.1)  # nothing to train on yet: poll again soon
             except BaseException as exc:  # kept for stop(): the simulation's thread decides
                 self.error = exc
