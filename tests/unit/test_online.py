@@ -334,6 +334,21 @@ def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path
     assert calls == sorted(holds)  # each right after the round it waited for: no further round started first
 
 
+def test_a_background_failure_names_the_call_that_caused_it(tmp_path, capsys):
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
+    trainer.follow(tmp_path / "absent")
+    trainer.start()
+    deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
+    while trainer.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    expected = (f"spool directory '{tmp_path / 'absent'}' does not exist -- start the simulation's writer first, or "
+                "check the path given to OnlineTrainer.follow")
+    with pytest.raises(UserError, match=re.escape(expected)):
+        trainer.stop()
+    said = "".join(capsys.readouterr().err.split())  # as one line, however the console wrapped it
+    assert "".join(f"error: background training stopped: {expected}".split()) in said
+
+
 def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
     cond, x, _ = FakeSimulation().output()
@@ -346,8 +361,26 @@ def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
         trainer.sample(cond, n_members=2, steps=3)
     with pytest.raises(UserError, match="needs steps or seconds"):
         trainer.train_for()
-    with pytest.raises(UserError, match="ready_at=8 is below one batch of 16 samples"):
-        OnlineTrainer(tmp_path / "other", _cfg(), capacity=160, ready_at=8)
+    with pytest.raises(UserError, match="train_for's steps=-5 is not a whole number of at least 1 -- pass steps=1"):
+        trainer.train_for(steps=-5)
+    with pytest.raises(UserError, match="push's sim_time=None is not a number -- pass the simulation time"):
+        trainer.push(cond, x, sim_time=None)
+    trainer.push(torch.tensor(cond[5:10], requires_grad=True), torch.tensor(x[5:10]), 1.0)  # of an autograd graph
+    expected = torch.tensor(x[5:10], dtype=torch.float32)
+    assert trainer.ready() and torch.equal(trainer.buffer.x[75:80], expected) and trainer.buffer.size == 80
+    for kwargs, message in [
+            ({"ready_at": 8}, "ready_at=8 is below one batch of 16 samples -- pass ready_at from 16 to 160 "),
+            ({"ready_at": 0}, "ready_at=0 is below one batch of 16 samples -- pass ready_at from 16 to 160 "),
+            ({"ready_at": 200}, "ready_at=200 is more than the buffer's capacity of 160 samples -- pass ready_at from "
+                                "16 to 160 "),
+            ({"policy": "lifo"}, "policy='lifo' is not a buffer policy (did you mean 'fifo'?) -- pass policy= one of "
+                                 "fifo, reservoir"),
+            ({"capacity": 8}, "capacity=8 is below one batch of 16 samples -- pass capacity >= 16"),
+            ({"capacity": 0}, "capacity=0 is below one batch of 16 samples -- pass capacity >= 16"),
+            ({"capacity": 160.0}, "capacity=160.0 is not a whole number of samples -- pass capacity >= 16")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            OnlineTrainer(tmp_path / "other", _cfg(), **{"capacity": 160, **kwargs})
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_run_directory_of_another_task_is_refused(tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, closest
 from .device_loader import DataPosition
 
 
@@ -40,6 +40,16 @@ class BufferSpec:
     @property
     def source(self) -> str:
         return f"online:{self.policy.value}:{self.capacity}"
+
+
+def buffer_policy(policy: str | BufferPolicy) -> BufferPolicy:
+    """``"fifo"`` -> BufferPolicy.FIFO; anything else is a ``UserError`` listing the choices."""
+    try:
+        return BufferPolicy(policy)
+    except ValueError:
+        choices = [p.value for p in BufferPolicy]
+        raise UserError(f"policy={policy!r} is not a buffer policy{closest(str(policy), choices)}",
+                        f"pass policy= one of {', '.join(choices)}") from None
 
 
 def parse_buffer_spec(spec: str) -> BufferSpec:
@@ -217,6 +227,10 @@ def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) 
     interpreter lock to the training thread and wait to get it back): one float32 copy of each
     array and one sum each that is finite unless a row holds NaN or inf (or the sum overflows),
     and only then the check row by row."""
+    if isinstance(cond, torch.Tensor):  # a tensor (on a GPU, of an autograd graph): its values
+        cond = cond.detach().to("cpu", torch.float32).numpy()
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
     with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32 become inf: dropped below
         c = np.array(cond, dtype=np.float32)  # a copy: the simulation may reuse its arrays
         v = np.array(x, dtype=np.float32)

@@ -156,12 +156,14 @@ class SpoolReader:
     """The first sequence number not read yet (checkpointed with the buffer)."""
     skipped: list[str] = field(default_factory=list)
     """Files skipped as unreadable or misshapen, each with the reason."""
+    given_by: str = "--data spool:DIR"
+    """Where the user named ``directory`` (what an error about it points to)."""
 
     def poll(self) -> list[SpoolChunk]:
         """The complete files that appeared since the last poll, oldest first (never blocks)."""
         if not self.directory.is_dir():
             raise UserError(f"spool directory '{self.directory}' does not exist",
-                            "start the simulation's writer first, or check the path given to --data spool:DIR")
+                            f"start the simulation's writer first, or check the path given to {self.given_by}")
         found = sorted((p for p in self.directory.iterdir() if NAME.match(p.name) and _sequence(p) >= self.next),
                        key=_sequence)
         chunks = []

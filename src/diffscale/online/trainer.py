@@ -57,7 +57,7 @@ import torch
 from rich.console import Console
 
 from ..config import RunConfig, write_yaml
-from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, chunk_times
+from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, buffer_policy, chunk_times
 from ..data.spool import SpoolReader
 from ..diffusion.inference import sampling_network
 from ..errors import UserError
@@ -80,8 +80,9 @@ class OnlineTrainer:
     """Train ``cfg``'s field model in ``run_dir`` on pushed samples (see the module docstring).
 
     ``policy``/``capacity``: which samples the buffer keeps and how many. ``ready_at``: samples
-    the buffer must hold before training starts (default: full); the normalisation statistics
-    are taken from the buffer at that moment and kept for the rest of the run.
+    the buffer must hold before training starts (default: full; at least one batch); the
+    normalisation statistics are taken from the buffer at that moment and kept for the rest of
+    the run.
     """
 
     def __init__(self, run_dir: str | Path, cfg: RunConfig, *, policy: str | BufferPolicy = "fifo",
@@ -89,7 +90,18 @@ class OnlineTrainer:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
-        spec = BufferSpec(BufferPolicy(policy), capacity)
+        batch = max(2, cfg.effective_batch(1))
+        if not _whole(capacity, batch):
+            why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
+                   else "is not a whole number of samples")
+            raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
+        if ready_at is not None and not _whole(ready_at, batch, capacity):
+            why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
+                   else f"is below one batch of {batch} samples" if ready_at < batch
+                   else f"is more than the buffer's capacity of {capacity} samples")
+            raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
+                            "buffer holds before training starts), or leave it out to start once it is full")
+        spec = BufferSpec(buffer_policy(policy), int(capacity))
         cfg = copy.deepcopy(cfg)
         cfg.data.source = spec.source
         self.run_dir = Path(run_dir)
@@ -104,10 +116,7 @@ class OnlineTrainer:
         task = self.trainer.task
         assert isinstance(task, FieldTask) and task.buffer is not None
         self.task, self.buffer = task, task.buffer
-        self.ready_at = min(ready_at or capacity, capacity)
-        if self.ready_at < max(2, cfg.effective_batch(1)):
-            raise UserError(f"ready_at={self.ready_at} is below one batch of {cfg.effective_batch(1)} samples",
-                            "train once the buffer holds at least one batch (raise ready_at)")
+        self.ready_at = spec.capacity if ready_at is None else int(ready_at)
         if state is not None:
             _check_same_model(state, task.signature(), self.run_dir)
         _check_online_run(self.run_dir, state)  # before anything in the run directory is written
@@ -144,16 +153,22 @@ class OnlineTrainer:
 
         Copies and returns at once (training happens in ``train_for``). Rows with NaN or inf are
         dropped and counted (``dropped_rows``); arrays of the wrong shape raise ``UserError``."""
+        try:
+            time_ = float(sim_time)
+        except (TypeError, ValueError):
+            raise UserError(f"push's sim_time={sim_time!r} is not a number",
+                            "pass the simulation time of the output step, e.g. sim_time=600.0") from None
         c, v, dropped = as_arrays(cond, x, self.task.cond_dim, self.task.x_shape)
         if dropped:
             self.dropped_rows += dropped
-            self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {sim_time:g} "
+            self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {time_:g} "
                       f"({self.dropped_rows} so far)")
-        self._pending.append((c, v, float(sim_time)))  # deque.append is atomic: no lock to wait for
+        self._pending.append((c, v, time_))  # deque.append is atomic: no lock to wait for
 
     def follow(self, spool_dir: str | Path) -> None:
         """Also read every file a ``SpoolWriter`` puts in ``spool_dir`` (decoupled mode)."""
-        self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor)
+        self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor,
+                                 given_by="OnlineTrainer.follow")
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -208,8 +223,14 @@ class OnlineTrainer:
         if (steps is None) == (seconds is None):
             raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
                             "train_for(seconds=2.0)")
+        if steps is not None and not _whole(steps, 1):
+            raise UserError(f"train_for's steps={steps!r} is not a whole number of at least 1",
+                            "pass steps=1 or more (optimizer steps to train), or seconds=")
+        if seconds is not None and not (isinstance(seconds, (int, float, np.floating)) and 0 < seconds < math.inf):
+            raise UserError(f"train_for's seconds={seconds!r} is not a positive number of seconds",
+                            "pass seconds= more than 0 (wall time to train), or steps=")
         with self._turn():
-            return self._train_round(steps, seconds)
+            return self._train_round(None if steps is None else int(steps), seconds)
 
     def _train_round(self, steps: int | None, seconds: float | None) -> dict[str, Any]:
         if not self._ready_now():
@@ -295,6 +316,10 @@ class OnlineTrainer:
         round in progress. An error ends training, not the simulation (``stop`` raises it).
         ``switch_interval_s``: the interpreter's thread switch interval until ``stop`` (longer
         ones are kept)."""
+        if not _whole(steps_per_round, 1):
+            raise UserError(f"start's steps_per_round={steps_per_round!r} is not a whole number of at least 1",
+                            "pass steps_per_round=1 or more (optimizer steps between two chances to sample, "
+                            "checkpoint or stop)")
         if self._thread is not None:
             return
         self._halt.clear()
