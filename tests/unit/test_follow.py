@@ -15,11 +15,15 @@ import pytest
 import torch
 
 from diffscale.cli import main
+from diffscale.data.buffer import BufferPolicy, BufferSpec, ReplayBuffer
+from diffscale.data.device_loader import DataPosition
 from diffscale.data.fields import FieldGenerator
+from diffscale.data.follow import SpoolBatcher
 from diffscale.data.spool import DEFAULT_CAPACITY, SpoolReader, SpoolWriter, parse_spool_spec
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.tasks.base import Feed
 
 SMALL = ["--preset", "field-icon", "--device", "cpu"]
 for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=40", "train.log_every=10",
@@ -77,7 +81,8 @@ def test_a_follower_waits_for_a_writer_process_trains_and_resumes_bit_for_bit(tm
     log = "".join(seen) + follower.communicate(timeout=300)[0]
     assert follower.returncode == 0, log
     assert f"waiting for data: buffer 0/480 samples (0 spool files) from {spool}" in log
-    assert "warning: skipped spool file 0000000003.npz: pushed cond (80, 6) and x (80, 256) do not fit" in log
+    assert ("warning: skipped spool file 0000000003.npz: cond (80, 6) and x (80, 256) do not fit the task (cond n x "
+            "7, x n x 256) -- the simulation must pass arrays of those shapes to SpoolWriter.write" in log)
     assert "(1 skipped so far)" in log
     assert f"buffer full: 480 samples from 6 spool files of {spool}; training" in log and "done: 40 steps" in log
     records = [line for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -103,12 +108,9 @@ def _write(writer: SpoolWriter, steps: range) -> None:
         writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
 
 
-def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path, capsys):
-    spool, run = tmp_path / "spool", tmp_path / "run"
-    writer = SpoolWriter(spool)
-    _write(writer, range(2))
-
-    def stop_once_waiting() -> None:  # what SLURM's warning signal does before the time limit
+def _stop_once_waiting(run: Path) -> None:
+    """What SLURM's warning signal does before the time limit, once ``run`` waits for data."""
+    def stop() -> None:
         metrics, deadline = run / "metrics.jsonl", time.monotonic() + 300
         while time.monotonic() < deadline:
             if metrics.is_file() and '"kind": "waiting"' in metrics.read_text():
@@ -116,7 +118,14 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
                 return
             time.sleep(0.05)
 
-    threading.Thread(target=stop_once_waiting, daemon=True).start()
+    threading.Thread(target=stop, daemon=True).start()
+
+
+def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path, capsys):
+    spool, run = tmp_path / "spool", tmp_path / "run"
+    writer = SpoolWriter(spool)
+    _write(writer, range(2))
+    _stop_once_waiting(run)
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == EXIT_REQUEUE
     out = capsys.readouterr().out
     assert "waiting for data: buffer 160/480 samples (2 spool files)" in out
@@ -130,6 +139,31 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
     assert "resumed from step 0" in out and "buffer full: 480 samples from 6 spool files" in out
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 480, 6, 6]
+
+
+def test_a_follower_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_is_full(tmp_path, capsys):
+    spool, run = tmp_path / "spool", tmp_path / "run"
+    writer = SpoolWriter(spool)
+    _write(writer, range(4))  # 320 samples: spool:DIR:160 keeps the newest 160
+    assert main(["train", "--data", f"spool:{spool}:160", "--out", str(run), "--max-steps", "20", *SMALL]) == 0
+    assert "buffer full: 160 samples from 4 spool files" in capsys.readouterr().out
+
+    _write(writer, range(4, 6))
+    _stop_once_waiting(run)
+    args = ["train", "--data", f"spool:{spool}:480", "--out", str(run), "--resume", "auto", *SMALL]
+    assert main(args) == EXIT_REQUEUE
+    out = capsys.readouterr().out
+    assert "resumed from step 20" in out and "waiting for data: buffer 320/480 samples (6 spool files)" in out
+    assert "buffer full" not in out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 20 and state.task["buffer_counters"].tolist() == [320, 480, 6, 6]
+    assert state.task["buffer_time"].tolist() == [1200.0] * 80 + [1800.0] * 80 + [2400.0] * 80 + [3000.0] * 80
+
+    _write(writer, range(6, 8))
+    assert main(args) == 0
+    assert "buffer full: 480 samples from 8 spool files" in capsys.readouterr().out
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 640, 8, 8]
 
 
 def test_spool_sources_and_their_messages(tmp_path, capsys):
@@ -147,6 +181,26 @@ def test_spool_sources_and_their_messages(tmp_path, capsys):
     absent.mkdir()
     assert main(["train", "--data", f"spool:{absent}:8", "--out", str(tmp_path / "run"), *SMALL]) == 2
     assert "keeps 8 samples, fewer than one effective batch of 16" in capsys.readouterr().err
+
+
+def test_each_skipped_file_is_reported_with_the_count_up_to_it(tmp_path):
+    writer = SpoolWriter(tmp_path)
+    _write(writer, range(1))
+    np.savez(tmp_path / "0000000001.npz", cond=np.ones((2, 6)), x=np.ones((2, 256)), sim_time=1.0)
+    (tmp_path / "0000000002.npz").write_text("not an archive")
+    np.savez(tmp_path / "0000000003.npz", cond=np.ones((2, 7)), x=np.ones((2, 255)), sim_time=1.0)
+    _write(SpoolWriter(tmp_path), range(4, 5))
+    reports: list[tuple[str, dict]] = []
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 480), 7, (256,), torch.device("cpu"))
+    batcher = SpoolBatcher(buffer, SpoolReader(tmp_path, 7, (256,)), 16, 0, torch.device("cpu"), DataPosition(),
+                           Feed(report=lambda line, record: reports.append((line, record))), on_ready=lambda: None)
+    batcher.ingest()  # one poll finds all five files
+    skipped = [(line, record["skipped_files"]) for line, record in reports if "skipped_files" in record]
+    assert [(line.split(": ")[1], line.rpartition(" (")[2], count) for line, count in skipped] == [
+        ("skipped spool file 0000000001.npz", "1 skipped so far)", 1),
+        ("skipped spool file 0000000002.npz", "2 skipped so far)", 2),
+        ("skipped spool file 0000000003.npz", "3 skipped so far)", 3)]
+    assert buffer.pushes == 2
 
 
 def test_the_newest_file_is_read_again_while_it_may_still_be_written(tmp_path):

@@ -1,8 +1,10 @@
 """Online training: the replay buffer, the spool format, and OnlineTrainer driven by a fake
 simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit for bit)."""
 
+import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -77,6 +79,55 @@ def test_reservoir_keeps_a_uniform_sample_and_resumes_exactly():
     assert 400 < kept.mean() < 600 and (kept < 500).sum() > 70  # old and new samples alike, not the newest
 
 
+@pytest.mark.parametrize("saved_before_buffer_head", [False, True])
+def test_a_fifo_resumed_larger_keeps_its_rows_oldest_first_and_fills_after_them(saved_before_buffer_head):
+    small = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 5), 2, (3,), CPU)
+    for start in range(100, 112, 3):  # samples 100..111: it keeps 107..111, wrapped round its slots
+        small.add(*_rows(3, start))
+    state = small.state_tensors()
+    if saved_before_buffer_head:  # a checkpoint of an older diffscale
+        del state["buffer_head"]
+    larger = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 8), 2, (3,), CPU)
+    larger.load_state_tensors(state)
+    assert larger.x[:5, 0].tolist() == [107, 108, 109, 110, 111] and (larger.size, larger.seen) == (5, 12)
+    larger.add(*_rows(2, 112))
+    assert larger.describe() == "fifo buffer 7/8 samples (5 pushes, 14 seen)"
+    assert larger.x[:7, 0].tolist() == larger.sim_time[:7].tolist() == list(range(107, 114))
+    larger.add(*_rows(3, 114))  # full: the oldest rows make room
+    assert sorted(larger.x[:, 0].tolist()) == list(range(109, 117))
+
+    same = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 8), 2, (3,), CPU)  # resumed at its own capacity: unchanged
+    same.load_state_tensors(larger.state_tensors())
+    for buffer in (larger, same):
+        buffer.add(*_rows(3, 117))
+    assert all(torch.equal(same.state_tensors()[k], v) for k, v in larger.state_tensors().items())
+    assert torch.equal(same.x, larger.x)
+
+
+def test_a_reservoir_resumed_larger_keeps_its_rows_and_then_samples_as_if_larger_throughout():
+    small = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 200), 2, (3,), CPU, seed=1)
+    for start in range(1, 1001, 10):  # samples 1..1000 (a zero would look like an empty row)
+        small.add(*_rows(10, start))
+    larger = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 400), 2, (3,), CPU)
+    larger.load_state_tensors(small.state_tensors())
+    assert torch.equal(larger.x[:200], small.x) and (larger.size, larger.seen) == (200, 1000)
+    larger.add(*_rows(10, 1001))
+    assert larger.size == 210 and larger.x[200:210, 0].tolist() == list(range(1001, 1011))  # after the kept rows
+    for start in range(1011, 1201, 10):
+        larger.add(*_rows(10, start))
+    assert torch.equal(larger.x[:200], small.x) and sorted(larger.x[200:, 0].tolist()) == list(range(1001, 1201))
+    for start in range(1201, 2401, 10):
+        larger.add(*_rows(10, start))
+    # A new sample enters as in a reservoir of 400 that saw all 2400 (drawn against every sample
+    # seen): about half of what it holds came in the second half, 1201..2400.
+    assert larger.size == 400 and 170 < int((larger.x[:, 0] > 1200).sum()) < 230
+    same = ReplayBuffer(BufferSpec(BufferPolicy.RESERVOIR, 400), 2, (3,), CPU)
+    same.load_state_tensors(larger.state_tensors())
+    for buffer in (larger, same):
+        buffer.add(*_rows(10, 2401))
+    assert torch.equal(same.x, larger.x) and same.seen == larger.seen == 2410
+
+
 def test_buffer_specs_chunks_and_batches():
     assert parse_buffer_spec("online:reservoir:48").capacity == 48
     with pytest.raises(UserError, match="is not an online buffer -- write online:POLICY:N with POLICY one of fifo, "
@@ -110,12 +161,53 @@ def test_spool_files_are_read_once_in_order_and_bad_ones_skipped(tmp_path):
     assert reader.poll() == [] and reader.next == 3
     np.savez(tmp_path / "spool" / "0000000003.npz", cond=np.ones((2, 5)), x=np.ones((2, 256)), sim_time=0.0)
     (tmp_path / "spool" / "0000000004.npz").write_bytes(b"PK\x03\x04 truncated")
-    assert SpoolWriter(tmp_path / "spool").write(np.ones((1, 7)), np.ones((1, 256)), 1.0).name == "0000000005.npz"
-    assert [c.sequence for c in reader.poll()] == [5]
-    assert [s.split(":")[0] for s in reader.skipped] == ["0000000003.npz", "0000000004.npz"]
-    assert "do not fit the task" in reader.skipped[0]
+    (tmp_path / "spool" / "0000000005.npz").write_text("a note saved under a spool file's name")
+    assert SpoolWriter(tmp_path / "spool").write(np.ones((1, 7)), np.ones((1, 256)), 1.0).name == "0000000006.npz"
+    assert [c.sequence for c in reader.poll()] == [6]
+    assert reader.skipped == [
+        "0000000003.npz: cond (2, 5) and x (2, 256) do not fit the task (cond n x 7, x n x 256) -- the simulation "
+        "must pass arrays of those shapes to SpoolWriter.write",
+        "0000000004.npz: not a complete .npz archive (File is not a zip file)",
+        "0000000005.npz: not a spool .npz archive (not a zip file: write spool files with SpoolWriter or numpy.savez)"]
     with pytest.raises(UserError, match="spool directory .* does not exist"):
         SpoolReader(tmp_path / "absent", 7, (256,)).poll()
+
+
+# One rank of a simulation: writes STEPS output steps marked with its rank, starting when GO exists.
+RANK_WRITER = """
+import sys, time
+from pathlib import Path
+import numpy as np
+from diffscale.data.spool import SpoolWriter
+spool, rank, steps, go = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+writer = SpoolWriter(spool)  # every rank sees the same empty directory: all would start at 0000000000
+(go.parent / f"ready-{rank}").touch()
+while not go.exists():
+    time.sleep(0.001)
+for step in range(steps):
+    writer.write(np.full((2, 7), rank), np.full((2, 256), step), sim_time=float(step))
+"""
+
+
+def test_writer_processes_sharing_a_spool_lose_no_file(tmp_path):
+    spool, ranks, steps = tmp_path / "spool", 4, 25
+    spool.mkdir()
+    writers = [subprocess.Popen([sys.executable, "-c", RANK_WRITER, str(spool), str(rank), str(steps),
+                                 str(tmp_path / "go")]) for rank in range(ranks)]
+    while len(list(tmp_path.glob("ready-*"))) < ranks and all(w.poll() is None for w in writers):
+        time.sleep(0.01)
+    (tmp_path / "go").touch()  # all at once
+    reader, chunks = SpoolReader(spool, 7, (256,)), []
+    while any(w.poll() is None for w in writers):  # the follower reads while they write
+        chunks += reader.poll()
+        time.sleep(0.01)
+    chunks += reader.poll()
+    assert [w.returncode for w in writers] == [0] * ranks
+    assert sorted(p.name for p in spool.iterdir()) == [f"{n:010d}.npz" for n in range(ranks * steps)]  # no temp left
+    assert reader.skipped == [] and [c.sequence for c in chunks] == list(range(ranks * steps))
+    written = [(int(c.cond[0, 0]), int(c.x[0, 0])) for c in chunks]  # (rank, step) of each file, in file order
+    assert sorted(written) == [(rank, step) for rank in range(ranks) for step in range(steps)]
+    assert all([s for r, s in written if r == rank] == list(range(steps)) for rank in range(ranks))
 
 
 # -- OnlineTrainer ------------------------------------------------------------------------------
@@ -165,6 +257,26 @@ def checkpoint_and_resume(trainer: OnlineTrainer, sim: FakeSimulation, run_dir, 
     return resumed
 
 
+def test_a_run_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_holds_ready_at(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160)
+    for _ in range(5):  # 400 samples seen, the newest 160 kept
+        trainer.push(*sim.output())
+    assert trainer.train_for(steps=2)["steps"] == 2
+    trainer.checkpoint()
+    resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480)
+    resumed.push(*sim.output())
+    assert not resumed.ready()  # ready_at: the 480 of a full buffer
+    assert resumed.buffer.describe() == "fifo buffer 240/480 samples (6 pushes, 480 seen)"
+    assert bool(resumed.buffer.x[:240].ne(0).any(1).all())  # no empty row among those it trains on
+    assert resumed.buffer.sim_time[:240].tolist() == [2400.0] * 80 + [3000.0] * 80 + [3600.0] * 80  # oldest first
+    waiting = resumed.train_for(steps=2)
+    assert waiting["waiting"] and (waiting["buffer"], waiting["ready_at"], waiting["step"]) == (240, 480, 2)
+    for _ in range(3):
+        resumed.push(*sim.output())
+    assert resumed.ready() and resumed.train_for(steps=2)["step"] == 4
+
+
 def test_background_training_between_pushes(tmp_path):
     sim = FakeSimulation()
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
@@ -183,6 +295,60 @@ def test_background_training_between_pushes(tmp_path):
     assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
 
 
+def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=160)
+    for _ in range(2):
+        trainer.push(*sim.output())
+    assert trainer.ready()
+    trainer.sample(np.zeros((2, 7)), n_members=2, steps=2)  # a sampler to watch below
+    rounds: list[int] = []  # one entry per training round started
+    calls: list[int] = []  # for each call: the rounds started when it got the lock
+    holds = {k: threading.Event() for k in range(3, 34, 3)}  # a lock that is not fair lets some calls in late
+    train_round, save, sampler = trainer._train_round, trainer.trainer.save, trainer._sampler
+
+    def round_held_until_a_call_waits(steps, seconds):
+        rounds.append(len(rounds))
+        if len(rounds) in holds:  # this round runs while sample() or checkpoint() waits for the lock
+            holds[len(rounds)].set()
+            while trainer._waiting == 0:
+                time.sleep(0.001)
+        return train_round(steps, seconds)
+
+    def sampled(*args):
+        calls.append(len(rounds))
+        return sampler(*args)
+
+    def saved(batcher):
+        calls.append(len(rounds))
+        save(batcher)
+
+    trainer._train_round, trainer._sampler, trainer.trainer.save = round_held_until_a_call_waits, sampled, saved
+    trainer.start(steps_per_round=1)
+    for k in sorted(holds)[:-1]:
+        assert holds[k].wait(timeout=300)  # a guard against a hang, not a speed requirement
+        assert trainer.sample(np.zeros((2, 7)), n_members=2, steps=2).shape == (2, 2, 256)
+    assert holds[33].wait(timeout=300)
+    trainer.checkpoint()
+    trainer.stop()
+    assert calls == sorted(holds)  # each right after the round it waited for: no further round started first
+
+
+def test_a_background_failure_names_the_call_that_caused_it(tmp_path, capsys):
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
+    trainer.follow(tmp_path / "absent")
+    trainer.start()
+    deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
+    while trainer.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    expected = (f"spool directory '{tmp_path / 'absent'}' does not exist -- start the simulation's writer first, or "
+                "check the path given to OnlineTrainer.follow")
+    with pytest.raises(UserError, match=re.escape(expected)):
+        trainer.stop()
+    said = "".join(capsys.readouterr().err.split())  # as one line, however the console wrapped it
+    assert "".join(f"error: background training stopped: {expected}".split()) in said
+
+
 def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=80)
     cond, x, _ = FakeSimulation().output()
@@ -195,8 +361,26 @@ def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
         trainer.sample(cond, n_members=2, steps=3)
     with pytest.raises(UserError, match="needs steps or seconds"):
         trainer.train_for()
-    with pytest.raises(UserError, match="ready_at=8 is below one batch of 16 samples"):
-        OnlineTrainer(tmp_path / "other", _cfg(), capacity=160, ready_at=8)
+    with pytest.raises(UserError, match="train_for's steps=-5 is not a whole number of at least 1 -- pass steps=1"):
+        trainer.train_for(steps=-5)
+    with pytest.raises(UserError, match="push's sim_time=None is not a number -- pass the simulation time"):
+        trainer.push(cond, x, sim_time=None)
+    trainer.push(torch.tensor(cond[5:10], requires_grad=True), torch.tensor(x[5:10]), 1.0)  # of an autograd graph
+    expected = torch.tensor(x[5:10], dtype=torch.float32)
+    assert trainer.ready() and torch.equal(trainer.buffer.x[75:80], expected) and trainer.buffer.size == 80
+    for kwargs, message in [
+            ({"ready_at": 8}, "ready_at=8 is below one batch of 16 samples -- pass ready_at from 16 to 160 "),
+            ({"ready_at": 0}, "ready_at=0 is below one batch of 16 samples -- pass ready_at from 16 to 160 "),
+            ({"ready_at": 200}, "ready_at=200 is more than the buffer's capacity of 160 samples -- pass ready_at from "
+                                "16 to 160 "),
+            ({"policy": "lifo"}, "policy='lifo' is not a buffer policy (did you mean 'fifo'?) -- pass policy= one of "
+                                 "fifo, reservoir"),
+            ({"capacity": 8}, "capacity=8 is below one batch of 16 samples -- pass capacity >= 16"),
+            ({"capacity": 0}, "capacity=0 is below one batch of 16 samples -- pass capacity >= 16"),
+            ({"capacity": 160.0}, "capacity=160.0 is not a whole number of samples -- pass capacity >= 16")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            OnlineTrainer(tmp_path / "other", _cfg(), **{"capacity": 160, **kwargs})
+    assert not (tmp_path / "other").exists()
 
 
 def test_a_run_directory_of_another_task_is_refused(tmp_path):
@@ -204,6 +388,21 @@ def test_a_run_directory_of_another_task_is_refused(tmp_path):
     assert main(["train", "--out", str(run), *micro_args(steps=2)]) == 0
     with pytest.raises(UserError, match="holds checkpoints of a 'images' run"):
         OnlineTrainer(run, _cfg(), capacity=160, ready_at=80)
+
+
+def test_a_field_run_trained_offline_is_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / "offline"
+    args = ["--preset", "field-icon", "--device", "cpu", "--data", "builtin:fields:256"]
+    for item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=2", "train.seed=3",
+                 "train.checkpoint_every=2", "train.sample_count=4", "train.sample_steps=2", "optim.warmup_steps=1"):
+        args += ["--set", item]
+    assert main(["train", "--out", str(run), *args]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=re.escape(
+            f"'{run}' holds a run that was trained offline from builtin:fields:256; OnlineTrainer continues only runs "
+            "it started -- start online training in a new run directory")):
+        OnlineTrainer(run, _cfg(), capacity=160, ready_at=80)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 WRITER = """

@@ -4,6 +4,7 @@ storages before a replay, ``push`` as a copy into a queue, and ``sample`` throug
 buffers (the same samples as ``FieldTask.sample_for``)."""
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -140,9 +141,33 @@ def test_sample_gives_sample_for_ensembles_and_fresh_arrays(tmp_path):
     kept = first.copy()
     other = trainer.sample(cond, n_members=4, steps=6, seed=3)
     assert np.array_equal(first, kept) and not np.array_equal(other, first)  # a result is not the next call's buffer
-    assert np.array_equal(trainer.sample(cond.reshape(-1), n_members=4, steps=6, seed=2), first)
-    with pytest.raises(UserError, match="do not fit this model"):
-        trainer.sample(np.zeros((2, 6)), n_members=4, steps=6)
+    tensor = torch.tensor(cond, requires_grad=True)  # of the simulation's autograd graph
+    assert np.array_equal(trainer.sample(tensor, n_members=4, steps=6, seed=2), first)
+    one = trainer.sample(cond[0], n_members=4, steps=6, seed=2)  # one cell's C values
+    assert one.shape == (1, 4, 256) and np.array_equal(one, trainer.sample(cond[:1], n_members=4, steps=6, seed=2))
+    for shape in [(35,), (7, 5), (2, 6), (1, 5, 7), (0, 7)]:  # flattened, transposed, too narrow, 3-D, empty
+        with pytest.raises(UserError, match=re.escape(
+                f"conditions of shape {shape} (float64) do not fit this model -- pass an N x 7 array of numbers "
+                "(one row per cell), or 7 numbers for one cell")):
+            trainer.sample(np.zeros(shape), n_members=4, steps=6)
+
+
+def test_sample_refuses_arguments_out_of_range_and_gives_nan_for_a_nan_condition(tmp_path):
+    trainer, _ = _trainer(tmp_path)
+    trainer.train_for(steps=1)
+    cond = np.random.default_rng(1).normal(size=(3, 7))
+    for wrong, message in [
+            ({"steps": 51}, "sample's steps=51 is not a whole number from 1 to 50 -- pass steps from 1 to 50"),
+            ({"steps": 0}, "sample's steps=0 is not a whole number from 1 to 50"),
+            ({"n_members": -1}, "sample's n_members=-1 is not a whole number of at least 1 -- pass n_members=1"),
+            ({"n_members": 2.0}, "sample's n_members=2.0 is not a whole number of at least 1"),
+            ({"seed": None}, "sample's seed=None is not a whole number from 0 to 2**63 - 1 -- pass seed= an integer")]:
+        with pytest.raises(UserError, match=re.escape(message)):
+            trainer.sample(cond, **{"n_members": 2, "steps": 3, **wrong})
+    assert trainer.sample(cond, n_members=np.int64(2), steps=np.int32(3), seed=np.uint8(4)).shape == (3, 2, 256)
+    cond[1, 2], cond[2, 0] = np.nan, np.inf
+    fields = trainer.sample(cond, n_members=2, steps=3)
+    assert np.isnan(fields[1:]).all() and np.isfinite(fields[0]).all()  # as the docstring says
 
 
 def test_pushes_while_training_in_the_background_resume_bit_for_bit(tmp_path):

@@ -4,6 +4,11 @@ and the reservoir's random state are task state, so a checkpoint restores it exa
 
 Data spec: ``online:fifo:N`` or ``online:reservoir:N`` (``data.source`` of a run that an
 ``OnlineTrainer`` or a spool follower feeds).
+
+A run may resume with a larger N: the buffer keeps the rows it had (a FIFO's oldest first) and
+new samples fill the rows after them. A reservoir keeps every new sample while it fills up
+(its rows from before stay a uniform sample of what came before), then draws against every
+sample ever seen, so a new sample enters as often as in a run that had the larger N throughout.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, closest
 from .device_loader import DataPosition
 
 
@@ -35,6 +40,16 @@ class BufferSpec:
     @property
     def source(self) -> str:
         return f"online:{self.policy.value}:{self.capacity}"
+
+
+def buffer_policy(policy: str | BufferPolicy) -> BufferPolicy:
+    """``"fifo"`` -> BufferPolicy.FIFO; anything else is a ``UserError`` listing the choices."""
+    try:
+        return BufferPolicy(policy)
+    except ValueError:
+        choices = [p.value for p in BufferPolicy]
+        raise UserError(f"policy={policy!r} is not a buffer policy{closest(str(policy), choices)}",
+                        f"pass policy= one of {', '.join(choices)}") from None
 
 
 def parse_buffer_spec(spec: str) -> BufferSpec:
@@ -63,7 +78,9 @@ class ReplayBuffer:
         self.sim_time = torch.zeros(spec.capacity, dtype=torch.float64)
         self.size = 0
         self.seen = 0
-        """Samples ever added (what the reservoir draws against, and the FIFO's write position)."""
+        """Samples ever added (what the reservoir draws against once full)."""
+        self.head = 0
+        """The slot the FIFO's next sample goes to: ``size`` while it fills, then its oldest row."""
         self.pushes = 0
         """Chunks ever added (a simulation's output steps)."""
         self.cursor = 0
@@ -80,21 +97,28 @@ class ReplayBuffer:
             self.x[where.to(self.x.device)] = x[rows].to(self.x.device)
             self.sim_time[where] = sim_time[rows]
         self.seen += cond.shape[0]
-        self.size = min(self.seen, self.spec.capacity)
+        self.size = min(self.size + cond.shape[0], self.spec.capacity)
+        if self.spec.policy == BufferPolicy.FIFO:
+            self.head = (self.head + cond.shape[0]) % self.spec.capacity
         self.pushes += 1
 
     def _slots(self, n: int) -> torch.Tensor:
         """The slot of each of ``n`` new samples, -1 where the reservoir drops it."""
-        capacity, number = self.spec.capacity, torch.arange(self.seen, self.seen + n)
+        capacity = self.spec.capacity
         if self.spec.policy == BufferPolicy.FIFO:
-            slots = number % capacity
+            slots = (self.head + torch.arange(n)) % capacity
             slots[: max(0, n - capacity)] = -1  # a chunk longer than the buffer: only its newest rows stay
             return slots
-        # Algorithm R: sample k (0-based) takes slot k while the buffer fills, then replaces a
-        # uniformly drawn slot j <= k when j < capacity; drawn one by one so resumes match exactly.
+        # Algorithm R: a sample takes the next free slot while the buffer fills, then sample k
+        # (0-based, counting every sample seen) replaces a uniformly drawn slot j <= k when
+        # j < capacity; drawn one by one so resumes match exactly.
         slots = torch.full((n,), -1, dtype=torch.long)
-        for i, k in enumerate(number.tolist()):
-            j = k if k < capacity else int(torch.randint(0, k + 1, (1,), generator=self.rng))
+        free = self.size
+        for i, k in enumerate(range(self.seen, self.seen + n)):
+            if free < capacity:
+                j, free = free, free + 1
+            else:
+                j = int(torch.randint(0, k + 1, (1,), generator=self.rng))
             slots[i] = j if j < capacity else -1
         taken: set[int] = set()
         for i in reversed(range(n)):  # two samples of one chunk drawing one slot: the later one stays
@@ -117,18 +141,30 @@ class ReplayBuffer:
                 "buffer_x": self.x[: self.size].detach().cpu().clone(),
                 "buffer_time": self.sim_time[: self.size].clone(),
                 "buffer_counters": torch.tensor([self.size, self.seen, self.pushes, self.cursor], dtype=torch.int64),
+                "buffer_head": torch.tensor([self.head], dtype=torch.int64),
                 "buffer_rng": self.rng.get_state()}
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore ``state_tensors``. Rows that fill this capacity keep their slots; fewer (a
+        buffer not full yet, or resumed with a larger capacity) go to ``[0, size)``, a FIFO's
+        oldest first, and new samples fill the rows after them."""
         size, seen, pushes, cursor = (int(v) for v in tensors["buffer_counters"].tolist())
         if size > self.spec.capacity or tensors["buffer_x"].shape[1:] != self.x.shape[1:]:
             raise UserError(f"the checkpoint's buffer ({size} rows of {tuple(tensors['buffer_x'].shape[1:])}) does not "
                             f"fit {self.spec.source} of {tuple(self.x.shape[1:])}",
                             "resume with the run's own config (RUN_DIR/config.yaml)")
-        self.cond[:size] = tensors["buffer_cond"].to(self.cond.device)
-        self.x[:size] = tensors["buffer_x"].to(self.x.device)
-        self.sim_time[:size] = tensors["buffer_time"]
+        # Checkpoints from before buffer_head wrote the FIFO at slot seen % capacity, and their
+        # rows filled slots 0..size-1 in order until the buffer was full.
+        saved = tensors.get("buffer_head")
+        head = int(saved.item()) if saved is not None else (size if seen == size else seen % size)
+        order = torch.arange(size)
+        if self.spec.policy == BufferPolicy.FIFO and size < self.spec.capacity:
+            order = (order + head) % size  # oldest first: a larger buffer fills on after the newest
+        self.cond[:size] = tensors["buffer_cond"][order].to(self.cond.device)
+        self.x[:size] = tensors["buffer_x"][order].to(self.x.device)
+        self.sim_time[:size] = tensors["buffer_time"][order]
         self.size, self.seen, self.pushes, self.cursor = size, seen, pushes, cursor
+        self.head = head % self.spec.capacity if size == self.spec.capacity else size
         self.rng.set_state(tensors["buffer_rng"])
 
 
@@ -160,6 +196,15 @@ class BufferBatcher:
                              out=out)
 
 
+class MisfitArrays(UserError):
+    """Arrays whose shapes do not fit the task; ``misfit`` says how, without ``push``'s fix
+    (a spool reader words its own)."""
+
+    def __init__(self, misfit: str, cause: str, fix: str) -> None:
+        self.misfit = misfit
+        super().__init__(cause, fix)
+
+
 def as_chunk(cond: object, x: object, sim_time: float, cond_dim: int,
              x_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """One output step's samples as float32 CPU copies: cond (n, C), x (n, *x_shape), times (n,).
@@ -182,6 +227,10 @@ def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) 
     interpreter lock to the training thread and wait to get it back): one float32 copy of each
     array and one sum each that is finite unless a row holds NaN or inf (or the sum overflows),
     and only then the check row by row."""
+    if isinstance(cond, torch.Tensor):  # a tensor (on a GPU, of an autograd graph): its values
+        cond = cond.detach().to("cpu", torch.float32).numpy()
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
     with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32 become inf: dropped below
         c = np.array(cond, dtype=np.float32)  # a copy: the simulation may reuse its arrays
         v = np.array(x, dtype=np.float32)
@@ -190,9 +239,10 @@ def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) 
     if v.ndim == len(x_shape):
         v = v[None]
     if c.ndim != 2 or c.shape[1] != cond_dim or tuple(v.shape[1:]) != tuple(x_shape) or c.shape[0] != v.shape[0]:
-        raise UserError(f"pushed cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
-                        f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})",
-                        "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
+        misfit = (f"cond {tuple(c.shape)} and x {tuple(v.shape)} do not fit the task "
+                  f"(cond n x {cond_dim}, x n x {' x '.join(map(str, x_shape))})")
+        raise MisfitArrays(misfit, f"pushed {misfit}",
+                           "push arrays of those shapes (model.cond_dim, model.x_dim, model.fields)")
     with np.errstate(over="ignore", invalid="ignore"):
         if math.isfinite(float(c.sum())) and math.isfinite(float(v.sum())):
             return c, v, 0

@@ -81,9 +81,9 @@ class SpoolBatcher(BufferBatcher):
     def _poll(self) -> list[SpoolChunk]:
         skipped = len(self.reader.skipped)
         chunks = self.reader.poll()
-        for reason in self.reader.skipped[skipped:]:
-            self.feed.report(f"warning: skipped spool file {reason} ({len(self.reader.skipped)} skipped so far)",
-                             {"kind": "spool", "skipped_files": len(self.reader.skipped), "time": time.time()})
+        for count, reason in enumerate(self.reader.skipped[skipped:], start=skipped + 1):
+            self.feed.report(f"warning: skipped spool file {reason} ({count} skipped so far)",
+                             {"kind": "spool", "skipped_files": count, "time": time.time()})
         dropped = sum(c.dropped_rows for c in chunks)
         if dropped:
             self.dropped_rows += dropped

@@ -5,9 +5,17 @@ Format (one directory, written by the simulation, only read by the trainer):
 * one file per output step, ``NNNNNNNNNN.npz`` (a 10-digit sequence number, counting up from
   0000000000), holding ``cond`` (n x C, float32), ``x`` (n x D or n x D x K, float32) and
   ``sim_time`` (a float64 scalar: the simulation time of the step);
-* written atomically: the writer saves ``.NNNNNNNNNN.npz.tmp`` in the same directory, flushes
-  it to disk and renames it into place, so a reader sees a complete file or none. Readers
-  ignore every other name (temporary files, notes, a ``.lock``).
+* written atomically: the writer saves a temporary file (a name starting with ``.``) in the
+  same directory, flushes it to disk and then gives it its final name, so a reader sees a
+  complete file or none. Readers ignore every other name (temporary files, notes, a ``.lock``).
+* several writers may share one directory (the ranks of a simulation, on one node or across
+  the nodes of a shared file system such as Lustre or GPFS): each writes its own temporary
+  file (process id and a random part in its name) and claims the next free number with a
+  hard link (``os.link``), which fails rather than replace a file another writer claimed
+  first; the writer then tries the number after. A number is claimed only after the one
+  before it exists, so files appear in sequence order and a reader never finds a gap it has
+  already passed. The file system must support hard links (local disks, Lustre, GPFS and
+  NFS do).
 
 ``SpoolWriter`` writes it (any language can: it is plain ``numpy.savez``); ``SpoolReader``
 returns the files that appeared since its last poll, in sequence order. A file that does not
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -33,11 +42,13 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .buffer import as_chunk
+from .buffer import MisfitArrays, as_chunk
 
 NAME = re.compile(r"^(\d{10})\.npz$")
 DEFAULT_CAPACITY = 3840
 """Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
+ZIP_MAGIC = b"PK\x03\x04"
+"""How every .npz archive (a zip file) begins."""
 UNREADABLE_GRACE_S = 60.0
 """How long the newest file may stay unreadable (still being written) before it is skipped."""
 
@@ -75,26 +86,52 @@ def _sequence(path: Path) -> int:
 
 class SpoolWriter:
     """Writes one file per output step into ``directory`` (created if missing), continuing the
-    numbering after the files already there (a restarted simulation appends)."""
+    numbering after the files already there (a restarted simulation appends). Several writers
+    (processes, nodes) may share the directory: each file takes the next number no other writer
+    has taken (see the module docstring)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.next = self._after_newest()
+        self._token = secrets.token_hex(6)  # with the pid: a temporary name no other writer uses
+
+    def _after_newest(self) -> int:
         existing = [_sequence(p) for p in self.directory.iterdir() if NAME.match(p.name)]
-        self.next = max(existing, default=-1) + 1
+        return max(existing, default=-1) + 1
 
     def write(self, cond: np.ndarray, x: np.ndarray, sim_time: float) -> Path:
         """Save one step's samples (cond n x C, x n x D [x K]) atomically; returns the file."""
-        final = self.directory / f"{self.next:010d}.npz"
-        tmp = self.directory / f".{final.name}.tmp"
+        tmp = self.directory / f".{os.getpid()}-{self._token}.npz.tmp"
         with open(tmp, "wb") as fh:
             np.savez(fh, cond=np.asarray(cond, dtype=np.float32), x=np.asarray(x, dtype=np.float32),
                      sim_time=np.float64(sim_time))
             fh.flush()
             os.fsync(fh.fileno())  # on disk before the name appears: a reader never sees half a file
-        os.replace(tmp, final)
-        self.next += 1
+        try:
+            final = self._claim(tmp)
+        finally:
+            tmp.unlink()
         return final
+
+    def _claim(self, tmp: Path) -> Path:
+        """Give ``tmp`` the first free sequence number from ``next`` on. A link, unlike a rename,
+        fails when another writer took the name first, and the new name appears atomically."""
+        while True:
+            final = self.directory / f"{self.next:010d}.npz"
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                if os.stat(tmp).st_nlink < 2:  # else NFS made the link and lost its reply (see open(2))
+                    # Another writer was first: jump past its files rather than try them one by one.
+                    self.next = max(self.next + 1, self._after_newest())
+                    continue
+            except OSError as exc:
+                raise UserError(f"cannot link spool file {final} into place ({exc})",
+                                "put the spool directory on a file system with hard links (local disk, Lustre, "
+                                "GPFS, NFS): several writers claim file numbers with them") from exc
+            self.next += 1
+            return final
 
 
 @dataclass
@@ -119,12 +156,14 @@ class SpoolReader:
     """The first sequence number not read yet (checkpointed with the buffer)."""
     skipped: list[str] = field(default_factory=list)
     """Files skipped as unreadable or misshapen, each with the reason."""
+    given_by: str = "--data spool:DIR"
+    """Where the user named ``directory`` (what an error about it points to)."""
 
     def poll(self) -> list[SpoolChunk]:
         """The complete files that appeared since the last poll, oldest first (never blocks)."""
         if not self.directory.is_dir():
             raise UserError(f"spool directory '{self.directory}' does not exist",
-                            "start the simulation's writer first, or check the path given to --data spool:DIR")
+                            f"start the simulation's writer first, or check the path given to {self.given_by}")
         found = sorted((p for p in self.directory.iterdir() if NAME.match(p.name) and _sequence(p) >= self.next),
                        key=_sequence)
         chunks = []
@@ -147,6 +186,14 @@ class SpoolReader:
         except OSError as exc:
             raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
         with fid:
+            start = fid.read(len(ZIP_MAGIC))
+            if not ZIP_MAGIC.startswith(start):
+                # numpy would try it as a pickle and suggest allow_pickle=, which is no fix for a spool
+                raise _Unreadable("not a spool .npz archive (not a zip file: write spool files with SpoolWriter "
+                                  "or numpy.savez)")
+            if len(start) < len(ZIP_MAGIC):
+                raise _Unreadable(f"not a complete .npz archive ({len(start)} bytes)")
+            fid.seek(0)
             try:
                 archive = np.load(fid, allow_pickle=False)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -157,6 +204,10 @@ class SpoolReader:
                 c, v, times, dropped = as_chunk(cond, x, sim_time, self.cond_dim, self.x_shape)
             except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a member cut short
                 raise _Unreadable(f"not a complete .npz archive ({exc})") from exc
+            except MisfitArrays as exc:
+                self.skipped.append(f"{path.name}: {exc.misfit} -- the simulation must pass arrays of those shapes "
+                                    "to SpoolWriter.write")
+                return None
             except (ValueError, TypeError, KeyError, UserError) as exc:
                 self.skipped.append(f"{path.name}: {exc}")
                 return None

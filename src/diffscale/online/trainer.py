@@ -33,16 +33,22 @@ Or let it train in a background thread between pushes, so the simulation never w
 
 A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
 EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
+A larger ``capacity`` keeps the buffer's rows and fills up after them. A run directory that
+``diffscale train`` wrote from other data (a file, a spool) is refused, never rewritten.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
+import numbers
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +57,11 @@ import torch
 from rich.console import Console
 
 from ..config import RunConfig, write_yaml
-from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, chunk_times
+from ..data.buffer import BufferPolicy, BufferSpec, as_arrays, buffer_policy, chunk_times
 from ..data.spool import SpoolReader
 from ..diffusion.inference import sampling_network
 from ..errors import UserError
+from ..rundir import read_config
 from ..runtime import checkpoint as ckpt
 from ..runtime.device import configure_backends, pick_device, resolve_policy
 from ..runtime.distributed import DistContext, LaunchInfo
@@ -73,8 +80,9 @@ class OnlineTrainer:
     """Train ``cfg``'s field model in ``run_dir`` on pushed samples (see the module docstring).
 
     ``policy``/``capacity``: which samples the buffer keeps and how many. ``ready_at``: samples
-    the buffer must hold before training starts (default: full); the normalisation statistics
-    are taken from the buffer at that moment and kept for the rest of the run.
+    the buffer must hold before training starts (default: full; at least one batch); the
+    normalisation statistics are taken from the buffer at that moment and kept for the rest of
+    the run.
     """
 
     def __init__(self, run_dir: str | Path, cfg: RunConfig, *, policy: str | BufferPolicy = "fifo",
@@ -82,7 +90,18 @@ class OnlineTrainer:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
-        spec = BufferSpec(BufferPolicy(policy), capacity)
+        batch = max(2, cfg.effective_batch(1))
+        if not _whole(capacity, batch):
+            why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
+                   else "is not a whole number of samples")
+            raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
+        if ready_at is not None and not _whole(ready_at, batch, capacity):
+            why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
+                   else f"is below one batch of {batch} samples" if ready_at < batch
+                   else f"is more than the buffer's capacity of {capacity} samples")
+            raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
+                            "buffer holds before training starts), or leave it out to start once it is full")
+        spec = BufferSpec(buffer_policy(policy), int(capacity))
         cfg = copy.deepcopy(cfg)
         cfg.data.source = spec.source
         self.run_dir = Path(run_dir)
@@ -97,12 +116,11 @@ class OnlineTrainer:
         task = self.trainer.task
         assert isinstance(task, FieldTask) and task.buffer is not None
         self.task, self.buffer = task, task.buffer
-        self.ready_at = min(ready_at or capacity, capacity)
-        if self.ready_at < max(2, cfg.effective_batch(1)):
-            raise UserError(f"ready_at={self.ready_at} is below one batch of {cfg.effective_batch(1)} samples",
-                            "train once the buffer holds at least one batch (raise ready_at)")
+        self.ready_at = spec.capacity if ready_at is None else int(ready_at)
         if state is not None:
             _check_same_model(state, task.signature(), self.run_dir)
+        _check_online_run(self.run_dir, state)  # before anything in the run directory is written
+        if state is not None:
             self.trainer.restore(state)
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +132,9 @@ class OnlineTrainer:
         self._pending: deque[tuple[np.ndarray, np.ndarray, float]] = deque()
         """Pushed, not yet in the buffer: push appends, ``_ingest_now`` (under ``_busy``) pops."""
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
+        self._callers = threading.Condition()
+        self._waiting = 0
+        """API calls waiting for ``_busy``: background training lets them in first (see ``_turn``)."""
         self._thread: threading.Thread | None = None
         self._switch_interval = sys.getswitchinterval()
         self._halt = threading.Event()
@@ -132,23 +153,43 @@ class OnlineTrainer:
 
         Copies and returns at once (training happens in ``train_for``). Rows with NaN or inf are
         dropped and counted (``dropped_rows``); arrays of the wrong shape raise ``UserError``."""
+        try:
+            time_ = float(sim_time)
+        except (TypeError, ValueError):
+            raise UserError(f"push's sim_time={sim_time!r} is not a number",
+                            "pass the simulation time of the output step, e.g. sim_time=600.0") from None
         c, v, dropped = as_arrays(cond, x, self.task.cond_dim, self.task.x_shape)
         if dropped:
             self.dropped_rows += dropped
-            self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {sim_time:g} "
+            self._say(f"warning: dropped {dropped} pushed rows holding NaN or inf at sim_time {time_:g} "
                       f"({self.dropped_rows} so far)")
-        self._pending.append((c, v, float(sim_time)))  # deque.append is atomic: no lock to wait for
+        self._pending.append((c, v, time_))  # deque.append is atomic: no lock to wait for
 
     def follow(self, spool_dir: str | Path) -> None:
         """Also read every file a ``SpoolWriter`` puts in ``spool_dir`` (decoupled mode)."""
-        self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor)
+        self.spool = SpoolReader(Path(spool_dir), self.task.cond_dim, self.task.x_shape, next=self.buffer.cursor,
+                                 given_by="OnlineTrainer.follow")
 
-    def _ingest(self) -> None:
-        """Move pushed and spooled samples into the buffer (on the training device)."""
-        with self._busy:
-            self._ingest_now()
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Hold ``_busy`` for an API call. A lock is not fair: background training, releasing it
+        after a round and taking it again at once, could keep a waiting caller out for rounds.
+        Counted in ``_waiting``, the caller gets it at the next round boundary instead."""
+        with self._callers:
+            self._waiting += 1
+        try:
+            self._busy.acquire()
+        finally:
+            with self._callers:
+                self._waiting -= 1
+                self._callers.notify_all()
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _ingest_now(self) -> None:
+        """Move pushed and spooled samples into the buffer (on the training device); under ``_busy``."""
         pushed = [self._pending.popleft() for _ in range(len(self._pending))]  # what was there now, in order
         chunks = [(torch.from_numpy(c), torch.from_numpy(v), chunk_times(len(c), t)) for c, v, t in pushed]
         if self.spool is not None:
@@ -167,8 +208,12 @@ class OnlineTrainer:
 
     def ready(self) -> bool:
         """Whether the buffer holds ``ready_at`` samples (counting what was pushed since the last call)."""
-        self._ingest()
-        return self.task.stats_fitted
+        with self._turn():
+            return self._ready_now()
+
+    def _ready_now(self) -> bool:  # under ``_busy``
+        self._ingest_now()
+        return self.task.stats_fitted and self.buffer.size >= self.ready_at
 
     # -- training and sampling ---------------------------------------------------------------
     def train_for(self, steps: int | None = None, seconds: float | None = None) -> dict[str, Any]:
@@ -178,11 +223,17 @@ class OnlineTrainer:
         if (steps is None) == (seconds is None):
             raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
                             "train_for(seconds=2.0)")
-        with self._busy:
-            return self._train_round(steps, seconds)
+        if steps is not None and not _whole(steps, 1):
+            raise UserError(f"train_for's steps={steps!r} is not a whole number of at least 1",
+                            "pass steps=1 or more (optimizer steps to train), or seconds=")
+        if seconds is not None and not (isinstance(seconds, (int, float, np.floating)) and 0 < seconds < math.inf):
+            raise UserError(f"train_for's seconds={seconds!r} is not a positive number of seconds",
+                            "pass seconds= more than 0 (wall time to train), or steps=")
+        with self._turn():
+            return self._train_round(None if steps is None else int(steps), seconds)
 
     def _train_round(self, steps: int | None, seconds: float | None) -> dict[str, Any]:
-        if not self.ready():
+        if not self._ready_now():
             record = {"kind": "online", "waiting": True, "step": self.trainer.step, "buffer": self.buffer.size,
                       "ready_at": self.ready_at, "pushes": self.buffer.pushes, "time": time.time()}
             self._say(f"waiting for data: buffer {self.buffer.size}/{self.ready_at} samples "
@@ -209,22 +260,41 @@ class OnlineTrainer:
         return record
 
     def sample(self, cond: Any, n_members: int, steps: int, *, seed: int = 0) -> np.ndarray:
-        """Ensembles from the EMA weights: cond (N, C) -> (N, n_members, D[, K]) in data units.
+        """Ensembles from the EMA weights: cond (N, C), or (C,) for one cell -> (N, n_members,
+        D[, K]) in data units (N = 1 for one cell). ``steps``: DDIM steps, 1 to the model's
+        diffusion steps (``diffusion.num_train_timesteps``).
 
-        ``seed`` fixes the start noise (the same ensemble on every device). Numbering calls by
-        output step (0, 1, 2, ...) is fastest: the next seed's noise is drawn while this call runs."""
+        ``seed`` (0 to 2**63 - 1) fixes the start noise (the same ensemble on every device).
+        Numbering calls by output step (0, 1, 2, ...) is fastest: the next seed's noise is drawn
+        while this call runs. A condition holding NaN or inf gives NaN members for that cell."""
         if not self.task.stats_fitted:
             raise UserError("sampling was asked for before the model trained on any data",
                             "push data and train (ready() must be true) before sampling")
-        c = np.asarray(cond)
-        if c.size % self.task.cond_dim or c.size == 0:
-            raise UserError(f"conditions of shape {c.shape} do not fit this model",
-                            f"pass an N x {self.task.cond_dim} array")
-        with self._busy:  # never the weights of half an optimizer step
+        dim = self.task.cond_dim
+        fix = f"pass an N x {dim} array of numbers (one row per cell), or {dim} numbers for one cell"
+        try:
+            c = np.asarray(cond.detach().to("cpu", torch.float32).numpy() if isinstance(cond, torch.Tensor) else cond)
+        except ValueError:
+            raise UserError("conditions with rows of different lengths do not fit this model", fix) from None
+        if c.shape == (dim,):
+            c = c[None]
+        if c.ndim != 2 or c.shape[1] != dim or c.shape[0] == 0 or c.dtype.kind not in "iuf":
+            raise UserError(f"conditions of shape {c.shape} ({c.dtype}) do not fit this model", fix)
+        limit = self.task.diffusion.num_timesteps
+        if not _whole(steps, 1, limit):
+            raise UserError(f"sample's steps={steps!r} is not a whole number from 1 to {limit}",
+                            f"pass steps from 1 to {limit} (the model's diffusion steps)")
+        if not _whole(n_members, 1):
+            raise UserError(f"sample's n_members={n_members!r} is not a whole number of at least 1",
+                            "pass n_members=1 or more (ensemble members per cell)")
+        if not _whole(seed, 0, 2**63 - 1):
+            raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
+                            "pass seed= an integer in that range, e.g. the output step's number")
+        with self._turn():  # never the weights of half an optimizer step
             if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
                 network = sampling_network(self.trainer.ema, self.trainer.cfg.runtime, live=True)
                 self._sampler = EnsembleSampler(self.task, network)
-            return self._sampler(c.reshape(-1, self.task.cond_dim), n_members, steps, seed)
+            return self._sampler(c, int(n_members), int(steps), int(seed))
 
     @property
     def sampler(self) -> EnsembleSampler | None:
@@ -234,8 +304,8 @@ class OnlineTrainer:
 
     def checkpoint(self) -> Path:
         """Write a checkpoint now (atomically); returns its folder."""
-        with self._busy:
-            self._ingest()  # pushed samples are kept too
+        with self._turn():
+            self._ingest_now()  # pushed samples are kept too
             self.trainer.save(self.runner.batcher)
             return ckpt.list_checkpoints(self.run_dir)[-1]
 
@@ -246,6 +316,10 @@ class OnlineTrainer:
         round in progress. An error ends training, not the simulation (``stop`` raises it).
         ``switch_interval_s``: the interpreter's thread switch interval until ``stop`` (longer
         ones are kept)."""
+        if not _whole(steps_per_round, 1):
+            raise UserError(f"start's steps_per_round={steps_per_round!r} is not a whole number of at least 1",
+                            "pass steps_per_round=1 or more (optimizer steps between two chances to sample, "
+                            "checkpoint or stop)")
         if self._thread is not None:
             return
         self._halt.clear()
@@ -258,9 +332,13 @@ class OnlineTrainer:
         def run() -> None:
             try:
                 while not self._halt.is_set():
-                    if self.ready():
-                        self.train_for(steps=steps_per_round)
-                    else:
+                    with self._callers:  # a round boundary: API calls waiting for the lock go first
+                        self._callers.wait_for(lambda: self._waiting == 0)
+                    with self._busy:
+                        ready = self._ready_now()
+                        if ready:
+                            self._train_round(steps_per_round, None)
+                    if not ready:
                         self._halt.wait(0.1)  # nothing to train on yet: poll again soon
             except BaseException as exc:  # kept for stop(): the simulation's thread decides
                 self.error = exc
@@ -279,6 +357,24 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def _whole(value: object, low: float, high: float = math.inf) -> bool:
+    """Whether ``value`` is an integer (Python or numpy, not a bool) from ``low`` to ``high``."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and low <= int(value) <= high
+
+
+def _check_online_run(run_dir: Path, state: ckpt.TrainingState | None) -> None:
+    """Refuse a run directory that ``diffscale train`` filled from other data: resuming it would
+    start from an empty buffer and rewrite its config (after which it no longer evaluates)."""
+    saved = read_config(run_dir) or (state.meta.config if state is not None else {})
+    source = str((saved.get("data") or {}).get("source", "")) if saved else ""
+    if not saved or source.startswith("online:"):
+        return
+    how = (f"follows a spool ({source}) with diffscale train" if source.startswith("spool:")
+           else f"was trained offline from {source or 'data of its config'}")
+    raise UserError(f"'{run_dir}' holds a run that {how}; OnlineTrainer continues only runs it started",
+                    "start online training in a new run directory, e.g. OnlineTrainer('runs/online', cfg)")
 
 
 def _check_same_model(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path) -> None:
