@@ -277,6 +277,19 @@ def test_a_run_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_ho
     assert resumed.ready() and resumed.train_for(steps=2)["step"] == 4
 
 
+def test_a_run_resumed_with_a_smaller_buffer_is_refused_with_the_size_it_needs(tmp_path):
+    sim = FakeSimulation()
+    trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=240, ready_at=160)
+    for _ in range(3):
+        trainer.push(*sim.output())
+    trainer.train_for(steps=1)
+    trainer.checkpoint()
+    with pytest.raises(UserError) as caught:
+        OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=160)
+    assert "the checkpoint's buffer (240 rows of (256,)) does not fit online:fifo:160" in str(caught.value)
+    assert "resume with a buffer of at least 240 samples" in str(caught.value)
+
+
 def test_background_training_between_pushes(tmp_path):
     sim = FakeSimulation()
     trainer = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)

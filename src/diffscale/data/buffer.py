@@ -152,7 +152,9 @@ class ReplayBuffer:
         if size > self.spec.capacity or tensors["buffer_x"].shape[1:] != self.x.shape[1:]:
             raise UserError(f"the checkpoint's buffer ({size} rows of {tuple(tensors['buffer_x'].shape[1:])}) does not "
                             f"fit {self.spec.source} of {tuple(self.x.shape[1:])}",
-                            "resume with the run's own config (RUN_DIR/config.yaml)")
+                            f"resume with a buffer of at least {size} samples and the same sample shape, as the "
+                            "run's own config.yaml has it (diffscale train --out RUN_DIR --resume auto; from "
+                            "Python, OnlineTrainer(RUN_DIR, capacity=...))")
         # Checkpoints from before buffer_head wrote the FIFO at slot seen % capacity, and their
         # rows filled slots 0..size-1 in order until the buffer was full.
         saved = tensors.get("buffer_head")
