@@ -220,6 +220,10 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     stop_at = min(target, max_steps) if max_steps else target
     whole_steps = records_whole_steps(trainer)
     say(_banner(policy, ctx, cfg, count_parameters(trainer.net), trainer.task.describe_data(), whole_steps))
+    if cfg.optim.warmup_steps > target:  # a short trial run of a long config: say why lr stays low
+        say(f"note: optim.warmup_steps {cfg.optim.warmup_steps} > train.steps {target}: the learning rate rises "
+            f"linearly the whole run and never reaches optim.lr {cfg.optim.lr:g} (lower optim.warmup_steps "
+            "to reach it)")
     traced = CompileCache(say=say)
     if policy.compile:
         from . import USER_COMPILE_CACHE

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Job script written by diffscale 0.1.0: regenerate it with `diffscale plan` rather than edit it.
-# simulation job on dkrz-levante / compute: 2 node(s) x 128 CPU processes per node = 256 ranks; user command: ./icon.exe --namelist it's $x.nml
+# simulation job on dkrz-levante / compute: 2 node(s) x 128 CPU processes per node = 256 ranks; user command: ./icon.exe --namelist 'it'"'"'s $x.nml'
 # Submit it from the run directory (diffscale submit does): logs/ is relative to it.
 #SBATCH --job-name=ds-it-s-a-weird-home-date-d-6f2ef2-simulation
 #SBATCH --nodes=2

@@ -176,3 +176,18 @@ def test_shift_augment_translates_each_image():
     out = shift_augment(img, torch.tensor([[1, 0], [0, -1]]), 1)
     # out[i] = image[i + shift]: content moves by -shift, with edges replicated
     assert out[0, 0, 1, 2] == 1 and out[1, 0, 2, 3] == 1 and out.sum() == 2
+
+
+def test_a_relative_data_path_is_kept_absolute_so_the_run_resumes_from_anywhere(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    np.savez(tmp_path / "data.npz", images=np.random.default_rng(0).integers(0, 255, (16, 8, 8), dtype=np.uint8))
+    run = tmp_path / "run"
+    args = ["--data", "npz:data.npz", *micro_args("optim.warmup_steps=5", steps=2)]
+    assert main(["train", "--out", str(run), *args]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"]["source"] == f"npz:{tmp_path / 'data.npz'}"
+    # a warm-up longer than the run: it says why its lr stays low
+    assert "note: optim.warmup_steps 5 > train.steps 2: the learning rate rises" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(["train", "--out", str(run), "--resume", "auto", "--max-steps", "4", *micro_args(steps=4)]) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..runtime import resources
 from . import estimates
@@ -294,6 +295,27 @@ def task_executable(profile: ClusterProfile, workload: Workload) -> Check | None
     return None
 
 
+def command_paths(workload: Workload) -> Check | None:
+    """A user command's relative paths that exist here but not in the run directory, where the
+    job runs it (``cd "$RUN_DIR"``): ``python train.py`` would find no train.py there."""
+    if not isinstance(workload, UserCommand):
+        return None
+    run_dir = Path(workload.run_dir)
+    lost = []
+    for arg in workload.argv():
+        path = arg.partition("=")[2] if arg.startswith("-") else arg  # --config=conf.yaml too
+        if not path or "$" in path or Path(path).expanduser().is_absolute():
+            continue
+        if Path(path).exists() and not (run_dir / path).exists():
+            lost.append(path)
+    if not lost:
+        return None
+    return Check("command paths", False,
+                 f"the job runs the command in its run directory {run_dir}, where {', '.join(map(repr, lost))} "
+                 f"(relative, found here in {Path.cwd()}) does not exist",
+                 f"give absolute paths, e.g. {Path(lost[0]).absolute()}")
+
+
 def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Workload,
             estimate_s: int | None, segments: int) -> list[Check]:
     checks = [c for c in (required_facts(profile, r),) if c is not None]
@@ -306,8 +328,8 @@ def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Wor
         global_batch(r, workload),
         nodes_limit(part, r),
     ]
-    for extra in (multi_host(profile, r), data_path(workload), run_directory(profile, workload),
-                  task_executable(profile, workload)):
+    for extra in (multi_host(profile, r), data_path(workload), command_paths(workload),
+                  run_directory(profile, workload), task_executable(profile, workload)):
         if extra is not None:
             checks.append(extra)
     return checks

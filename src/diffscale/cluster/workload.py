@@ -7,6 +7,7 @@ script starts once per rank (srun) or once per host (torchrun under Grid Engine)
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -147,7 +148,7 @@ class UserCommand:
     @property
     def title(self) -> str:
         kind = "Lightning command" if self.launcher is Launcher.LIGHTNING else "user command"
-        return f"{kind}: " + " ".join(self.argv_)
+        return f"{kind}: " + shlex.join(self.argv_)  # as a shell would take it back (the header is copied)
 
 
 Workload = DiffscaleRun | UserCommand

@@ -192,3 +192,19 @@ def test_submit_partition_auto_asks_how_many_candidates_to_race(tmp_path, capsys
 def test_usage_is_carried_by_the_workload():
     user = UserCommand(("python", "train.py"), "/r", PYTHON)
     assert dataclasses.replace(user, launcher=Launcher.LIGHTNING).title.startswith("Lightning command: ")
+
+
+def test_a_relative_script_path_that_the_job_would_not_find_fails_preflight(tmp_path, capsys, monkeypatch):
+    """The job runs the command in its run dir: `python train.py` planned beside train.py would
+    find none there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    args = ["plan", "--cluster", LAB, "--nodes", "1", "--gpus-per-node", "1", "--mem-per-rank", "4",
+            "--workers-per-rank", "0", "--time", "1:00:00", "--out", str(tmp_path / "r"), "--", "python"]
+    assert main([*args, "train.py", "--config=train.py"]) == 2
+    err = capsys.readouterr().err
+    assert (f"preflight check 'command paths' failed: the job runs the command in its run directory {tmp_path / 'r'}, "
+            f"where 'train.py', 'train.py' (relative, found here in {tmp_path}) does not exist -- give absolute "
+            f"paths, e.g. {tmp_path / 'train.py'}") in err
+    assert main([*args, str(tmp_path / "train.py"), "--lr", "1e-4"]) == 0
+    assert "command paths" not in capsys.readouterr().out
