@@ -1,6 +1,6 @@
 #!/bin/bash
 # Job script written by diffscale 0.1.0: regenerate it with `diffscale plan` rather than edit it.
-# nyu-torch / h200: 1 node(s) x 1 GPU per node = 1 ranks; user command: /opt/diffscale-venv/bin/python -m diffscale probe --seconds 120 --out /scratch/it's a "weird" $HOME `date` dir?line two -- python train.py --name it's $x
+# nyu-torch / h200: 1 node(s) x 1 GPU per node = 1 ranks; user command: /opt/diffscale-venv/bin/python -m diffscale probe --seconds 120 --out '/scratch/it'"'"'s a "weird" $HOME `date` dir?line two' -- python train.py --name 'it'"'"'s $x'
 # Submit it from the run directory (diffscale submit does): logs/ is relative to it.
 #SBATCH --job-name=ds-it-s-a-weird-home-date-d-6f2ef2
 #SBATCH --nodes=1

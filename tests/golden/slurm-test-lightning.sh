@@ -1,6 +1,6 @@
 #!/bin/bash
 # Job script written by diffscale 0.1.0: regenerate it with `diffscale plan` rather than edit it.
-# slurm-test / gpu: 2 node(s) x 2 GPUs per node = 4 ranks; Lightning command: python train.py --name it's $x
+# slurm-test / gpu: 2 node(s) x 2 GPUs per node = 4 ranks; Lightning command: python train.py --name 'it'"'"'s $x'
 # Submit it from the run directory (diffscale submit does): logs/ is relative to it.
 #SBATCH --job-name=ds-it-s-a-weird-home-date-d-6f2ef2
 #SBATCH --nodes=2
