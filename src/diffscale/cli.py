@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .cli_parser import ExampleFormatter, Parser, verb
-from .config import ConfigSources, RunConfig, resolve_config
+from .config import ConfigSources, resolve_config
 from .errors import EXIT_USER_ERROR, UserError
 from .paths import file_target, folder_target, refused
 
@@ -44,25 +44,11 @@ def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
     return os.path.join("runs", preset), ""
 
 
-def with_absolute_data_path(cfg: RunConfig) -> RunConfig:
-    """``cfg`` with a relative data path that exists here made absolute, so that the run's
-    config.yaml resumes it from any directory (``--resume auto`` elsewhere, a cluster job)."""
-    from dataclasses import replace
-
-    from .data.locations import absolute, local_path
-
-    path = local_path(cfg.data.source)
-    if path is None or not Path(path).expanduser().exists():
-        return cfg  # no path, or one the reader will refuse with its own message
-    return replace(cfg, data=replace(cfg.data, source=absolute(cfg.data.source)))
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     at_least(args.max_steps, 1, "--max-steps", "100")
     cfg = resolve_config(config_sources(args))
-    cfg = with_absolute_data_path(cfg)
     where, why = train_out(args, cfg.preset)
     out = folder_target(where, "--out")
     if args.dry_run:

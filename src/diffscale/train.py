@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 
 from .config import RunConfig, write_yaml
+from .data.locations import with_absolute_path
 from .errors import UserError
 from .models import count_parameters
 from .runtime import checkpoint as ckpt
@@ -126,6 +127,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
     """Train until ``cfg.train.steps`` (or ``max_steps``), a stop signal, or an unrecoverable error."""
     console = console or Console(soft_wrap=True)
     run_dir = Path(run_dir)
+    cfg = with_absolute_path(cfg)  # the run's config.yaml then resumes it from any directory
     launch = detect_launch()
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)

@@ -8,7 +8,7 @@ script starts once per rank (srun) or once per host (torchrun under Grid Engine)
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from ..config import RunConfig
@@ -72,17 +72,15 @@ def job_config(cfg: RunConfig) -> RunConfig:
     """``cfg`` as a job's config.yaml holds it: a relative data path made absolute from here, since
     the job reads it from its run directory. A relative path that names nothing here is refused:
     made absolute it would name nothing on the cluster either."""
-    from ..data.locations import absolute, local_path
+    from ..data.locations import local_path, with_absolute_path
 
     path = local_path(cfg.data.source)
-    if path is None or Path(path).expanduser().is_absolute():
-        return cfg
-    if not Path(path).exists():
+    if path is not None and not Path(path).expanduser().is_absolute() and not Path(path).exists():
         raise UserError(f"data path '{path}' (data.source {cfg.data.source}) does not exist under {Path.cwd()}",
                         "the job runs in its run directory, so plan and submit make a relative path absolute from "
                         "the current one: run them from the folder the path is relative to, or give the path on the "
                         "cluster's file system as an absolute one")
-    return replace(cfg, data=replace(cfg.data, source=absolute(cfg.data.source)))
+    return with_absolute_path(cfg)
 
 
 def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:

@@ -11,6 +11,10 @@ plan and submit make the path absolute where they resolve the config.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 PATH_KINDS = ("imagefolder", "npz", "emnist", "mnist", "zarr", "lerobot", "spool")
 """Spec kinds whose first part is a path."""
@@ -47,3 +51,15 @@ def absolute(source: str) -> str:
     kind, _, rest = source.partition(":")
     assert rest.startswith(path), "every reader takes the path from the front of the spec"
     return f"{kind}:{Path(path).absolute()}{rest[len(path):]}"
+
+
+def with_absolute_path(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with a relative data path that exists here made absolute, so that the config.yaml
+    of a run (resumed from another directory) or of a job (run in its run directory) reads the
+    same data; any other ``cfg`` unchanged (a path that names nothing is left to its reader)."""
+    from dataclasses import replace
+
+    path = local_path(cfg.data.source)
+    if path is None or not Path(path).expanduser().exists():
+        return cfg
+    return replace(cfg, data=replace(cfg.data, source=absolute(cfg.data.source)))
