@@ -52,7 +52,7 @@ def fake_run(run_dir: Path, *, steps: int = 40, gpus: int = 2) -> Path:
     import numpy as np
     from PIL import Image
 
-    from diffscale.cluster import jobs
+    from diffscale.cluster.jobs import records as jobs
     from diffscale.config import RunConfig, write_yaml
 
     run_dir.mkdir(parents=True)

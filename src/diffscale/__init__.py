@@ -9,8 +9,8 @@ From Python (a notebook), the same calls the command line makes::
     run = diffscale.load_trained("runs/tiny")                  # config, task and EMA network for your own code
 
 The names load on first use, so ``import diffscale`` stays light (no torch until needed). They
-are not called ``train`` and ``sample``: those are the modules ``diffscale.train`` and
-``diffscale.sample``, which an attribute of the same name would shadow.
+are not called ``train`` and ``sample``: those are the modules ``diffscale.training.loop`` and
+``diffscale.inference.sample``, which an attribute of the same name would shadow.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 sets the variable itself (to /tmp/torchinductor_USER) the first time it looks for its cache."""
 
 _EXPORTS = {
-    "train_run": ("diffscale.train", "train"),
-    "sample_run": ("diffscale.sample", "sample_run"),
-    "load_trained": ("diffscale.trained", "load_trained"),
-    "get_preset": ("diffscale.presets", "get_preset"),
+    "train_run": ("diffscale.training.loop", "train"),
+    "sample_run": ("diffscale.inference.sample", "sample_run"),
+    "load_trained": ("diffscale.inference.trained", "load_trained"),
+    "get_preset": ("diffscale.config.presets", "get_preset"),
     "resolve_config": ("diffscale.config", "resolve_config"),
     "ConfigSources": ("diffscale.config", "ConfigSources"),
     "RunConfig": ("diffscale.config", "RunConfig"),
-    "write_report": ("diffscale.report", "write_report"),
+    "write_report": ("diffscale.report.page", "write_report"),
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from .cli_parser import ExampleFormatter, Parser, verb
-from .config import ConfigSources, resolve_config
-from .errors import EXIT_USER_ERROR, UserError
-from .paths import file_target, folder_target, refused
+from diffscale.cli_parser import ExampleFormatter, Parser, verb
+from diffscale.config import ConfigSources, resolve_config
+from diffscale.errors import EXIT_USER_ERROR, UserError
+from diffscale.io.paths import file_target, folder_target, refused
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -37,7 +37,7 @@ def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
         return str(args.out), ""
     config = Path(args.config) if args.config else None
     if args.resume and config is not None and config.name == "config.yaml":
-        from .runtime.checkpoint import list_checkpoints
+        from diffscale.runtime.checkpoint import list_checkpoints
 
         if list_checkpoints(config.parent):  # `train RUN/config.yaml --resume auto` continues RUN
             return str(config.parent), f"resuming the run in {config.parent}, the folder of {config}"
@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if why:
         print(why)
-    from .train import train
+    from diffscale.training.loop import train
 
     outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True))
     return outcome.exit_code
@@ -65,7 +65,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sample(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .sample import MP4_MISSING, mp4_writer_installed, sample_run
+    from diffscale.inference.sample import sample_run
+    from diffscale.io.media import MP4_MISSING, mp4_writer_installed
 
     at_least(args.n, 1, "--n", "64")
     at_least(args.steps, 1, "--steps", "50")
@@ -82,10 +83,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import export_network
-    from .modelcard import CARD_NAME, model_card, write_card
-    from .models import count_parameters
-    from .trained import load_trained
+    from diffscale.inference.export import export_network
+    from diffscale.inference.modelcard import CARD_NAME, model_card, write_card
+    from diffscale.inference.trained import load_trained
+    from diffscale.tasks.base import count_parameters
 
     folder_target(args.diffusers, "--diffusers")
     run = load_trained(Path(args.run_dir), "cpu")
@@ -102,7 +103,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluate import evaluate_run
+    from diffscale.inference.evaluate import evaluate_run
 
     at_least(args.count, 1, "--count", "50")
     at_least(args.steps, 1, "--steps", "10")
@@ -112,36 +113,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
-    import torch
     from rich.console import Console
     from rich.table import Table
 
-    from .models import count_parameters
-    from .presets import PRESETS
-    from .tasks import build_task
+    from diffscale.config.presets import PRESETS
 
     table = Table(title="diffscale presets")
     for col in ("preset", "task", "network", "params", "batch/GPU", "for"):
         table.add_column(col, no_wrap=True)
     for name, info in PRESETS.items():
         cfg = info.build()
-        with torch.device("meta"):
-            params = count_parameters(build_task(cfg, torch.device("meta"), load_data=False).build_network())
-        table.add_row(name, cfg.task, cfg.model.summary(), f"{params / 1e6:.1f} M", str(cfg.train.batch_per_gpu),
+        table.add_row(name, cfg.task, cfg.model.summary(), f"{info.params / 1e6:.1f} M", str(cfg.train.batch_per_gpu),
                       info.purpose)
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:  # noqa: ARG001
-    from .sysinfo import collect, markdown
+    from diffscale.runtime.sysinfo import collect, markdown
 
     print(markdown(collect()))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from diffscale.report.page import write_report
 
     out = file_target(args.out, "--out", example="report.html") if args.out else None
     print(write_report(Path(args.run_dir), out))
@@ -161,7 +157,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``verb`` one of :data:`CORE_VERBS` (the verb about to run), without
     the verbs other modules register: importing cluster planning, bench and doctor took ~0.3 s of
     every ``diffscale train`` start on a 2-core CPU (2026-11-27), for verbs the job never parses."""
-    from . import __version__
+    from diffscale import __version__
 
     parser = Parser(
         prog="diffscale",
@@ -259,7 +255,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
     fails is a broken install, not an optional verb: it fails loudly instead of dropping the verb."""
     import importlib
 
-    for module in ("diffscale.cluster.cli", "diffscale.bench", "diffscale.doctor"):
+    for module in ("diffscale.cluster.cli", "diffscale.bench.cli", "diffscale.doctor"):
         importlib.import_module(module).register(sub)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from .errors import UserError
+from diffscale.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from diffscale.cluster.scheduler import SLURM_FINAL
+from diffscale.cluster.jobs.scheduler import SLURM_FINAL
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULERS = REPO / "tests" / "schedulers"

@@ -38,9 +38,9 @@ def discovered_profile(scheduler: str, tmp_path_factory: pytest.TempPathFactory)
 
 def wait_done(run_dir: Path, timeout: float = 120) -> list[dict]:
     """The states of the latest submission's jobs once none is active."""
-    from diffscale.cluster import jobs
-    from diffscale.cluster.profiles import SchedulerKind
-    from diffscale.cluster.scheduler import for_kind
+    from diffscale.cluster.jobs import records as jobs
+    from diffscale.cluster.jobs.scheduler import for_kind
+    from diffscale.cluster.profiles.types import SchedulerKind
 
     sub = jobs.latest(run_dir)
     sched = for_kind(SchedulerKind(sub.scheduler))

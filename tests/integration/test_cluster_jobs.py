@@ -250,7 +250,7 @@ def test_sge_policy_run_on_two_slots_trains_and_evaluates(sge_profile, tmp_path)
 # The simulation: three output steps of 80 cells into the spool its job names, a second apart.
 SIMULATION = r'''
 import os, time
-from diffscale.data.fields import FieldGenerator
+from diffscale.tasks.fields.data import FieldGenerator
 from diffscale.data.spool import SpoolWriter
 writer, generator = SpoolWriter(os.environ["DIFFSCALE_SPOOL"]), FieldGenerator()
 for step in range(3):

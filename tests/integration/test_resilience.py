@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from diffscale.cli import main
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
-from diffscale.tasks.images import ImageTask
+from diffscale.tasks.images.task import ImageTask
 
 pytestmark = pytest.mark.integration
 

@@ -83,9 +83,9 @@ def wait_done(run_dir: Path, timeout: float) -> list[dict]:
     """States once no job of the run is active. The deadline is ``timeout`` s without progress:
     each new checkpoint moves it on, so a busy machine (slower segments, more of them) has the
     time it needs and a stuck run still fails."""
-    from diffscale.cluster import jobs
-    from diffscale.cluster.profiles import SchedulerKind
-    from diffscale.cluster.scheduler import for_kind
+    from diffscale.cluster.jobs import records as jobs
+    from diffscale.cluster.jobs.scheduler import for_kind
+    from diffscale.cluster.profiles.types import SchedulerKind
 
     sched = for_kind(SchedulerKind(jobs.latest(run_dir).scheduler))
     deadline, newest = time.monotonic() + timeout, _newest_step(run_dir)

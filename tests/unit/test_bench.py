@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffscale.bench import add_derived
+from diffscale.bench.cli import add_derived
 from diffscale.cli import main
 from diffscale.config import merge
-from diffscale.presets import get_preset
-from diffscale.tasks.images import ImageTask
+from diffscale.config.presets import get_preset
+from diffscale.tasks.images.task import ImageTask
 
 
 def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
@@ -254,7 +254,7 @@ def test_bus_bandwidth_is_nccl_tests_formula():
 
 
 def test_bench_comm_check_reports_each_size(tmp_path):
-    from diffscale.bench import comm_check
+    from diffscale.bench.cli import comm_check
 
     with open(tmp_path / "log", "w") as log:
         rows = comm_check(2, tmp_path / "comm-2.json", log, mib=("1", "2"), repeats=2, timeout=120)

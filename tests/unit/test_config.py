@@ -3,8 +3,8 @@ import yaml
 
 from diffscale import config as C
 from diffscale.cli import main
+from diffscale.config.presets import PRESETS, get_preset
 from diffscale.errors import UserError
-from diffscale.presets import PRESETS, get_preset
 
 
 def test_presets_keep_the_reference_widths():
@@ -95,6 +95,19 @@ def test_presets_table(capsys):
     assert "widths 32/64/128" in out and "2048" in out and "images" in out
 
 
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_each_presets_stated_parameter_count_is_its_networks(name):
+    """`diffscale presets` prints PresetInfo.params without building networks (no torch)."""
+    import torch
+
+    from diffscale.tasks.base import count_parameters
+    from diffscale.tasks.registry import build_task
+
+    with torch.device("meta"):
+        network = build_task(get_preset(name), torch.device("meta"), load_data=False).build_network()
+    assert count_parameters(network) == PRESETS[name].params
+
+
 @pytest.mark.parametrize("width", [33, 2, 0])
 def test_policy_step_embedding_width_must_be_even_and_at_least_4(width):
     # 33 crashed in the first training step (a 32-wide embedding fed a 33-wide layer), 2 divided by zero
@@ -107,7 +120,7 @@ def test_policy_step_embedding_width_must_be_even_and_at_least_4(width):
 def test_the_smallest_step_embedding_width_builds_a_working_network():
     import torch
 
-    from diffscale.models import build_unet1d
+    from diffscale.tasks.policy.network import build_unet1d
 
     cfg = C.merge(get_preset("policy-tiny"), C.parse_overrides(["model.step_embed_dim=4"]))
     net = build_unet1d(cfg.model, 4, 2)

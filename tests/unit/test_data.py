@@ -10,8 +10,8 @@ from PIL import Image
 
 from diffscale.cli import main
 from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
-from diffscale.data.sources import load_images, parse_spec
 from diffscale.errors import UserError
+from diffscale.tasks.images.sources import load_images, parse_spec
 
 from helpers import micro_args
 
@@ -27,7 +27,7 @@ def test_builtin_sets_ship_with_dependencies():
 
 
 def test_builtin_images_are_rendered_once_then_read_from_the_cache(tmp_path, monkeypatch):
-    from diffscale.data import builtin
+    from diffscale.tasks.images import builtin
 
     monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     first = builtin.load_builtin("numerals", 12)

@@ -108,7 +108,7 @@ def test_sampling_compiles_with_cuda_graphs(fake_h100):
 
 
 def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h100):
-    from diffscale.presets import get_preset
+    from diffscale.config.presets import get_preset
     from diffscale.runtime.parallelize import training_compile_mode, trains_in_cuda_graphs
 
     def cfg_for(accum: int, mode: str | None):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from diffscale.data.episodes import MinMax, load_episodes, window_positions
 from diffscale.errors import UserError
+from diffscale.tasks.policy.episodes import MinMax, load_episodes, window_positions
 
 from helpers import concat_episodes, random_episodes
 

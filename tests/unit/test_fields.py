@@ -10,16 +10,16 @@ from PIL import Image
 
 from diffscale.cli import main
 from diffscale.config import from_dict
-from diffscale.data.fields import FieldGenerator, load_fields, read_npz
+from diffscale.config.presets import get_preset
 from diffscale.errors import UserError
 from diffscale.evaluation import probabilistic as P
-from diffscale.models import FieldMLP
-from diffscale.presets import get_preset
+from diffscale.inference.trained import load_trained
 from diffscale.runtime import checkpoint as ckpt
-from diffscale.tasks import build_task
-from diffscale.tasks.field_export import load_export
-from diffscale.train import train
-from diffscale.trained import load_trained
+from diffscale.tasks.fields.data import FieldGenerator, load_fields, read_npz
+from diffscale.tasks.fields.exported import load_export
+from diffscale.tasks.fields.network import FieldMLP
+from diffscale.tasks.registry import build_task
+from diffscale.training.loop import train
 
 CPU = torch.device("cpu")
 

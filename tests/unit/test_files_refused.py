@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from diffscale.cli import main
-from diffscale.rundir import read_records
+from diffscale.io.rundir import read_records
 from diffscale.runtime import checkpoint as ckpt
 
 from helpers import REPO, micro_args
@@ -143,8 +143,8 @@ class _InterruptedAfterWriting:
 def test_an_interrupted_export_leaves_nothing_and_the_next_is_not_refused(tmp_path):
     from diffusers import DDPMPipeline
 
-    from diffscale.export import export_network
-    from diffscale.trained import load_trained
+    from diffscale.inference.export import export_network
+    from diffscale.inference.trained import load_trained
 
     run = tmp_path / "run"
     assert _train(run, steps=4) == 0
@@ -222,7 +222,7 @@ def test_a_writer_opened_in_the_second_of_an_earlier_one_still_sorts_after_it(tm
 
     from rich.console import Console
 
-    from diffscale.telemetry import Telemetry
+    from diffscale.training.telemetry import Telemetry
 
     run = tmp_path / "run"
     (run / "tb").mkdir(parents=True)
@@ -240,7 +240,7 @@ def test_an_event_file_from_a_clock_far_ahead_is_a_warning_not_a_long_wait(tmp_p
 
     from rich.console import Console
 
-    from diffscale.telemetry import Telemetry
+    from diffscale.training.telemetry import Telemetry
 
     run = tmp_path / "run"
     (run / "tb").mkdir(parents=True)

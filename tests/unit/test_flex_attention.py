@@ -15,8 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from diffscale.cli import main
 from diffscale.config import ModelConfig
-from diffscale.models import Denoiser, build_unet
 from diffscale.runtime.flex_attention import FlexAttnProcessor, sdpa_attention, use_flex_attention
+from diffscale.tasks.images.network import Denoiser, build_unet
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

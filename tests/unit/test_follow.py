@@ -17,13 +17,14 @@ import torch
 from diffscale.cli import main
 from diffscale.data.buffer import BufferPolicy, BufferSpec, ReplayBuffer
 from diffscale.data.device_loader import DataPosition
-from diffscale.data.fields import FieldGenerator
+from diffscale.data.feed import Feed
 from diffscale.data.follow import SpoolBatcher
-from diffscale.data.spool import DEFAULT_CAPACITY, SpoolReader, SpoolWriter, parse_spool_spec
+from diffscale.data.locations import DEFAULT_CAPACITY, parse_spool_spec
+from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
-from diffscale.tasks.base import Feed
+from diffscale.tasks.fields.data import FieldGenerator
 
 SMALL = ["--preset", "field-icon", "--device", "cpu"]
 for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=40", "train.log_every=10",
@@ -34,7 +35,7 @@ for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.s
 # The simulation: output steps of 80 cells, one of them written with the wrong condition size.
 WRITER = """
 import sys, time
-from diffscale.data.fields import FieldGenerator
+from diffscale.tasks.fields.data import FieldGenerator
 from diffscale.data.spool import SpoolWriter
 writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
 for step in range(7):

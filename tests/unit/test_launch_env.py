@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profile_io import load_profile
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import DiffscaleRun
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.workload import DiffscaleRun
+from diffscale.cluster.profiles.loading import load_profile
+from diffscale.config.presets import get_preset
 from diffscale.errors import UserError
-from diffscale.presets import get_preset
 from diffscale.runtime.distributed import detect_launch, expand_hostlist, port_from_job_id, slurm_hostnames
 
 SGE_TWO_HOST = Path(__file__).parent / "cluster" / "fixtures" / "sge-two-host.yaml"

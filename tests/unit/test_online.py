@@ -13,14 +13,14 @@ import torch
 
 from diffscale.cli import main
 from diffscale.config import deep_merge, from_dict
+from diffscale.config.presets import get_preset
 from diffscale.data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, as_chunk, parse_buffer_spec
-from diffscale.data.fields import FieldGenerator
 from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
-from diffscale.online.trainer import BACKGROUND_SWITCH_INTERVAL_S
-from diffscale.presets import get_preset
 from diffscale.runtime import checkpoint as ckpt
+from diffscale.tasks.fields.data import FieldGenerator
+from diffscale.training.online import BACKGROUND_SWITCH_INTERVAL_S
 
 from helpers import micro_args
 
@@ -212,7 +212,7 @@ def test_writer_processes_sharing_a_spool_lose_no_file(tmp_path):
 
 # -- OnlineTrainer ------------------------------------------------------------------------------
 def _weights(trainer: OnlineTrainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in [*trainer.trainer.net.parameters(), *trainer.trainer.ema.parameters()]]
+    return [p.detach().clone() for p in [*trainer.run_state.net.parameters(), *trainer.run_state.ema.parameters()]]
 
 
 def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
@@ -229,7 +229,7 @@ def test_push_train_sample_checkpoint_and_resume_bit_for_bit(tmp_path):
     assert fields.shape == (3, 4, 256) and np.isfinite(fields).all()
     trainer.push(*sim.output())  # pushed, not trained on yet: the checkpoint keeps it
     def restored(resumed: OnlineTrainer) -> None:
-        assert resumed.trainer.step == 6 and resumed.buffer.size == 400 and resumed.buffer.latest_time() == 3000.0
+        assert resumed.run_state.step == 6 and resumed.buffer.size == 400 and resumed.buffer.latest_time() == 3000.0
 
     resumed = checkpoint_and_resume(trainer, sim, tmp_path / "run", steps=7, restored=restored)
     assert resumed.sample(np.zeros((3, 7)), n_members=4, steps=5).shape == (3, 4, 256)
@@ -299,13 +299,13 @@ def test_background_training_between_pushes(tmp_path):
     for _ in range(4):
         trainer.push(*sim.output())  # the simulation carries on while the thread trains
     deadline = time.monotonic() + 300  # a guard against a hang, not a speed requirement
-    while trainer.trainer.step < 6 and time.monotonic() < deadline:
+    while trainer.run_state.step < 6 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert trainer.sample(np.zeros((2, 7)), n_members=3, steps=4).shape == (2, 3, 256)
     trainer.stop()
     assert sys.getswitchinterval() == interval  # the simulation's interpreter as it was
-    assert trainer.trainer.step >= 6 and trainer.buffer.pushes == 4
-    assert ckpt.step_of(trainer.checkpoint()) == trainer.trainer.step
+    assert trainer.run_state.step >= 6 and trainer.buffer.pushes == 4
+    assert ckpt.step_of(trainer.checkpoint()) == trainer.run_state.step
 
 
 def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path):
@@ -318,7 +318,7 @@ def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path
     rounds: list[int] = []  # one entry per training round started
     calls: list[int] = []  # for each call: the rounds started when it got the lock
     holds = {k: threading.Event() for k in range(3, 34, 3)}  # a lock that is not fair lets some calls in late
-    train_round, save, sampler = trainer._train_round, trainer.trainer.save, trainer._sampler
+    train_round, save, sampler = trainer._train_round, trainer.run_state.save, trainer._sampler
 
     def round_held_until_a_call_waits(steps, seconds):
         rounds.append(len(rounds))
@@ -336,7 +336,7 @@ def test_calls_waiting_for_background_training_get_in_at_the_next_round(tmp_path
         calls.append(len(rounds))
         save(batcher)
 
-    trainer._train_round, trainer._sampler, trainer.trainer.save = round_held_until_a_call_waits, sampled, saved
+    trainer._train_round, trainer._sampler, trainer.run_state.save = round_held_until_a_call_waits, sampled, saved
     trainer.start(steps_per_round=1)
     for k in sorted(holds)[:-1]:
         assert holds[k].wait(timeout=300)  # a guard against a hang, not a speed requirement
@@ -421,7 +421,7 @@ def test_a_field_run_trained_offline_is_refused_before_anything_is_written(tmp_p
 WRITER = """
 import sys
 import numpy as np
-from diffscale.data.fields import FieldGenerator
+from diffscale.tasks.fields.data import FieldGenerator
 from diffscale.data.spool import SpoolWriter
 writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
 for step in range(6):
@@ -439,7 +439,7 @@ def test_a_follower_trains_on_what_a_writer_process_spools(tmp_path):
     while writer.poll() is None or trainer.buffer.pushes < 6:  # trains as the files arrive
         trainer.train_for(steps=2)
         assert writer.poll() in (None, 0)
-    assert trainer.buffer.size == 480 and trainer.buffer.latest_time() == 3000.0 and trainer.trainer.step > 0
+    assert trainer.buffer.size == 480 and trainer.buffer.latest_time() == 3000.0 and trainer.run_state.step > 0
     trainer.checkpoint()
     resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
     resumed.follow(spool)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_online import FakeSimulation, _cfg, checkpoint_and_resume
 
-from diffscale import step_graph
 from diffscale.data.buffer import as_arrays, as_chunk
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
-from diffscale.step import step_seed
-from diffscale.step_graph import WholeStepGraph, _StorageWatch, _task_storages
+from diffscale.training import step_graph
+from diffscale.training.step import step_seed
+from diffscale.training.step_graph import WholeStepGraph, _StorageWatch, _task_storages
 
 
 def _trainer(tmp_path, name="run", **kw):
@@ -56,17 +56,17 @@ def test_recorded_steps_replay_the_batches_eager_steps_would_draw(tmp_path):
     runner, task = trainer.runner, trainer.task
     expected_batcher, generator = copy.deepcopy(runner.batcher), torch.Generator()
     expected = []
-    for step in range(trainer.trainer.step, trainer.trainer.step + 5):
-        generator.manual_seed(step_seed(trainer.trainer.cfg.train.seed, step))
+    for step in range(trainer.run_state.step, trainer.run_state.step + 5):
+        generator.manual_seed(step_seed(trainer.run_state.cfg.train.seed, step))
         expected.append(task.draw(expected_batcher.next_indices(), generator))
-    whole = WholeStepGraph(trainer.trainer, runner._whole_step)
+    whole = WholeStepGraph(trainer.run_state, runner._whole_step)
     whole.batch = {k: torch.zeros_like(v) for k, v in expected[0].items()}
     whole.graph = fake = _FakeGraph(whole.batch)  # type: ignore[assignment]
     whole._watch = _StorageWatch(task)
     runner.whole = whole
     for _ in range(5):
         runner.step()
-    assert whole.lr.item() == pytest.approx(trainer.trainer.opt.param_groups[0]["lr"])
+    assert whole.lr.item() == pytest.approx(trainer.run_state.opt.param_groups[0]["lr"])
     assert len(fake.seen) == 5 and all(torch.equal(seen[k], want[k])
                                        for seen, want in zip(fake.seen, expected, strict=True) for k in want)
 
@@ -184,8 +184,8 @@ def test_pushes_while_training_in_the_background_resume_bit_for_bit(tmp_path):
 @pytest.mark.parametrize("preset", ["tiny", "policy-tiny"])
 def test_every_task_draws_into_a_recorded_steps_inputs_as_it_draws_anew(preset):
     from diffscale.config import merge
-    from diffscale.presets import get_preset
-    from diffscale.tasks import build_task
+    from diffscale.config.presets import get_preset
+    from diffscale.tasks.registry import build_task
 
     cfg = get_preset(preset)
     if preset == "tiny":

@@ -16,19 +16,20 @@ from rich.console import Console
 
 from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
+from diffscale.config.presets import get_preset
 from diffscale.envs.reach2d import MODES, Reach2D, demonstrations
 from diffscale.envs.rollout import rollouts, summarize
 from diffscale.errors import UserError
-from diffscale.models import ConditionalUnet1D, count_parameters
-from diffscale.presets import get_preset
+from diffscale.inference.trained import load_trained
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
-from diffscale.step import StepRunner
-from diffscale.tasks import build_task
-from diffscale.train import train
-from diffscale.trained import load_trained
-from diffscale.trainer import Trainer
+from diffscale.tasks.base import count_parameters
+from diffscale.tasks.policy.network import ConditionalUnet1D
+from diffscale.tasks.registry import build_task
+from diffscale.training.loop import train
+from diffscale.training.state import RunState
+from diffscale.training.step import StepRunner
 
 from helpers import concat_episodes, random_episodes
 
@@ -98,7 +99,7 @@ def test_network_maps_noised_chunks_to_their_shape():
 
 
 def test_convolutions_as_matrix_products_give_the_same_chunks():
-    from diffscale.models.unet1d import MATMUL_MAX_ROWS, TemporalConv, TemporalUpsample, _as_matmul
+    from diffscale.tasks.policy.network import MATMUL_MAX_ROWS, TemporalConv, TemporalUpsample, _as_matmul
 
     torch.manual_seed(0)
     net = ConditionalUnet1D(3, 2 * 5, step_embed_dim=16, down_dims=(16, 32, 64), n_groups=4)
@@ -120,8 +121,7 @@ def test_convolutions_as_matrix_products_give_the_same_chunks():
 
 
 def test_conv_setting_is_checked_and_reaches_every_convolution():
-    from diffscale.models import build_unet1d
-    from diffscale.models.unet1d import TemporalConv
+    from diffscale.tasks.policy.network import TemporalConv, build_unet1d
 
     cfg = get_preset("policy-tiny").model
     refused = "model.conv.*'fft' is not one of auto, cudnn, matmul.*set model.conv to one of"
@@ -306,7 +306,7 @@ def _regression_baseline(cfg, run_dir: Path) -> dict[str, float]:
     """Train ``RegressionTask`` with the loop's own optimizer step (AdamW, schedule, clipping, EMA)
     on policy-tiny's data for as many steps, and roll out its EMA network as the policy is."""
     device = torch.device("cpu")
-    trainer = Trainer(cfg, run_dir, DistContext(LaunchInfo(launcher="single"), device),
+    trainer = RunState(cfg, run_dir, DistContext(LaunchInfo(launcher="single"), device),
                       resolve_policy(cfg.runtime, device), Console(quiet=True))
     task = trainer.task = RegressionTask(trainer.task)
     runner = StepRunner(trainer, trainer.net, trainer.make_batcher())

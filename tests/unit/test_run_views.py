@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 from diffscale.cli import main
-from diffscale.gpustats import GpuStats, open_gpu_stats
-from diffscale.telemetry import Telemetry
+from diffscale.runtime.gpustats import GpuStats, open_gpu_stats
+from diffscale.training.telemetry import Telemetry
 
 from helpers import fake_run, micro_args
 

@@ -33,11 +33,11 @@ def test_sample_writes_reproducible_grids_and_a_gif(tmp_path, capsys):
 
 
 def test_sample_shows_progress_on_stderr_and_says_when_it_cannot_write_mp4(tmp_path, capsys, monkeypatch):
-    import diffscale.sample
+    import diffscale.io.media
 
     run = _trained(tmp_path)
     capsys.readouterr()
-    monkeypatch.setattr(diffscale.sample, "mp4_writer_installed", lambda: False)
+    monkeypatch.setattr(diffscale.io.media, "mp4_writer_installed", lambda: False)
     out = tmp_path / "d.png"
     assert main(["sample", str(run), "--n", "2", "--steps", "4", "--sampler", "ddpm", "--gif", "--out", str(out)]) == 0
     captured = capsys.readouterr()

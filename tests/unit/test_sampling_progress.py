@@ -12,7 +12,7 @@ from rich.console import Console
 from diffscale.config.schema import DiffusionConfig
 from diffscale.diffusion import GaussianDiffusion
 from diffscale.diffusion.sampler import Sampler, SamplerKind, reporting, sample
-from diffscale.sample import LogProgress, TerminalProgress, progress_for
+from diffscale.inference.sample import LogProgress, TerminalProgress, progress_for
 
 
 class _Counting:

@@ -21,13 +21,14 @@ def test_a_training_start_imports_no_scipy_plotting_or_transformer_models():
         "import json, sys\n"
         "from diffscale import cli\n"
         "cli.build_parser('train')\n"
-        "import diffscale.train, diffscale.tasks.images\n"
+        "import diffscale.training.loop, diffscale.tasks.images.task\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout.splitlines()[-1]))
-    unused = {"scipy", "matplotlib", "imageio", "tensorboard", "torch._inductor.compile_fx", "diffscale.cluster.plan",
-              "diffscale.doctor", "diffusers.loaders.single_file_utils", "diffusers.models.unets.unet_2d_condition",
+    unused = {"scipy", "matplotlib", "imageio", "tensorboard", "torch._inductor.compile_fx",
+              "diffscale.cluster.planning.plan", "diffscale.doctor", "diffusers.loaders.single_file_utils",
+              "diffusers.models.unets.unet_2d_condition",
               "diffusers.models.transformers.auraflow_transformer_2d"}
     assert not unused & loaded, unused & loaded
     assert "diffusers.models.unets.unet_2d" in loaded  # the network diffscale trains
@@ -36,8 +37,8 @@ def test_a_training_start_imports_no_scipy_plotting_or_transformer_models():
 def test_deferred_diffusers_packages_still_give_every_model():
     done = _python(
         "import diffusers, sys\n"
-        "from diffscale.models import build_unet\n"
-        "from diffscale.models.lean_diffusers import UNet2DModel\n"
+        "from diffscale.tasks.images.network import build_unet\n"
+        "from diffscale.tasks.images.lean_diffusers import UNet2DModel\n"
         "assert UNet2DModel is diffusers.UNet2DModel\n"
         "from diffusers.models.unets import unet_2d\n"  # a submodule: the package's __init__ still waits
         "assert 'diffusers.models.unets.unet_2d_condition' not in sys.modules\n"
@@ -52,7 +53,7 @@ def test_deferred_diffusers_packages_still_give_every_model():
 
 
 def test_defer_package_init_leaves_imported_and_missing_packages_alone():
-    from diffscale.models.lean_diffusers import defer_package_init
+    from diffscale.tasks.images.lean_diffusers import defer_package_init
 
     assert defer_package_init("json") is False  # imported already
     assert defer_package_init("diffusers.models.no_such_package") is False

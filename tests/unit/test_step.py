@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from diffscale.step import clip_gradients, ema_update
+from diffscale.training.step import clip_gradients, ema_update
 
 
 def _trainer(device: str) -> SimpleNamespace:
@@ -66,7 +66,7 @@ def _recording_trainer(world_size: int, backend: str, step_graph: str) -> Simple
 
 def test_whole_steps_are_recorded_under_ddp_with_nccl_where_the_task_measured_it():
     from diffscale.errors import UserError
-    from diffscale.step_graph import records_whole_steps
+    from diffscale.training.step_graph import records_whole_steps
 
     # a policy: recorded under DDP (4-GPU scaling), not on one GPU (no faster there)
     assert records_whole_steps(_recording_trainer(4, "nccl", "auto")) is True

@@ -144,7 +144,7 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path, capsys):
 
 
 def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
-    from diffscale.train import compile_note
+    from diffscale.training.loop import compile_note
 
     cache = tmp_path / "cache" / "inductor"
     assert compile_note(cache).startswith("compiling the network before the first step (the first time takes")
@@ -156,7 +156,7 @@ def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
 
 def test_compiled_kernels_go_to_the_run_dir_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
     import diffscale
-    from diffscale.train import run_compile_cache
+    from diffscale.training.loop import run_compile_cache
 
     # torch writes its node-local default into the variable once anything asks for its cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
@@ -226,9 +226,9 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     from torch._dynamo.package import CompilePackage
 
     from diffscale.config import Toggle
-    from diffscale.models.unet2d import Denoiser, build_unet
-    from diffscale.presets import tiny
+    from diffscale.config.presets import tiny
     from diffscale.runtime.compile_cache import STAMP, fingerprint, open_compile_cache
+    from diffscale.tasks.images.network import Denoiser, build_unet
 
     cfg = tiny()
     cfg.runtime.compile_cache = Toggle.ON

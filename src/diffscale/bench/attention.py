@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..config import ModelConfig
-from ..errors import UserError
-from ..models import build_unet
-from ..presets import get_preset
+from diffscale.config import ModelConfig
+from diffscale.config.presets import get_preset
+from diffscale.errors import UserError
+from diffscale.tasks.images.network import build_unet
 
 SDPA_KERNELS = {"sdpa": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -70,7 +70,7 @@ def _time_ms(call, repeats: int) -> float:
 
 def kernels() -> dict:
     """Attention alone: name -> (batch, heads, tokens, dim) -> a call on fresh bf16 q, k, v."""
-    from ..runtime.flex_attention import FlexAttnProcessor
+    from diffscale.runtime.flex_attention import FlexAttnProcessor
 
     def sdpa(backend):
         def attend(q, k, v):
@@ -102,7 +102,7 @@ def layers() -> dict:
     projections, heads, output projection, residual) per processor, compiled, bf16 autocast."""
     from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
-    from ..runtime.flex_attention import FlexAttnProcessor
+    from diffscale.runtime.flex_attention import FlexAttnProcessor
 
     def in_layer(processor):
         def make(batch, heads, tokens, dim):

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..config import Device
-from ..runtime.device import pick_device, synchronize
-from ..runtime.distributed import detect_launch, init_distributed
+from diffscale.config import Device
+from diffscale.runtime.device import pick_device, synchronize
+from diffscale.runtime.distributed import detect_launch, init_distributed
 
 
 def bus_bandwidth_gbs(nbytes: int, seconds: float, world_size: int) -> float:

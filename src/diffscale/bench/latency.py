@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import config as C
-from ..diffusion.inference import sampling_network
-from ..runtime.device import pick_device, synchronize
-from ..tasks import build_task
+from diffscale import config as C
+from diffscale.diffusion.inference import sampling_network
+from diffscale.runtime.device import pick_device, synchronize
+from diffscale.tasks.registry import build_task
 
 
 def _timed(call: Callable[[int], object], device: torch.device, warmup: int, repeats: int) -> dict[str, float]:
@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace) -> dict:
               "loop_graph": network.loops is not None, **_timed(caller(network), device, args.warmup, args.repeats),
               "torch": torch.__version__}
     if args.profile:
-        from .profile import profile_steps
+        from diffscale.bench.profile import profile_steps
 
         call = caller(network)
         record["profile"] = profile_steps(lambda: call(0), args.profile, device, top=args.top)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     record = measure(args)
     print(json.dumps(record))
     if args.profile:
-        from .profile import render_profile
+        from diffscale.bench.profile import render_profile
 
         print(render_profile({**record, "recipe": "generate", "world_size": 1, "step_s": record["p50_ms"] / 1e3}))
     if args.json:

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import config as C
-from ..errors import UserError
-from ..online import OnlineTrainer
-from ..online.trainer import BACKGROUND_SWITCH_INTERVAL_S
-from ..runtime.device import synchronize
+from diffscale import config as C
+from diffscale.errors import UserError
+from diffscale.online import OnlineTrainer
+from diffscale.runtime.device import synchronize
+from diffscale.training.online import BACKGROUND_SWITCH_INTERVAL_S
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:
@@ -53,7 +53,7 @@ def measure(args: argparse.Namespace) -> dict:
     coarse = cfg.model.cond_dim or 7
     with tempfile.TemporaryDirectory() as tmp:
         trainer = OnlineTrainer(Path(tmp) / "run", cfg, capacity=args.outputs * cells)
-        device = trainer.trainer.device
+        device = trainer.run_state.device
         for step in range(args.outputs):
             trainer.push(rng.normal(size=(cells, coarse)), rng.normal(size=(cells, fine)), sim_time=600.0 * step)
         assert trainer.ready()
@@ -81,7 +81,7 @@ def measure(args: argparse.Namespace) -> dict:
         profile = None
         if args.profile_sampling:
             profile = _sampling_profile(trainer, cond, args, splits, device)
-        pushes, first = [], trainer.trainer.step
+        pushes, first = [], trainer.run_state.step
         trainer.start(switch_interval_s=args.switch_interval_ms / 1e3)
         for step in range(args.pushes):
             c, x = rng.normal(size=(cells, coarse)), rng.normal(size=(cells, fine))
@@ -90,7 +90,7 @@ def measure(args: argparse.Namespace) -> dict:
             pushes.append(time.perf_counter() - start)
             time.sleep(args.push_gap_ms / 1e3)  # the simulation computing its next output step
         trainer.stop()
-        trained_meanwhile = trainer.trainer.step - first
+        trained_meanwhile = trainer.run_state.step - first
     return {"preset": args.preset, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
             "threads": torch.get_num_threads(), "round_steps": args.round_steps, "batch": cfg.train.batch_per_gpu,
             "round_s": round_s, "steps_per_s": args.round_steps / round_s,
@@ -108,7 +108,7 @@ def measure(args: argparse.Namespace) -> dict:
 def _round_host_profile(trainer: OnlineTrainer, steps: int, device: torch.device) -> list[dict]:
     """cProfile of one ``train_for(steps)``: the host functions with the most time of their
     own, per training step (compare ``bench.worker --host-profile``, the same steps bare)."""
-    from .worker import host_profile
+    from diffscale.bench.worker import host_profile
 
     rows = host_profile(lambda: trainer.train_for(steps=steps), 1, device, top=15)
     return [{**row, "own_ms": row["own_ms"] / steps, "cum_ms": row["cum_ms"] / steps, "calls": row["calls"] / steps}
@@ -118,8 +118,8 @@ def _round_host_profile(trainer: OnlineTrainer, steps: int, device: torch.device
 def _sampling_profile(trainer: OnlineTrainer, cond: np.ndarray, args: argparse.Namespace,
                       splits: list[dict[str, float]], device: torch.device) -> dict:
     """Where a sampling call's time goes (see the module docstring)."""
-    from .profile import profile_steps
-    from .worker import host_profile
+    from diffscale.bench.profile import profile_steps
+    from diffscale.bench.worker import host_profile
 
     def call() -> None:
         trainer.sample(cond, n_members=args.members, steps=args.sample_steps, seed=1)

@@ -14,18 +14,18 @@ import time
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from ..runtime.resources import cpus_for_rank, host_memory_bytes, worker_budget
+from diffscale.runtime.resources import cpus_for_rank, host_memory_bytes, worker_budget
 
 
 class PlainRunner:
     """Same interface as ``train.StepRunner`` (``step()``), with the plain recipe inside."""
 
-    def __init__(self, trainer, *, workers: int = 4) -> None:
+    def __init__(self, run_state, *, workers: int = 4) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        self.trainer = trainer
-        cfg, ctx, device = trainer.cfg, trainer.ctx, trainer.device
-        reference = trainer.task.reference_data()
+        self.run_state = run_state
+        cfg, ctx, device = run_state.cfg, run_state.ctx, run_state.device
+        reference = run_state.task.reference_data()
         dataset = reference.dataset
         # The recipe's 4 workers, but never more than the host's CPUs and memory allow.
         local = ctx.info.local_world_size
@@ -43,12 +43,12 @@ class PlainRunner:
                                  collate_fn=reference.collate)
         self.epoch = 0
         self._iter = iter(self.loader)
-        self.model = DDP(trainer.net, device_ids=[device.index] if device.type == "cuda" else None) \
-            if ctx.distributed else trainer.net
-        self.opt = torch.optim.AdamW(trainer.net.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.model = DDP(run_state.net, device_ids=[device.index] if device.type == "cuda" else None) \
+            if ctx.distributed else run_state.net
+        self.opt = torch.optim.AdamW(run_state.net.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.fp16 = device.type == "cuda" and reference.fp16
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.fp16)
-        self.ema = [p.detach().clone() for p in trainer.net.parameters()]
+        self.ema = [p.detach().clone() for p in run_state.net.parameters()]
         self.data_wait_s = 0.0
         self.effective = cfg.effective_batch(ctx.world_size)
 
@@ -63,10 +63,10 @@ class PlainRunner:
             self._iter = iter(self.loader)
             examples = next(self._iter)
         self.data_wait_s += time.perf_counter() - start
-        return _to(examples, self.trainer.device)
+        return _to(examples, self.run_state.device)
 
     def step(self) -> float:
-        tr = self.trainer
+        tr = self.run_state
         device = tr.device
         lr = tr.cfg.optim.lr
         examples = self._next_examples()

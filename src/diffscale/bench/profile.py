@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.device import synchronize
+from diffscale.runtime.device import synchronize
 
 # First matching rule wins; names are lower-cased kernel/operator names.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import config as C
-from ..errors import UserError
+from diffscale import config as C
+from diffscale.errors import UserError
 
 SAMPLING_BATCH = {"small": 256, "medium": 64, "xl": 16}
 """Batch of the DDIM sampling comparison per preset (as recorded in docs/benchmarks.md); 16 else."""

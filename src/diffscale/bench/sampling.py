@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime.device import synchronize
+from diffscale.runtime.device import synchronize
 
 
 def _timed(fn, device: torch.device, repeats: int) -> float:
@@ -29,11 +29,11 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     from diffusers import DDIMPipeline
 
-    from .. import config as C
-    from ..diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
-    from ..diffusion.inference import sampling_network
-    from ..errors import UserError
-    from ..models import Denoiser, build_unet
+    from diffscale import config as C
+    from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
+    from diffscale.diffusion.inference import sampling_network
+    from diffscale.errors import UserError
+    from diffscale.tasks.images.network import Denoiser, build_unet
 
     parser = argparse.ArgumentParser(prog="python -m diffscale.bench.sampling")
     parser.add_argument("--preset", default="small")

@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import config as C
-from ..rundir import read_records
+from diffscale import config as C
+from diffscale.io.rundir import read_records
 
 # The child prints dynamo's compile-phase totals and the cache hit counters at its first logged
 # step (and when it exits, if it never logged): they say which part of the compile a job still pays.
@@ -55,7 +55,7 @@ def _compile_report():
         if hits:
             print(f"[{group} cache]", dict(hits), flush=True)
 atexit.register(_compile_report)
-from diffscale.telemetry import Telemetry
+from diffscale.training.telemetry import Telemetry
 _log = Telemetry.log
 def _log_then_report(self, record):
     _log(self, record)
@@ -107,7 +107,7 @@ def parse_inductor(settings: list[str]) -> dict[str, Any]:
 
 
 def _checkpointed(run_dir: Path, step: int) -> bool:
-    from ..runtime.checkpoint import list_checkpoints, step_of
+    from diffscale.runtime.checkpoint import list_checkpoints, step_of
 
     return any(step_of(p) >= step for p in list_checkpoints(run_dir))
 

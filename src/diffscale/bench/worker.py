@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 import torch
 from rich.console import Console
 
-from .. import config as C
-from ..runtime.device import configure_backends, pick_device, resolve_policy, synchronize
-from ..runtime.distributed import detect_launch, init_distributed
-from .profile import profile_steps
+from diffscale import config as C
+from diffscale.bench.profile import profile_steps
+from diffscale.runtime.device import configure_backends, pick_device, resolve_policy, synchronize
+from diffscale.runtime.distributed import detect_launch, init_distributed
 
 if TYPE_CHECKING:  # annotations only; the functions import these where they run
-    from ..step import StepRunner
-    from ..trainer import Trainer
-    from .plain import PlainRunner
+    from diffscale.bench.plain import PlainRunner
+    from diffscale.training.state import RunState
+    from diffscale.training.step import StepRunner
 
 _T0 = float(os.environ.get("DIFFSCALE_BENCH_T0", time.time()))
 
@@ -58,26 +58,26 @@ def matmul_peak_tflops(device: torch.device) -> float | None:
     return 2 * n**3 * 10 / (time.perf_counter() - start) / 1e12
 
 
-def count_step_flops(trainer) -> float:
+def count_step_flops(run_state) -> float:
     """FLOPs of one forward + backward of the per-GPU micro-batch (torch.utils.flop_counter).
 
     Counted eagerly on a slice of the batch and scaled (every counted op is linear in the
     batch), so the count needs a fraction of a full eager step's memory."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..runtime.flex_attention import sdpa_attention
+    from diffscale.runtime.flex_attention import sdpa_attention
 
-    cfg = trainer.cfg
+    cfg = run_state.cfg
     b = cfg.train.batch_per_gpu
     sub = max(1, b // 16)
-    inputs = trainer.task.example_inputs(sub)
+    inputs = run_state.task.example_inputs(sub)
     counter = FlopCounterMode(display=False)
-    with counter, sdpa_attention(trainer.net):
-        with trainer.policy.autocast():
-            out = trainer.net(*inputs)
+    with counter, sdpa_attention(run_state.net):
+        with run_state.policy.autocast():
+            out = run_state.net(*inputs)
         out.float().pow(2).mean().backward()
-    trainer.net.zero_grad(set_to_none=True)
-    if trainer.device.type == "cuda":
+    run_state.net.zero_grad(set_to_none=True)
+    if run_state.device.type == "cuda":
         torch.cuda.empty_cache()
     return float(counter.get_total_flops()) * b / sub * cfg.train.grad_accum
 
@@ -239,23 +239,23 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
             for rank, (c, other, gap, host) in enumerate(rows)]
 
 
-def _runner(args: argparse.Namespace, trainer: Trainer) -> PlainRunner | StepRunner:
+def _runner(args: argparse.Namespace, run_state: RunState) -> PlainRunner | StepRunner:
     """The recipe's step runner: the plain recipe, or the fast one on the parallelized network."""
-    from ..runtime.parallelize import parallelize
-    from ..step import StepRunner
-    from ..step_graph import records_whole_steps
-    from .plain import PlainRunner
+    from diffscale.bench.plain import PlainRunner
+    from diffscale.runtime.parallelize import parallelize
+    from diffscale.training.step import StepRunner
+    from diffscale.training.step_graph import records_whole_steps
 
     if args.recipe == "plain":
-        return PlainRunner(trainer, workers=args.plain_workers)
-    model = parallelize(trainer.net, cfg=trainer.cfg, ctx=trainer.ctx, policy=trainer.policy, say=lambda text: None,
-                        whole_steps=records_whole_steps(trainer))
-    return StepRunner(trainer, model, trainer.make_batcher())
+        return PlainRunner(run_state, workers=args.plain_workers)
+    model = parallelize(run_state.net, cfg=run_state.cfg, ctx=run_state.ctx, policy=run_state.policy,
+                        say=lambda text: None, whole_steps=records_whole_steps(run_state))
+    return StepRunner(run_state, model, run_state.make_batcher())
 
 
 def measure(args: argparse.Namespace) -> dict | None:
-    from ..runtime.parallelize import training_compile_mode
-    from ..trainer import Trainer
+    from diffscale.runtime.parallelize import training_compile_mode
+    from diffscale.training.state import RunState
 
     cfg = _config(args)
     launch = detect_launch()
@@ -266,9 +266,9 @@ def measure(args: argparse.Namespace) -> dict | None:
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(cfg, Path(tmp), ctx, policy, Console(quiet=True))
-            flops = count_step_flops(trainer)
-            runner = _runner(args, trainer)
+            run_state = RunState(cfg, Path(tmp), ctx, policy, Console(quiet=True))
+            flops = count_step_flops(run_state)
+            runner = _runner(args, run_state)
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             synchronize(device)
@@ -325,7 +325,7 @@ def _data_share(runner, device: torch.device, steps: int, elapsed: float) -> flo
     if hasattr(runner, "data_wait_s"):  # plain: host time blocked on the DataLoader
         return runner.data_wait_s / max(elapsed, 1e-9)
     # fast: time a few steps' batch draw (indices, noise, gather, augmentation) on its own.
-    tr = runner.trainer
+    tr = runner.run_state
     synchronize(device)
     start = time.perf_counter()
     for _ in range(5):

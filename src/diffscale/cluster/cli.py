@@ -14,17 +14,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
-from ..paths import file_target, folder_target
-from .flags import add_job_arguments
+from diffscale.cluster.flags import add_job_arguments
+from diffscale.errors import UserError
+from diffscale.io.paths import file_target, folder_target
 
 if TYPE_CHECKING:  # annotations only; the handlers import what they use
-    from ..config import RunConfig
-    from .jobs import JobState, Submission
-    from .plan import Plan
-    from .profiles import ClusterProfile
-    from .scheduler import Scheduler
-    from .workload import Workload
+    from diffscale.cluster.jobs.records import JobState, Submission
+    from diffscale.cluster.jobs.scheduler import Scheduler
+    from diffscale.cluster.planning.plan import Plan
+    from diffscale.cluster.planning.workload import Workload
+    from diffscale.cluster.profiles.types import ClusterProfile
+    from diffscale.config import RunConfig
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A discovered profile's name: also its file name and what --cluster is given."""
@@ -33,7 +33,7 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # ----------------------------------------------------------------------------- arguments
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli_parser import verb
+    from diffscale.cli_parser import verb
 
     shape = "--cluster purdue-gilbreth --nodes 2 --gpus-per-node 4 --preset xl --account mylab"
     p = verb(subparsers, "plan", "show the job script, every rank and the preflight checks (dry run)",
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_job_arguments(p, race=True)
     p.set_defaults(func=cmd_submit)
 
-    from .probe_cli import register as register_probe
+    from diffscale.cluster.probe.cli import register as register_probe
     register_probe(subparsers)
 
     p = verb(subparsers, "status", "where a run stands: its jobs (submitted runs), step, rate, ETA, newest "
@@ -92,8 +92,8 @@ def _stamp() -> str:
 
 def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | None]:
     """(workload, run_dir, resolved config or None) from the target / --preset / --set."""
-    from .. import config as cfgmod
-    from .workload import UserCommand, diffscale_run, job_config
+    from diffscale import config as cfgmod
+    from diffscale.cluster.planning.workload import UserCommand, diffscale_run, job_config
 
     target = list(args.target)
     is_config = len(target) == 1 and target[0].endswith((".yaml", ".yml"))
@@ -101,7 +101,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
         if args.preset and target:
             raise UserError("both --preset and a positional argument given",
                             "train a preset (--preset NAME) or a config file, or run a command after `--`")
-        from .probe_cli import check_no_command_facts
+        from diffscale.cluster.probe.cli import check_no_command_facts
 
         check_no_command_facts(args)
         cfg = job_config(cfgmod.resolve_config(cfgmod.ConfigSources(
@@ -116,20 +116,20 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
             raise UserError(f"{flag} applies to diffscale runs, not to a user command",
                             f"drop {flag}, or pass the options to your command")
     run_dir = folder_target(args.out or f"runs/job-{_stamp()}", "--out").absolute()
-    from .probe_cli import command_facts
+    from diffscale.cluster.probe.cli import command_facts
 
     launcher, usage = command_facts(args, tuple(target), run_dir)
     return UserCommand(tuple(target), str(run_dir), args.python, launcher=launcher, usage=usage), run_dir, None
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
-    from .flags import check_numbers, plan_options
-    from .jobspec import RaceSpec, job_name
-    from .plan import make_plan
-    from .profile_io import load_profile
-    from .shape import Shape, parse_race, race_count
-    from .timefmt import parse_time_limit
-    from .workload import DiffscaleRun
+    from diffscale.cluster.flags import check_numbers, plan_options
+    from diffscale.cluster.planning.plan import make_plan
+    from diffscale.cluster.planning.shape import Shape, parse_race, race_count
+    from diffscale.cluster.planning.workload import DiffscaleRun
+    from diffscale.cluster.profiles.loading import load_profile
+    from diffscale.cluster.scripts.jobspec import RaceSpec, job_name
+    from diffscale.cluster.scripts.timefmt import parse_time_limit
 
     check_numbers(args)
     time_s = parse_time_limit(args.time) if args.time is not None else None
@@ -143,8 +143,8 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
                      cpus_per_rank=args.cpus_per_task, mem_per_node_gb=args.mem, use_gpus=args.procs_per_node is None)
 
     if getattr(args, "couple", None):  # one GPU for the trainer unless told: the simulation has the nodes
-        from ..data.spool import parse_spool_spec
-        from . import couple
+        from diffscale.cluster.planning import couple
+        from diffscale.data.locations import parse_spool_spec
 
         run_dir = folder_target(args.out or f"runs/coupled-{_stamp()}", "--out").absolute()
         sim_time = parse_time_limit(args.sim_time, what="--sim-time") if args.sim_time is not None else None
@@ -169,8 +169,8 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
 
 def _auto(args: argparse.Namespace, *, submitting: bool) -> tuple[int | None, Workload, Path, RunConfig | None]:
     """--partition auto's flags checked: (--race count or None, workload, run_dir, config)."""
-    from .flags import check_numbers
-    from .shape import race_count
+    from diffscale.cluster.flags import check_numbers
+    from diffscale.cluster.planning.shape import race_count
 
     check_numbers(args)
     count = race_count(args.race, auto=True)
@@ -186,8 +186,8 @@ def _auto(args: argparse.Namespace, *, submitting: bool) -> tuple[int | None, Wo
 
 def _auto_plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
     """submit --partition auto --race N: the N candidates that finish first, as one race."""
-    from .partition_auto import choose
-    from .partition_race import raced_plans
+    from diffscale.cluster.planning.partition_auto import choose
+    from diffscale.cluster.planning.partition_race import raced_plans
 
     count, workload, run_dir, cfg = _auto(args, submitting=True)
     plans = [_lead_checked(args, plan) for plan in raced_plans(choose(args, workload, count))]
@@ -196,7 +196,7 @@ def _auto_plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, Ru
 
 def _lead_checked(args: argparse.Namespace, plan: Plan) -> Plan:
     """``plan``, once ``--signal-lead`` fits its time limit and warning signal."""
-    from .flags import check_signal_lead
+    from diffscale.cluster.flags import check_signal_lead
 
     if args.signal_lead is not None:
         check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
@@ -216,10 +216,10 @@ def _refuse_failed(plans: list[Plan], force: bool) -> None:
 # ----------------------------------------------------------------------------- handlers
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from . import report
+    from diffscale.cluster import tables as report
 
     if args.partition == "auto":
-        from .partition_auto import choose
+        from diffscale.cluster.planning.partition_auto import choose
 
         count, workload, _, _ = _auto(args, submitting=False)
         choose(args, workload, count)
@@ -232,10 +232,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from .. import config as cfgmod
-    from . import race as racemod
-    from . import report, submit
-    from .scheduler import for_kind
+    from diffscale import config as cfgmod
+    from diffscale.cluster import tables as report
+    from diffscale.cluster.jobs import race as racemod
+    from diffscale.cluster.jobs import submit
+    from diffscale.cluster.jobs.scheduler import for_kind
 
     profile, what, run_dir, cfg, plans = _auto_plans(args) if args.partition == "auto" else _plans(args)
     for plan in plans:
@@ -244,7 +245,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     coupled = bool(getattr(args, "couple", None))
     if coupled:  # there before the trainer looks for it, whichever job starts first
-        from ..data.spool import parse_spool_spec
+        from diffscale.data.locations import parse_spool_spec
 
         assert cfg is not None
         parse_spool_spec(cfg.data.source).directory.mkdir(parents=True, exist_ok=True)
@@ -261,9 +262,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def _checked_states(run_dir: str) -> tuple[Submission, Scheduler, list[JobState]]:
     """(submission, scheduler, states): the ids of jobs.json checked against the scheduler's
     names and users, ended jobs diffscale cancelled shown as cancelled."""
-    from . import jobs, race
-    from .profiles import SchedulerKind
-    from .scheduler import for_kind
+    from diffscale.cluster.jobs import race
+    from diffscale.cluster.jobs import records as jobs
+    from diffscale.cluster.jobs.scheduler import for_kind
+    from diffscale.cluster.profiles.types import SchedulerKind
 
     sub = jobs.latest(run_dir)
     sched = for_kind(SchedulerKind(sub.scheduler))
@@ -276,8 +278,9 @@ def _checked_states(run_dir: str) -> tuple[Submission, Scheduler, list[JobState]
 def cmd_status(args: argparse.Namespace) -> int:
     """A submitted run: its jobs, then its progress once training has logged. A local run (no
     jobs.json): its progress from metrics.jsonl, checkpoints and samples."""
-    from .. import rundir
-    from . import jobs, report
+    from diffscale.cluster import tables as report
+    from diffscale.cluster.jobs import records as jobs
+    from diffscale.io import rundir
 
     run_dir = Path(args.run_dir)
     if jobs.path(run_dir).is_file():
@@ -291,7 +294,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from . import jobs
+    from diffscale.cluster.jobs import records as jobs
 
     if args.lines < 0:
         raise UserError(f"-n {args.lines} is out of range: the number of last lines is 0 (all) or more",
@@ -315,7 +318,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from . import jobs
+    from diffscale.cluster.jobs import records as jobs
 
     _, sched, states = _checked_states(args.run_dir)
     active = [s.job_id for s in states if s.active]
@@ -329,16 +332,16 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_list(args: argparse.Namespace) -> int:
-    from . import report
-    from .profile_io import available, load_profile
+    from diffscale.cluster import tables as report
+    from diffscale.cluster.profiles.loading import available, load_profile
 
     report.print_profile_list([load_profile(str(path)) for path in available().values()])
     return 0
 
 
 def cmd_cluster_show(args: argparse.Namespace) -> int:
-    from . import report
-    from .profile_io import load_profile
+    from diffscale.cluster import tables as report
+    from diffscale.cluster.profiles.loading import load_profile
 
     report.print_profile(load_profile(args.name))
     return 0
@@ -347,10 +350,10 @@ def cmd_cluster_show(args: argparse.Namespace) -> int:
 def cmd_cluster_discover(args: argparse.Namespace) -> int:
     import shutil
 
-    from .discover import discover
-    from .profile_io import dump_profile, profile_from_dict, profile_to_dict, user_dir
-    from .profiles import SchedulerKind
-    from .scheduler import run
+    from diffscale.cluster.jobs.scheduler import run
+    from diffscale.cluster.profiles.discover import discover
+    from diffscale.cluster.profiles.loading import dump_profile, profile_from_dict, profile_to_dict, user_dir
+    from diffscale.cluster.profiles.types import SchedulerKind
 
     if not PROFILE_NAME.fullmatch(args.name):
         raise UserError(f"--name '{args.name}' is not a usable profile name",

@@ -14,11 +14,11 @@ import signal as signals
 import sys
 from typing import TYPE_CHECKING
 
-from ..errors import UserError, closest
-from ..runtime.signals import STOP_SIGNALS
+from diffscale.errors import UserError, closest
+from diffscale.runtime.signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
-    from .plan import PlanOptions
+    from diffscale.cluster.planning.plan import PlanOptions
 
 MAX_SIGNAL_LEAD_S = 65535
 """SLURM's --signal=...@LEAD takes at most 65535 seconds."""
@@ -37,7 +37,7 @@ def _at_least(value: int | float | None, least: int | float, flag: str, what: st
 def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric job flag within its range (argparse already checked the types), and the
     names and lines passed on to the scheduler usable."""
-    from .profiles import SAFE_NAME
+    from diffscale.cluster.profiles.types import SAFE_NAME
 
     for flag in ("account", "qos"):
         value = getattr(args, flag)
@@ -67,7 +67,7 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 def plan_options(args: argparse.Namespace, *, diffscale_run: bool) -> PlanOptions:
     """What plan and submit's flags ask of every job (the warning signal for what runs)."""
-    from .plan import PlanOptions
+    from diffscale.cluster.planning.plan import PlanOptions
 
     return PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
                        signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
@@ -131,7 +131,7 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
                    help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
     p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
-    from .probe_cli import add_command_arguments
+    from diffscale.cluster.probe.cli import add_command_arguments
 
     add_command_arguments(p)
     if race:
@@ -140,6 +140,6 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
                             "--partition auto a count N: the N candidates that finish first, each its own "
                             "partition and shape (plan shows which); the first to start wins, the others "
                             "are cancelled")
-        from .couple import add_arguments
+        from diffscale.cluster.planning.couple import add_arguments
 
         add_arguments(p)

@@ -6,10 +6,10 @@ section.field=value`` overrides (``loading``), in one order for every verb
 (``resolve``), and the resolved config is written to ``RUN_DIR/config.yaml`` by every run.
 """
 
-from .loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
-from .models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
-from .resolve import ConfigSources, resolve_config
-from .schema import (
+from diffscale.config.loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
+from diffscale.config.models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
+from diffscale.config.resolve import ConfigSources, resolve_config
+from diffscale.config.schema import (
     Attention,
     BetaSchedule,
     CompileMode,
@@ -27,7 +27,7 @@ from .schema import (
     Toggle,
     TrainConfig,
 )
-from .trackers import LoggingConfig, WandbMode
+from diffscale.config.trackers import LoggingConfig, WandbMode
 
 __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 
 def fail(name: str, problem: str, fix: str) -> NoReturn:

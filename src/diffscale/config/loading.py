@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError, closest
-from .errors import fail as _fail
-from .models import MODEL_CONFIGS
-from .schema import RunConfig, Toggle
+from diffscale.config.errors import fail as _fail
+from diffscale.config.models import MODEL_CONFIGS
+from diffscale.config.schema import RunConfig, Toggle
+from diffscale.errors import UserError, closest
 
 
 def _field_types(cls: type) -> dict[str, Any]:

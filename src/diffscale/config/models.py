@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .errors import fail as _fail
+from diffscale.config.errors import fail as _fail
 
 
 @dataclass(kw_only=True)

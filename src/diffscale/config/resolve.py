@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from .loading import load_yaml, merge, parse_overrides
-from .schema import RunConfig
+from diffscale.config.loading import load_yaml, merge, parse_overrides
+from diffscale.config.presets import get_preset
+from diffscale.config.schema import RunConfig
+from diffscale.errors import UserError
 
 
 @dataclass(kw_only=True)
@@ -41,7 +42,6 @@ class ConfigSources:
 
 def resolve_config(sources: ConfigSources) -> RunConfig:
     """The validated ``RunConfig`` of ``sources`` (see the module docstring for the order)."""
-    from ..presets import get_preset
 
     data = load_yaml(sources.config_file) if sources.config_file else {}
     preset = sources.preset or str(data.get("preset") or "tiny")

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from .errors import fail as _fail
-from .models import ModelConfig, TaskModelConfig
-from .trackers import LoggingConfig
+from diffscale.config.errors import fail as _fail
+from diffscale.config.models import ModelConfig, TaskModelConfig
+from diffscale.config.trackers import LoggingConfig
 
 
 class Device(str, enum.Enum):

@@ -11,7 +11,7 @@ import enum
 import re
 from dataclasses import dataclass
 
-from .errors import fail as _fail
+from diffscale.config.errors import fail as _fail
 
 
 class WandbMode(str, enum.Enum):

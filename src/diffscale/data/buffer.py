@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UserError, closest
-from .device_loader import DataPosition
+from diffscale.data.device_loader import DataPosition
+from diffscale.errors import UserError, closest
 
 
 class BufferPolicy(str, enum.Enum):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 
 @dataclass

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import torch
 
-from ..tasks.base import Feed, StopWaiting
-from .buffer import BufferBatcher, ReplayBuffer
-from .device_loader import DataPosition
-from .spool import SpoolChunk, SpoolReader
+from diffscale.data.buffer import BufferBatcher, ReplayBuffer
+from diffscale.data.device_loader import DataPosition
+from diffscale.data.feed import Feed, StopWaiting
+from diffscale.data.spool import SpoolChunk, SpoolReader
 
 POLL_S = 1.0
 """Least time between two listings of the spool directory."""

@@ -1,23 +1,81 @@
 """Which part of a data spec (``data.source``) is a path on the file system, and the spec with
 that path made absolute.
 
-Every task's specs that read files have the form ``kind:PATH[:OPTION]`` (data/sources.py,
-data/fields.py, data/episodes.py, data/spool.py); ``builtin`` data is generated and ``online``
-data pushed from Python, so they name no path. A cluster job runs in its run directory
+Every task's specs that read files have the form ``kind:PATH[:OPTION]`` (tasks/images/sources.py,
+tasks/fields/data.py, tasks/policy/episodes.py, data/spool.py); how a spec separates its path
+from an option after it is defined here, once, and those readers split specs with it. ``builtin``
+data is generated and ``online`` data pushed from Python, so they name no path. A cluster job runs in its run directory
 (``cd $RUN_DIR``), where a relative path written into its config would name something else:
 plan and submit make the path absolute where they resolve the config.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from diffscale.errors import UserError
+
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from diffscale.config import RunConfig
 
 PATH_KINDS = ("imagefolder", "npz", "emnist", "mnist", "zarr", "lerobot", "spool")
 """Spec kinds whose first part is a path."""
+
+EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
+"""The splits ``emnist:ROOT:SPLIT`` may name."""
+
+
+def emnist_path_split(rest: str) -> tuple[str, str]:
+    """``ROOT[:SPLIT]`` -> (root, split or ""): the split is the part after the last ':' when it
+    names a split (paths may hold ':')."""
+    head, _, tail = rest.rpartition(":")
+    if head and tail in EMNIST_SPLITS:
+        return head, tail
+    return rest, ""
+
+
+def path_option_split(rest: str) -> tuple[str, str]:
+    """``PATH[:OPTION]`` of zarr and LeRobot specs -> (path, option or ""): the option is the part
+    after the last ':' when the whole rest is not an existing path (paths may hold ':')."""
+    head, sep, tail = rest.rpartition(":")
+    if sep and head and "/" not in tail and not Path(rest).exists():
+        return head, tail
+    return rest, ""
+
+
+DEFAULT_CAPACITY = 3840
+"""Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
+
+
+@dataclass(frozen=True)
+class SpoolSpec:
+    """``spool:DIR[:N]``: follow DIR into a FIFO buffer of the newest N samples."""
+
+    directory: Path
+    capacity: int
+
+    @property
+    def source(self) -> str:
+        return f"spool:{self.directory}:{self.capacity}"
+
+
+def _spool_parts(rest: str) -> tuple[str, int]:
+    """``DIR[:N]`` -> (DIR, N or the default)."""
+    head, sep, tail = rest.rpartition(":")
+    return (head, int(tail)) if sep and tail.isdigit() else (rest, DEFAULT_CAPACITY)
+
+
+def parse_spool_spec(spec: str) -> SpoolSpec:
+    """``spool:/scratch/run/spool:3840`` -> SpoolSpec(/scratch/run/spool, 3840). The capacity is
+    the last ``:`` part when it is a number, so a directory may contain colons."""
+    directory, capacity = _spool_parts(spec.partition(":")[2])
+    if not directory or capacity < 1:
+        raise UserError(f"data source '{spec}' is not a spool directory",
+                        "write spool:DIR or spool:DIR:N with N the samples the buffer keeps, "
+                        f"e.g. spool:/scratch/run/spool:{DEFAULT_CAPACITY}")
+    return SpoolSpec(Path(directory), capacity)
 
 
 def local_path(source: str) -> str | None:
@@ -29,16 +87,11 @@ def local_path(source: str) -> str | None:
     if kind not in PATH_KINDS or not rest:
         return None
     if kind == "emnist":
-        from .sources import parse_spec
-
-        return parse_spec(source).path
+        return emnist_path_split(rest)[0]
     if kind in ("zarr", "lerobot"):
-        from .episodes import split_spec
-
-        return split_spec(source)[1]
-    if kind == "spool":  # spool:DIR[:N], as parse_spool_spec reads it
-        head, sep, tail = rest.rpartition(":")
-        return head if sep and tail.isdigit() and head else rest
+        return path_option_split(rest)[0]
+    if kind == "spool":
+        return _spool_parts(rest)[0] or rest
     return rest
 
 

@@ -41,41 +41,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError
-from .buffer import MisfitArrays, as_chunk
+from diffscale.data.buffer import MisfitArrays, as_chunk
+from diffscale.errors import UserError
 
 NAME = re.compile(r"^(\d{10})\.npz$")
-DEFAULT_CAPACITY = 3840
-"""Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
 ZIP_MAGIC = b"PK\x03\x04"
 """How every .npz archive (a zip file) begins."""
 UNREADABLE_GRACE_S = 60.0
 """How long the newest file may stay unreadable (still being written) before it is skipped."""
-
-
-@dataclass(frozen=True)
-class SpoolSpec:
-    """``spool:DIR[:N]``: follow DIR into a FIFO buffer of the newest N samples."""
-
-    directory: Path
-    capacity: int
-
-    @property
-    def source(self) -> str:
-        return f"spool:{self.directory}:{self.capacity}"
-
-
-def parse_spool_spec(spec: str) -> SpoolSpec:
-    """``spool:/scratch/run/spool:3840`` -> SpoolSpec(/scratch/run/spool, 3840). The capacity is
-    the last ``:`` part when it is a number, so a directory may contain colons."""
-    rest = spec.partition(":")[2]
-    head, sep, tail = rest.rpartition(":")
-    directory, capacity = (head, int(tail)) if sep and tail.isdigit() else (rest, DEFAULT_CAPACITY)
-    if not directory or capacity < 1:
-        raise UserError(f"data source '{spec}' is not a spool directory",
-                        "write spool:DIR or spool:DIR:N with N the samples the buffer keeps, "
-                        f"e.g. spool:/scratch/run/spool:{DEFAULT_CAPACITY}")
-    return SpoolSpec(Path(directory), capacity)
 
 
 def _sequence(path: Path) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from ..runtime.device import on_side_stream
+from diffscale.runtime.device import on_side_stream
 
 LoopBody = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]
 WARMUP_CALLS = 2  # the first compiles; the second runs as every later call does before recording

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..config import RuntimeConfig, Toggle
-from ..errors import UserError
-from ..runtime.device import DevicePolicy, configure_backends, inference_policy
-from ..runtime.flex_attention import use_flex_attention
-from ..runtime.parallelize import compile_options
-from .graphed import LoopCache
+from diffscale.config import RuntimeConfig, Toggle
+from diffscale.diffusion.graphed import LoopCache
+from diffscale.errors import UserError
+from diffscale.runtime.device import DevicePolicy, configure_backends, inference_policy
+from diffscale.runtime.flex_attention import use_flex_attention
+from diffscale.runtime.parallelize import compile_options
 
 
 class InferenceNetwork(torch.nn.Module):

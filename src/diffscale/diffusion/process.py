@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
-from ..config import DiffusionConfig, Prediction
+from diffscale.config import DiffusionConfig, Prediction
 
 
 class GaussianDiffusion:

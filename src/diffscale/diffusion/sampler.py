@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
-from .graphed import LoopCache
-from .process import GaussianDiffusion
+from diffscale.diffusion.graphed import LoopCache
+from diffscale.diffusion.process import GaussianDiffusion
 
 
 class SamplerKind(str, enum.Enum):

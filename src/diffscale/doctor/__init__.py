@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from .signatures import EVERY_RULES, Finding, match_records, match_text
-from .sources import Evidence, gather
+from diffscale.doctor.signatures import EVERY_RULES, Finding, match_records, match_text
+from diffscale.doctor.sources import Evidence, gather
 
 EXIT_FOUND = 0
 EXIT_NOTHING = 1
@@ -31,7 +31,7 @@ def diagnose(ev: Evidence) -> list[Finding]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .report import print_report
+    from diffscale.doctor.report import print_report
 
     ev = gather(args.target)
     findings = diagnose(ev)
@@ -40,7 +40,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli_parser import verb
+    from diffscale.cli_parser import verb
 
     p = verb(
         subparsers, "doctor", "explain why a run or job failed, and what to change",

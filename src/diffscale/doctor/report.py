@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.text import Text
 
-from .signatures import Finding
-from .sources import Evidence
-from .tracebacks import last_error_line, tail
+from diffscale.doctor.signatures import Finding
+from diffscale.doctor.sources import Evidence
+from diffscale.doctor.tracebacks import last_error_line, tail
 
 
 def _panel(f: Finding) -> Panel:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .rules import TextRule, next_lines
+from diffscale.doctor.rules import TextRule, next_lines
 
 # ibv_wc_status codes NCCL reports as "Got completion ... with error N"
 _IB_STATUS = {

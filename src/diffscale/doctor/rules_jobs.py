@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .rules import TextRule
+from diffscale.doctor.rules import TextRule
 
 HOST_OOM = "host-oom"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from .rules import TextRule, strip_rank_prefix
+from diffscale.doctor.rules import TextRule, strip_rank_prefix
 
 _MEMBER = re.compile(r"Initializing distributed: GLOBAL_RANK: (?P<rank>\d+), MEMBER: (?P<member>\d+)/(?P<world>\d+)")
 

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .rules import RecordRule, TextRule
+from diffscale.doctor.rules import RecordRule, TextRule
 
 TEXT_RULES: tuple[TextRule, ...] = (
     TextRule(

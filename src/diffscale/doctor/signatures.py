@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import rules_accounting, rules_gpu, rules_jobs, rules_lightning, rules_training
-from .rules import Finding, RecordRule, TextRule
-from .tracebacks import PYTHON_TRACEBACK, traceback_finding
+from diffscale.doctor import rules_accounting, rules_gpu, rules_jobs, rules_lightning, rules_training
+from diffscale.doctor.rules import Finding, RecordRule, TextRule
+from diffscale.doctor.tracebacks import PYTHON_TRACEBACK, traceback_finding
 
 __all__ = ["Finding", "RecordRule", "TextRule", "TEXT_RULES", "RECORD_RULES", "RULE_NAMES", "EVERY_RULES",
            "match_text", "match_records"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 MAX_LOG_BYTES = 4 << 20
 """Read at most the last 4 MiB of a log: failures are at the end, logs of long runs are huge."""
@@ -141,7 +141,7 @@ def _metrics(path: Path, ev: Evidence) -> None:
 
 
 def _scheduler_records(run_dir: Path, ev: Evidence) -> None:
-    from ..cluster import jobs
+    from diffscale.cluster.jobs import records as jobs
 
     try:
         submissions = jobs.load(run_dir)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .rules import RANK_PREFIX, Finding
+from diffscale.doctor.rules import RANK_PREFIX, Finding
 
 PYTHON_TRACEBACK = "python-traceback"
 

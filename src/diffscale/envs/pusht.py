@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 OBS_DIM = 5
 """Observation values per step: agent x, y, block x, y, block angle."""

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UserError, closest
-from . import pusht
-from .reach2d import ACTION_DIM, MAX_STEPS, MODES, OBS_DIM, Reach2D
+from diffscale.envs import pusht
+from diffscale.envs.reach2d import ACTION_DIM, MAX_STEPS, MODES, OBS_DIM, Reach2D
+from diffscale.errors import UserError, closest
 
 Policy = Callable[[np.ndarray], np.ndarray]
 """Observation histories (B, To, O) -> action chunks (B, T, A), in the data's units."""

@@ -32,7 +32,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})$")

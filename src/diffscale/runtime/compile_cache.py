@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig, Toggle
+from diffscale.config import RunConfig, Toggle
 
 STAMP = "diffscale-stamp.json"
 """Beside torch's entries: the fingerprint of the run they were traced for."""

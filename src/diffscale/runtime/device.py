@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
-from ..errors import UserError
-from .resources import host_memory_bytes
+from diffscale.config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
+from diffscale.errors import UserError
+from diffscale.runtime.resources import host_memory_bytes
 
 FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)

@@ -5,7 +5,7 @@ One process is simply the world-size-1 case: every caller uses the same
 
 * ``torchrun``: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
   Grid Engine jobs use it too: their script reads PE_HOSTFILE (first host = master)
-  and starts one torchrun per host with its node rank (diffscale.cluster.sge).
+  and starts one torchrun per host with its node rank (diffscale.cluster.scripts.sge).
 * SLURM tasks started by ``srun``: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
   SLURM_NODEID, first host of SLURM_JOB_NODELIST, port derived from SLURM_JOB_ID.
 
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
+from diffscale.errors import UserError
 
 PORT_BASE = 20000
 PORT_SPAN = 20000

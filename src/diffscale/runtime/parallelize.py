@@ -10,11 +10,11 @@ from typing import Any, cast
 
 import torch
 
-from ..config import CompileMode, Recipe, RunConfig, Toggle
-from ..errors import UserError
-from .compile_cache import CompileCache
-from .device import DevicePolicy, on_side_stream, recording_stream
-from .distributed import DistContext
+from diffscale.config import CompileMode, Recipe, RunConfig, Toggle
+from diffscale.errors import UserError
+from diffscale.runtime.compile_cache import CompileCache
+from diffscale.runtime.device import DevicePolicy, on_side_stream, recording_stream
+from diffscale.runtime.distributed import DistContext
 
 
 def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, policy: DevicePolicy,

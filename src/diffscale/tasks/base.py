@@ -28,8 +28,9 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import Dataset
 
-from ..data.device_loader import DataPosition
-from ..errors import UserError
+from diffscale.data.device_loader import DataPosition
+from diffscale.data.feed import Batcher, Feed
+from diffscale.errors import UserError
 
 Autocast = Callable[[], AbstractContextManager[Any]]
 """A zero-argument context manager factory (``DevicePolicy.autocast``)."""
@@ -54,45 +55,6 @@ class ReferenceData:
     fp16: bool = True
     """The loop runs its forward pass under fp16 autocast with a GradScaler on CUDA (the common
     image recipe); False: fp32 throughout, as the field and policy reference loops do."""
-
-
-class Batcher(Protocol):
-    """The indices of each global batch, identical on every rank, and where the stream stands
-    (checkpointed, so a resumed run draws exactly the batches the uninterrupted one would)."""
-
-    @property
-    def position(self) -> DataPosition: ...
-
-    def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(global batch,) rows of the task's data for the next optimizer step; written into
-        ``out`` (int64, on the device) when given, which is returned."""
-        ...
-
-
-def _no_report(message: str, record: dict[str, Any]) -> None:
-    del message, record
-
-
-@dataclass(frozen=True)
-class Feed:
-    """What a batcher whose data arrives while training (a spool directory) needs from the
-    loop: the ranks it must agree with and where it reports. A batcher over resident data
-    ignores it; the defaults are one silent process (``OnlineTrainer``, bench)."""
-
-    rank: int = 0
-    world_size: int = 1
-    share: Callable[[torch.Tensor], torch.Tensor] = lambda tensor: tensor
-    """Rank 0's ``tensor`` on every rank (a broadcast: every rank passes one of the same shape
-    and dtype, and every rank must call it at the same point)."""
-    report: Callable[[str, dict[str, Any]], None] = _no_report
-    """A line for the log and a record for metrics.jsonl (written by rank 0 only)."""
-    stopping: Callable[[], bool] = lambda: False
-    """Whether a stop was requested (a signal before the time limit); the same answer on every rank."""
-
-
-class StopWaiting(Exception):
-    """A batcher waiting for data was asked to stop: the loop checkpoints and ends as it does
-    for any stop request, without an optimizer step."""
 
 
 class Task(Protocol):
@@ -223,3 +185,7 @@ def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, ste
     generated = task.generate(network, count=count, steps=steps, seed=seed, sampler=sampler, trajectory=trajectory,
                               autocast=autocast)
     return task.write_samples(generated, path)
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -6,9 +6,9 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from diffscale.cluster.partition_choice import Start, parse_test_only
-from diffscale.cluster.profile_io import load_profile
-from diffscale.cluster.profiles import ClusterProfile
+from diffscale.cluster.planning.partition_choice import Start, parse_test_only
+from diffscale.cluster.profiles.loading import load_profile
+from diffscale.cluster.profiles.types import ClusterProfile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -7,9 +7,9 @@ import json
 
 import yaml
 
-from diffscale.cluster.discover import sge_profile, slurm_profile
-from diffscale.cluster.profile_io import dump_profile, profile_from_dict
-from diffscale.cluster.profiles import GpuScope
+from diffscale.cluster.profiles.discover import sge_profile, slurm_profile
+from diffscale.cluster.profiles.loading import dump_profile, profile_from_dict
+from diffscale.cluster.profiles.types import GpuScope
 
 from cluster_fixtures import FIXTURES
 

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from diffscale import presets
-from diffscale.cluster.couple import coupled_plans
-from diffscale.cluster.jobspec import RaceSpec, job_name
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profile_io import available, load_profile
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import DiffscaleRun, UserCommand
-from diffscale.config import merge
-from diffscale.data.spool import SpoolSpec
+from diffscale.cluster.planning.couple import coupled_plans
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.profiles.loading import available, load_profile
+from diffscale.cluster.scripts.jobspec import RaceSpec, job_name
+from diffscale.config import merge, presets
+from diffscale.data.locations import SpoolSpec
 
 from cluster_fixtures import RECORDED_AT, fixture_profile, probe_file, recorded_start
 
@@ -121,11 +120,11 @@ def test_golden_coupled_scripts(index, role):
 def test_golden_race_across_partitions(tmp_path):
     """`submit --partition auto --race 3` on the lab's cluster (recorded `sbatch --test-only`): the
     8 x H200 candidate, third by finish, racing 16 and 8 L40S in another partition."""
-    from diffscale.cluster.partition_auto import compare
-    from diffscale.cluster.partition_choice import ranked
-    from diffscale.cluster.partition_race import raced, raced_plans
-    from diffscale.cluster.probe_result import load
-    from diffscale.cluster.usage import rank_usage
+    from diffscale.cluster.planning.partition_auto import compare
+    from diffscale.cluster.planning.partition_choice import ranked
+    from diffscale.cluster.planning.partition_race import raced, raced_plans
+    from diffscale.cluster.planning.usage import rank_usage
+    from diffscale.cluster.probe.result import load
 
     probes = [probe_file(tmp_path / f"{gpu}.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu=f"NVIDIA {gpu}",
                          steps_per_s=rate) for gpu, rate in (("H200", 40.0), ("L40S", 8.7))]

@@ -11,14 +11,15 @@ import pytest
 import tomllib
 import yaml
 
-from diffscale import presets
-from diffscale.cluster import estimates, measured
-from diffscale.cluster.measured import MeasuredDataError
+from diffscale.cluster.planning import estimates, measured
+from diffscale.cluster.planning.measured import MeasuredDataError
+from diffscale.config import presets
 
 BENCHMARKS = (Path(__file__).resolve().parents[3] / "docs" / "benchmarks.md").read_text()
 
-SRC = Path(measured.__file__).resolve().parent
-ROOT = SRC.parents[2]
+SRC = Path(measured.__file__).resolve().parent  # src/diffscale/cluster/planning
+PACKAGE = SRC.parents[1]  # src/diffscale
+ROOT = SRC.parents[3]
 
 
 def test_every_figure_carries_its_provenance():
@@ -43,16 +44,17 @@ def test_the_planner_prefers_the_measured_figures():
     assert other.source == "estimated"
 
 
-@pytest.mark.parametrize("path", ["cluster/measured.yaml", "cluster/measured.py", "cluster/estimates.py",
-                                  "cluster/preflight.py", "runtime/resources.py"])
+@pytest.mark.parametrize("path", ["cluster/planning/measured.yaml", "cluster/planning/measured.py",
+                                  "cluster/planning/estimates.py", "cluster/planning/preflight.py",
+                                  "runtime/resources.py"])
 def test_figures_cite_documents_not_internal_run_labels(path):
-    text = (SRC.parent / path).read_text()
+    text = (PACKAGE / path).read_text()
     assert not re.search(r"\bruns? [A-Z]\d?\b|\bsessions? \d|\bpass \d", text), path
 
 
 def test_the_data_file_ships_with_the_package():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "cluster/measured.yaml" in project["tool"]["setuptools"]["package-data"]["diffscale"]
+    assert "cluster/planning/measured.yaml" in project["tool"]["setuptools"]["package-data"]["diffscale"]
 
 
 def _document() -> dict:

@@ -6,12 +6,12 @@ import subprocess
 
 import pytest
 
-from diffscale import presets
-from diffscale.cluster.jobspec import Continuation, job_name
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profile_io import load_profile
-from diffscale.cluster.shape import Shape, parse_race
-from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape, parse_race
+from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.profiles.loading import load_profile
+from diffscale.cluster.scripts.jobspec import Continuation, job_name
+from diffscale.config import presets
 from diffscale.errors import UserError
 from diffscale.runtime.distributed import port_from_job_id
 
@@ -112,9 +112,9 @@ def test_shape_validation_names_the_flag():
 def test_a_field_run_is_estimated_from_its_network_counted_on_the_meta_device():
     import torch
 
-    from diffscale.cluster import estimates
-    from diffscale.models import count_parameters
-    from diffscale.tasks import build_task
+    from diffscale.cluster.planning import estimates
+    from diffscale.tasks.base import count_parameters
+    from diffscale.tasks.registry import build_task
 
     tiny = presets.get_preset("tiny")  # the meta-device count agrees with the UNet walk where both apply
     walked, counted = estimates.model_cost(tiny.model), estimates.network_cost(tiny)

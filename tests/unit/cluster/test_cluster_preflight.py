@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from diffscale import presets
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.profile_io import load_profile
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import DiffscaleRun, UserCommand
-from diffscale.config import merge
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.profiles.loading import load_profile
+from diffscale.config import merge, presets
 from diffscale.runtime.resources import GIB
 
 
@@ -187,7 +186,7 @@ def test_plan_without_the_required_account_exits_2_with_the_fix(capsys):
 def test_a_profile_account_satisfies_the_requirement_and_other_facts_can_be_required():
     from dataclasses import replace
 
-    from diffscale.cluster.profiles import Fact, Requirement
+    from diffscale.cluster.profiles.types import Fact, Requirement
 
     p = replace(load_profile("purdue-gilbreth"), account="grp",
                 required=(Requirement(Fact.ACCOUNT), Requirement(Fact.QOS, "normal or standby")))

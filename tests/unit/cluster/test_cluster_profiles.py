@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from diffscale.cluster.profile_io import available, dump_profile, load_profile, profile_from_dict, profile_to_dict
-from diffscale.cluster.profiles import GpuScope, SchedulerKind
+from diffscale.cluster.profiles.loading import available, dump_profile, load_profile, profile_from_dict, profile_to_dict
+from diffscale.cluster.profiles.types import GpuScope, SchedulerKind
 from diffscale.errors import UserError
 
 BUNDLED = ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch")

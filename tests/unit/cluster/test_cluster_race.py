@@ -8,7 +8,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from diffscale.cluster.race import CLAIM_FILE, claim, claim_snippet, owner
+from diffscale.cluster.jobs.race import CLAIM_FILE, claim, claim_snippet, owner
 
 
 def test_first_claim_wins_and_the_owner_may_come_back(tmp_path):

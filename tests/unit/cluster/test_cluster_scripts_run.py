@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from diffscale import presets
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.config import presets
 from diffscale.runtime.distributed import port_from_job_id
 from diffscale.runtime.signals import EXIT_REQUEUE
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from diffscale import presets
-from diffscale.cluster import jobs
-from diffscale.cluster.jobs import JobRecord, JobState, Submission
-from diffscale.cluster.plan import make_plan
-from diffscale.cluster.profile_io import load_profile
-from diffscale.cluster.report import time_limit
-from diffscale.cluster.scheduler import (
+from diffscale.cluster.jobs import records as jobs
+from diffscale.cluster.jobs.records import JobRecord, JobState, Submission
+from diffscale.cluster.jobs.scheduler import (
     SLURM_FINAL,
     parse_qacct,
     parse_qstat_xml,
@@ -20,9 +16,13 @@ from diffscale.cluster.scheduler import (
     sge_state_words,
     slurm_state,
 )
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.timefmt import parse_duration, parse_time_limit
-from diffscale.cluster.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.planning.plan import make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.profiles.loading import load_profile
+from diffscale.cluster.scripts.timefmt import parse_duration, parse_time_limit
+from diffscale.cluster.tables import time_limit
+from diffscale.config import presets
 from diffscale.errors import UserError
 
 SCONTROL = ("JobId=7 JobName=ds-run-abc123 UserId=alice(1000) GroupId=alice(1000) JobState={state} Reason=None "

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from diffscale.cli import main
-from diffscale.cluster.jobs import JobState
-from diffscale.cluster.jobspec import job_name
-from diffscale.cluster.partition_auto import compare
-from diffscale.cluster.partition_choice import ranked
-from diffscale.cluster.partition_race import race_label, raced, raced_plans
-from diffscale.cluster.plan import PlanOptions
-from diffscale.cluster.probe_result import load
-from diffscale.cluster.race import claim, owner
-from diffscale.cluster.scheduler import Slurm
-from diffscale.cluster.usage import rank_usage
-from diffscale.cluster.workload import UserCommand
+from diffscale.cluster.jobs.race import claim, owner
+from diffscale.cluster.jobs.records import JobState
+from diffscale.cluster.jobs.scheduler import Slurm
+from diffscale.cluster.planning.partition_auto import compare
+from diffscale.cluster.planning.partition_choice import ranked
+from diffscale.cluster.planning.partition_race import race_label, raced, raced_plans
+from diffscale.cluster.planning.plan import PlanOptions
+from diffscale.cluster.planning.usage import rank_usage
+from diffscale.cluster.planning.workload import UserCommand
+from diffscale.cluster.probe.result import load
+from diffscale.cluster.scripts.jobspec import job_name
 from diffscale.errors import UserError
 
 from cluster_fixtures import FIXTURES, RECORDED_AT, fixture_profile, probe_file, recorded_start
@@ -109,7 +109,7 @@ def _row(out: str, partition: str, shape: str) -> str:
 
 
 def test_plan_marks_the_raced_candidates_in_the_table(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", _shifted)
+    monkeypatch.setattr("diffscale.cluster.planning.partition_auto.slurm_starts", _shifted)
     assert main(_auto(tmp_path, "plan", "--race", "3")) == 0
     out = capsys.readouterr().out
     assert "<- race 1" in _row(out, "l40s", "4x4") and "<- race 2" in _row(out, "l40s", "2x4")
@@ -139,9 +139,9 @@ class _Recording(Slurm):
 
 
 def test_submit_races_the_best_candidates_and_status_names_the_winner(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", _shifted)
+    monkeypatch.setattr("diffscale.cluster.planning.partition_auto.slurm_starts", _shifted)
     sched = _Recording()
-    monkeypatch.setattr("diffscale.cluster.scheduler.for_kind", lambda kind: sched)
+    monkeypatch.setattr("diffscale.cluster.jobs.scheduler.for_kind", lambda kind: sched)
     run = tmp_path / "run"
     assert main(_auto(tmp_path, "submit", "--race", "3")) == 0
     out = capsys.readouterr().out
@@ -175,9 +175,9 @@ def test_submit_races_the_best_candidates_and_status_names_the_winner(tmp_path, 
                             "candidates (each its own partition and shape) -- pass a count with --partition auto"),
 ])
 def test_bad_race_counts_are_one_line_and_submit_nothing(tmp_path, capsys, monkeypatch, verb, race, message):
-    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", _shifted)
+    monkeypatch.setattr("diffscale.cluster.planning.partition_auto.slurm_starts", _shifted)
     sched = _Recording()
-    monkeypatch.setattr("diffscale.cluster.scheduler.for_kind", lambda kind: sched)
+    monkeypatch.setattr("diffscale.cluster.jobs.scheduler.for_kind", lambda kind: sched)
     assert main(_auto(tmp_path, verb, *race)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

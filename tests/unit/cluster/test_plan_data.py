@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from diffscale.cli import main
-from diffscale.cluster.scheduler import Slurm
+from diffscale.cluster.jobs.scheduler import Slurm
 from diffscale.data.locations import absolute, local_path
 
 PLAN = ["plan", "--cluster", "purdue-gilbreth", "--account", "mylab", "--gpus-per-node", "1"]
@@ -58,7 +58,7 @@ def test_submit_writes_a_relative_data_path_as_an_absolute_one(flag, tmp_path, c
     (tmp_path / "data").mkdir()
     _demos(tmp_path / "data" / "demos.npz")
     sched = _Recording()
-    monkeypatch.setattr("diffscale.cluster.scheduler.for_kind", lambda kind: sched)
+    monkeypatch.setattr("diffscale.cluster.jobs.scheduler.for_kind", lambda kind: sched)
     data = ["--data", "npz:data/demos.npz"] if flag == ["--data"] else ["--set", "data.source=npz:data/demos.npz"]
     assert main(["submit", *PLAN[1:], *POLICY, *data, "--out", str(tmp_path / "run")]) == 0
     written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -120,9 +120,9 @@ def test_data_is_refused_where_the_job_does_not_read_it(argv, message, tmp_path,
 
 
 def test_the_data_check_says_where_the_job_reads_its_data():
-    from diffscale import presets
-    from diffscale.cluster.preflight import data_path
-    from diffscale.cluster.workload import DiffscaleRun, UserCommand
+    from diffscale.cluster.planning.preflight import data_path
+    from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+    from diffscale.config import presets
 
     cfg = presets.get_preset("policy")
     cfg.data.source = "zarr:/scratch/pusht.zarr"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffscale.cli import main
-from diffscale.cluster.probe_result import load, parse_progress
+from diffscale.cluster.probe.result import load, parse_progress
 
 TRAINER = textwrap.dedent("""
     import multiprocessing as mp, sys, time

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from diffscale.cli import main
-from diffscale.cluster.launcher import Launcher, resolve
-from diffscale.cluster.partition_auto import compare
-from diffscale.cluster.partition_choice import parse_squeue_start, parse_test_only, pick
-from diffscale.cluster.plan import PlanOptions, make_plan
-from diffscale.cluster.shape import Shape
-from diffscale.cluster.usage import rank_usage
-from diffscale.cluster.workload import UserCommand
+from diffscale.cluster.planning.partition_auto import compare
+from diffscale.cluster.planning.partition_choice import parse_squeue_start, parse_test_only, pick
+from diffscale.cluster.planning.plan import PlanOptions, make_plan
+from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.usage import rank_usage
+from diffscale.cluster.planning.workload import UserCommand
+from diffscale.cluster.scripts.launcher import Launcher, resolve
 
 from cluster_fixtures import FIXTURES, fixture_profile, probe_file, recorded_start
 
@@ -102,8 +102,8 @@ def test_golden_lightning_scripts(stem, profile, shape):
 
 def test_golden_probe_job():
     """`diffscale probe --cluster nyu-torch --partition h200 --seconds 120 -- python train.py ...`"""
-    from diffscale.cluster.probe_cli import probe_job_plan
-    from diffscale.cluster.profile_io import load_profile
+    from diffscale.cluster.probe.cli import probe_job_plan
+    from diffscale.cluster.profiles.loading import load_profile
 
     plan = probe_job_plan(load_profile("nyu-torch"), "h200", 120, RUN_DIR, ("python", "train.py", "--name", "it's $x"),
                           python=PYTHON, account="torch_pr_1")
@@ -136,7 +136,7 @@ def test_the_users_case_16_l40s_now_finish_before_8_h200_after_a_6_5_h_wait(tmp_
                        steps_per_s=10.0)
     l40s = probe_file(tmp_path / "l40s.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S",
                        steps_per_s=8.7)  # ~87 % of an H200 for their model
-    from diffscale.cluster.probe_result import load
+    from diffscale.cluster.probe.result import load
 
     usage = rank_usage([(load(h200), str(h200)), (load(l40s), str(l40s))])
     user = UserCommand(("python", "train.py"), "/runs/r", PYTHON, usage=usage)
@@ -160,7 +160,7 @@ def test_partition_auto_for_a_command_needs_its_length(tmp_path, capsys):
 
 
 def test_partition_auto_without_a_probe_on_any_gpu_names_the_missing_fact(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("diffscale.cluster.partition_auto.slurm_starts", lambda workdir: recorded_start)
+    monkeypatch.setattr("diffscale.cluster.planning.partition_auto.slurm_starts", lambda workdir: recorded_start)
     assert main(["plan", "--cluster", LAB, "--partition", "auto", "--total-steps", "1000", "--mem-per-rank", "4",
                  "--out", str(tmp_path / "r"), "--", "python", "train.py"]) == 2
     err = capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_a_profile_without_node_memory_names_the_fact_and_discover(tmp_path, cap
     profile.write_text("name: bare\nscheduler: slurm\npartitions:\n  gpu:\n    gpus_per_node: 4\n")
     assert main(["plan", "--cluster", str(profile), "--mem-per-rank", "5", "--out", str(tmp_path / "r"), "--",
                  "python", "train.py"]) == 0
-    from diffscale.cluster.profile_io import load_profile
+    from diffscale.cluster.profiles.loading import load_profile
 
     user = UserCommand(("python", "train.py"), "/r", PYTHON, usage=rank_usage([], mem_per_rank_gb=5))
     check = next(c for c in make_plan(load_profile(str(profile)), Shape(1, 4), user).checks

@@ -1,0 +1,2 @@
+"""Jobs once planned: the scheduler adapters (the only code that runs sbatch/qsub and friends),
+submission, races and RUN_DIR/jobs.json."""

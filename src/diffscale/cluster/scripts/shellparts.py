@@ -1,0 +1,108 @@
+"""Shell fragments shared by the SLURM and Grid Engine job scripts.
+
+Every user-controlled value reaches the script through :func:`q` (shlex.quote): paths
+with spaces, quotes, ``$``, backticks or newlines stay one literal word. Values that go
+into ``#SBATCH`` / ``#$`` lines (parsed by sbatch/qsub, not by a shell) are never paths:
+names are validated to a safe alphabet and logs are written relative to the run
+directory, which the job runs in.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Iterable
+
+from diffscale import __version__
+from diffscale.cluster.scripts.jobspec import RaceSpec
+from diffscale.runtime.signals import EXIT_REQUEUE
+
+q = shlex.quote
+
+
+def words(argv: Iterable[str]) -> str:
+    return " ".join(q(a) for a in argv)
+
+
+def header(title: str, directive_note: str) -> list[str]:
+    title = "".join(c if c.isprintable() else "?" for c in title)
+    return [
+        "#!/bin/bash",
+        f"# Job script written by diffscale {__version__}: regenerate it with `diffscale plan` rather than edit it.",
+        f"# {title}",
+        f"# {directive_note}",
+    ]
+
+
+def exports(env: Iterable[tuple[str, str]]) -> list[str]:
+    return [f"export {name}={q(value)}" for name, value in env]
+
+
+def wait_for(pid_var: str, rc_var: str) -> list[str]:
+    """Wait for a background process, riding out trapped signals.
+
+    ``wait`` returns early (status > 128) when a trapped signal arrives while the child
+    still runs; wait again then. A last ``wait`` fetches the status bash remembered if
+    the child ended just as the trap ran (it answers 127 when nothing is left to fetch).
+    """
+    return [
+        f"wait \"${pid_var}\"; {rc_var}=$?",
+        f"while [ \"${rc_var}\" -gt 128 ] && kill -0 \"${pid_var}\" 2>/dev/null; "
+        f"do wait \"${pid_var}\"; {rc_var}=$?; done",
+        f"if [ \"${rc_var}\" -gt 128 ]; then wait \"${pid_var}\" 2>/dev/null; _last=$?; "
+        f"[ \"$_last\" -ne 127 ] && {rc_var}=$_last; fi",
+    ]
+
+
+def site_setup(setup: Iterable[str], env: Iterable[tuple[str, str]]) -> list[str]:
+    lines = list(setup)
+    out = []
+    if lines:
+        out.append("# Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)")
+        out.extend(lines)
+    env_lines = exports(env)
+    if env_lines:
+        out.append("# Variables from the cluster profile (NCCL settings)")
+        out.extend(env_lines)
+    return out
+
+
+REQUEUE_NOTE = (f"# Exit {EXIT_REQUEUE}: diffscale checkpointed on the warning signal and is not finished.")
+
+
+def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
+    env = list(command_env)
+    unbuffered = [(k, v) for k, v in env if k == "PYTHONUNBUFFERED"]
+    own = [(k, v) for k, v in env if k != "PYTHONUNBUFFERED"]
+    lines = []
+    if unbuffered:
+        lines += ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
+                  "# prints appears in the log as it happens.", *exports(unbuffered)]
+    if own:
+        lines += ["# For the command: where it hands its output to the coupled trainer (the spool directory).",
+                  *exports(own)]
+    return lines
+
+
+def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command: str, setup: Iterable[str],
+             env: Iterable[tuple[str, str]], claim: Callable[[str, tuple[str, ...], str], str],
+             command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """The lines every job script starts with after its directives: strict mode, the run
+    directory, a greeting, the race claim (when racing), the command's variables and the
+    site set-up (whose env may override them)."""
+    lines = [
+        "",
+        "# No `set -e`: the script inspects the training's exit code itself.",
+        "set -uo pipefail",
+        f"RUN_DIR={q(run_dir)}",
+        "cd \"$RUN_DIR\" || exit 2",
+        greeting,
+    ]
+    if race:
+        lines += ["", claim(race.key, race.rivals, cancel_command)]
+    own = command_exports(command_env)
+    if own:
+        lines += [""] + own
+    site = site_setup(setup, env)
+    if site:
+        lines += [""] + site
+    return lines

@@ -1,0 +1,158 @@
+"""Terminal output of the cluster verbs (rich tables). Presentation only: no decisions."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from diffscale.cluster.jobs.records import JobRecord, Submission, owner_words
+from diffscale.cluster.jobs.scheduler import JobState
+from diffscale.cluster.planning.plan import Plan
+from diffscale.cluster.profiles.types import ClusterProfile
+from diffscale.cluster.scripts.timefmt import hms, human
+
+
+def _console() -> Console:
+    # wide enough for the rank table when piped to a file
+    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+
+
+def _u(value: object, unit: str = "") -> str:
+    return "unknown" if value is None else f"{value:g}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def time_limit(plan: Plan, asked: bool) -> str:
+    """The wall time the job will run under, and where that figure comes from."""
+    from diffscale.cluster.planning.plan import SEGMENT_MARGIN_S
+
+    t, part = plan.spec.time_s, plan.partition
+    if t is None and part.default_time:
+        return (f"none passed to the scheduler: partition '{part.name}''s default applies, {part.default_time} "
+                "(recorded in the profile by cluster discover); pass --time to set one")
+    if t is None:
+        return (f"none passed to the scheduler: partition '{part.name}''s default applies, which the profile does not "
+                "document (on a partition without a maximum the job may run unlimited); pass --time to set one")
+    if asked:
+        return f"{hms(t)} (--time)"
+    if plan.time_source:
+        return f"{hms(t)}: {plan.time_source}"
+    if plan.estimate_s is None:
+        return f"{hms(t)}: the partition's maximum (diffscale cannot estimate a user command's time; pass --time)"
+    if part.max_time_s is not None and t == part.max_time_s:
+        return f"{hms(t)}: the partition's maximum (estimated training ~{human(plan.estimate_s)} needs no less)"
+    return (f"{hms(t)}: estimated training ~{human(plan.estimate_s)} x 1.2 + {SEGMENT_MARGIN_S // 60} min margin, "
+            "rounded up to 15 min")
+
+
+def print_plan(plan: Plan, *, time_asked: bool) -> None:
+    console = _console()
+    console.rule(f"job script ({plan.label})")
+    # the script verbatim: no markup, no highlighting, so it can be copied as is
+    sys.stdout.write(plan.script())
+    sys.stdout.flush()
+    console.rule(f"ranks ({plan.spec.world_size})")
+    table = Table(show_lines=False)
+    for col in ("rank", "node", "local rank", "device", "started by", "master address : port (source)"):
+        table.add_column(col)
+    for r in plan.ranks:
+        table.add_row(str(r.rank), r.host, str(r.local_rank), r.device, r.started_by, r.master)
+    console.print(table)
+    if plan.segments:
+        seg = Table(title="segments (each resumes from the newest checkpoint; estimated)")
+        for col in ("segment", "wall time", "steps"):
+            seg.add_column(col)
+        for s in plan.segments:
+            seg.add_row(str(s.index), hms(s.time_s), s.steps)
+        console.print(seg)
+    print_checks(plan, time_asked=time_asked)
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False)
+
+
+def print_checks(plan: Plan, *, time_asked: bool) -> None:
+    console = _console()
+    table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, "
+                        f"{plan.role + ' job, ' if plan.role else ''}shape {plan.shape.label}")
+    for col in ("check", "result", "detail", "fix"):
+        table.add_column(col)
+    style = {True: "green", False: "bold red", None: "yellow"}
+    for c in plan.checks:
+        table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
+    console.print(table)
+    console.print(f"time limit ({plan.label}): {time_limit(plan, time_asked)}", markup=False)
+
+
+def _shape(job: JobRecord) -> str:
+    """``1x4``; ``simulation 2x128`` in a coupled layout; the race key (``h200-1x8``) in a race
+    across partitions, where shapes alone may repeat."""
+    return f"{job.role} {job.shape}" if job.role else job.key
+
+
+def print_submission(sub: Submission) -> None:
+    console = _console()
+    table = Table(title=f"submitted to {sub.cluster} ({sub.scheduler})")
+    for col in ("job id", "shape", "segment", "after", "name", "log"):
+        table.add_column(col)
+    for j in sub.jobs:
+        table.add_row(j.job_id, _shape(j), f"{j.segment}/{j.segments}", j.after or "", j.name, j.log)
+    console.print(table)
+    console.print(f"run directory: {sub.run_dir}", markup=False)
+    if sub.race:
+        console.print(f"race between {', '.join(sub.race)}: the first to start owns the run and cancels the others",
+                      markup=False)
+    console.print("watch it with `diffscale status RUN_DIR` / `diffscale logs RUN_DIR`", markup=False)
+
+
+def print_status(sub: Submission, states: Sequence[JobState], run_dir: Path) -> None:
+    from diffscale.cluster.jobs import race
+
+    console = _console()
+    by_id = {s.job_id: s for s in states}
+    table = Table(title=f"{sub.what} on {sub.cluster}, submitted {sub.submitted_at}")
+    for col in ("job id", "shape", "segment", "state", "detail"):
+        table.add_column(col)
+    for j in sub.jobs:
+        s = by_id.get(j.job_id)
+        table.add_row(j.job_id, _shape(j), f"{j.segment}/{j.segments}", s.state if s else "?", s.detail if s else "")
+    console.print(table)
+    if sub.race:
+        owner = race.owner(run_dir)
+        console.print(f"race: {owner_words(sub, owner) + ' owns the run' if owner else 'no shape has started yet'}",
+                      markup=False)
+
+
+def print_profile_list(profiles: Sequence[ClusterProfile]) -> None:
+    table = Table(title="cluster profiles")
+    for col in ("name", "scheduler", "partitions", "from"):
+        table.add_column(col)
+    for p in profiles:
+        table.add_row(p.name, p.scheduler.value, ", ".join(x.name for x in p.partitions), p.source)
+    _console().print(table)
+
+
+def print_profile(profile: ClusterProfile) -> None:
+    console = _console()
+    console.print(f"{profile.title} ({profile.scheduler.value}) -- {profile.source}", markup=False)
+    for url in profile.docs:
+        console.print(f"  docs: {url}", markup=False)
+    table = Table()
+    for col in ("partition", "submit as", "GPUs/node", "GPU", "GPU mem", "cores/node", "mem/node", "max time",
+                "interconnect"):
+        table.add_column(col)
+    for p in profile.partitions:
+        table.add_row(p.name, p.submit_name or "(scheduler routes)", _u(p.gpus_per_node), p.gpu_type or "-",
+                      _u(p.gpu_memory_gb, " GB"), _u(p.cpus_per_node), _u(p.mem_per_node_gb, " GB"),
+                      human(p.max_time_s) if p.max_time_s else "unknown/unlimited", p.interconnect or "unknown")
+    console.print(table)
+    if profile.sge:
+        s = profile.sge
+        console.print(f"Grid Engine: PE one host {s.pe_single_host or '-'}, several hosts {s.pe_multi_host or '-'}; "
+                      f"GPUs as -l {s.gpu_resource}=N per {s.gpu_scope.value}", markup=False)
+    if profile.setup:
+        console.print("set-up: " + "; ".join(profile.setup), markup=False)
+    if profile.env:
+        console.print("env: " + " ".join(f"{k}={v}" for k, v in profile.env), markup=False)

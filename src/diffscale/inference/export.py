@@ -1,0 +1,60 @@
+"""Writing trained networks in the formats the field's tools load (each task picks its own
+through ``Task.export``).
+
+An export is written into a temporary folder beside the target and renamed into place, so
+the target is either complete or absent: Ctrl-C or a full disk halfway leaves nothing a
+loader would half-read, and nothing the next export refuses as "not empty".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from diffscale.errors import UserError
+from diffscale.io.paths import check_export_dir, refused
+from diffscale.runtime.checkpoint import process_alive
+
+if TYPE_CHECKING:
+    from diffscale.tasks.base import Task
+
+_PARTIAL = ".partial-"
+"""Temporary export folders are named ``.NAME.partial-PID`` beside the target."""
+
+
+def _remove_stale_partials(out_dir: Path) -> None:
+    """Temporary folders of exports that were killed (their process is gone)."""
+    for leftover in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL}*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def export_network(task: Task, network: torch.nn.Module, out_dir: Path,
+                   card: Callable[[Path, str], None] | None = None) -> str:
+    """The task's own export of ``network`` into a new or empty ``out_dir``; returns how to load it.
+    ``card(folder, how_to_load)`` adds the model card to the folder before it is renamed into place."""
+    out_dir = check_export_dir(Path(out_dir))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(out_dir)
+    partial = out_dir.parent / f".{out_dir.name}{_PARTIAL}{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        partial.mkdir()
+        how = task.export(network, partial)
+        if card is not None:
+            card(partial, how.replace(str(partial), str(out_dir)))
+        # rename(2) replaces an empty folder: the target appears complete, at once
+        os.replace(partial, out_dir)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        said = refused(exc)
+        if said is not None:
+            raise UserError(f"export to '{out_dir}' failed, nothing was written there: {said.cause}", said.fix) from exc
+        raise
+    return how.replace(str(partial), str(out_dir))  # a task's loading hint names the folder it wrote

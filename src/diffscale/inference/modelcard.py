@@ -1,0 +1,89 @@
+"""The model card ``export`` writes beside the weights (``README.md``, the file model hubs
+show): what was trained (task, preset, network), on what data, for how many steps, how it
+did (the last training record and the newest evaluation) and how to load it."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from diffscale import __version__
+from diffscale.config import RunConfig
+from diffscale.io import rundir
+
+CARD_NAME = "README.md"
+SAMPLES_NAME = "samples.png"
+
+_TRAINING_FIELDS = (("loss", "training loss (last logged window)", "{:.4f}"),
+                    ("grad_norm", "gradient norm", "{:.3f}"), ("samples_per_s", "throughput (samples/s)", "{:.0f}"),
+                    ("nonfinite_skipped", "steps skipped for a non-finite loss", "{:d}"))
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    try:
+        return pattern.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _metrics(run_dir: Path) -> list[str]:
+    records, events = rundir.read_records(run_dir)
+    lines = []
+    if records:
+        last = records[-1]
+        lines += ["| metric | value |", "|---|---|"]
+        lines += [f"| {label} | {_fmt(last[key], pattern)} |"
+                  for key, label, pattern in _TRAINING_FIELDS if key in last]
+        lines.append(f"| at step | {last['step']} |")
+    evaluations = [e for e in events if e.get("kind") == "eval"]
+    if evaluations:
+        newest = evaluations[-1]
+        skip = {"kind", "step", "task", "steps", "seed", "time"}
+        scores = {k: v for k, v in newest.items() if k not in skip and isinstance(v, (int, float))}
+        lines += ["", f"Evaluation (`diffscale eval`, step {newest.get('step')}, "
+                      f"{newest.get('steps')} sampling steps):", "", "| score | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.4g} |" for k, v in scores.items()]
+    return lines or ["No training records were found (metrics.jsonl)."]
+
+
+def model_card(cfg: RunConfig, run_dir: Path, *, step: int, params: int, how_to_load: str) -> str:
+    """The card's Markdown."""
+    run_dir = Path(run_dir)
+    d, o, t = cfg.diffusion, cfg.optim, cfg.train
+    rows = [("task", cfg.task), ("preset", cfg.preset), ("network", f"{cfg.model.summary()}, {params / 1e6:.2f} M "
+                                                                    "parameters"),
+            ("data", f"`{cfg.data.source}`"), ("steps", f"{step} of {t.steps} (EMA weights, decay {t.ema_decay})"),
+            ("batch", f"{t.batch_per_gpu} per process x {t.grad_accum} accumulation x the world size"),
+            ("optimizer", f"AdamW, lr {o.lr:g}"), ("diffusion", ", ".join(f"{k} {v}" for k, v in _plain(d).items())),
+            ("seed", str(t.seed))]
+    lines = ["---", "tags: [diffscale, diffusion]", "---", "",
+             f"# {run_dir.name}: a diffscale {cfg.task} diffusion model", "",
+             f"Trained with diffscale {__version__}; exported {datetime.date.today().isoformat()} from "
+             f"`{run_dir.name}` (its `config.yaml` is the full resolved config).", "",
+             "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], "",
+             "## Metrics", "", *_metrics(run_dir), "", "## Loading", "", f"Load this folder with `{how_to_load}`.", ""]
+    grids = rundir.sample_grids(run_dir)
+    if grids:
+        lines += ["## Samples", "", f"![preview grid at step {grids[-1][0]}]({SAMPLES_NAME})", ""]
+    return "\n".join(lines)
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    import dataclasses
+    import enum
+
+    return {f.name: (v.value if isinstance(v := getattr(section, f.name), enum.Enum) else v)
+            for f in dataclasses.fields(section)}
+
+
+def write_card(out_dir: Path, text: str, run_dir: Path) -> None:
+    """The card, the run's resolved config, and the newest preview grid where there is one."""
+    out_dir = Path(out_dir)
+    (out_dir / CARD_NAME).write_text(text)
+    config = Path(run_dir) / "config.yaml"
+    if config.is_file() and not (out_dir / "diffscale_config.yaml").exists():
+        (out_dir / "diffscale_config.yaml").write_text(config.read_text())
+    grids = rundir.sample_grids(run_dir)
+    if grids and not (out_dir / SAMPLES_NAME).exists():
+        (out_dir / SAMPLES_NAME).write_bytes(grids[-1][1].read_bytes())

@@ -1,0 +1,228 @@
+"""Resolve a data spec to an in-memory ``uint8`` tensor (N, C, S, S) at the run's resolution.
+
+Specs: ``builtin[:glyphs|digits|mix]``, ``imagefolder:PATH``, ``npz:PATH``,
+``emnist:ROOT[:split]``, ``mnist:ROOT``. Loading never downloads: torchvision sets are
+read from files already on disk, and a missing file ends in a message saying how to
+get it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split
+from diffscale.errors import UserError, closest
+from diffscale.tasks.images import builtin
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str
+    path: str = ""
+    option: str = ""
+
+
+def parse_spec(spec: str) -> DataSpec:
+    kind, _, rest = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise UserError(f"unknown data source '{spec}'{closest(kind, KINDS)}",
+                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split] or mnist:ROOT")
+    if kind == "builtin":
+        return DataSpec("builtin", option=rest)
+    if not rest:
+        raise UserError(f"data source '{spec}' has no path", f"write {kind}:PATH")
+    if kind == "emnist":
+        root, split = emnist_path_split(rest)
+        return DataSpec("emnist", root, split or "balanced")
+    return DataSpec(kind, rest)
+
+
+def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
+    """Load a data spec -> uint8 (N, C, size, size), C in {1, 3}.
+
+    ``max_items`` (0: all) is applied before any image is converted to float or resized, so
+    the host memory a load needs follows the images kept (a file is still read whole)."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "builtin":
+        images = builtin.load_builtin(parsed.option, size)
+    elif parsed.kind == "imagefolder":
+        images = _imagefolder(Path(parsed.path), size, max_items)
+    elif parsed.kind == "npz":
+        images = _npz(Path(parsed.path), size, max_items)
+    elif parsed.kind == "emnist":
+        images = _idx_dataset(Path(parsed.path), size, emnist_split=parsed.option, max_items=max_items)
+    else:
+        images = _idx_dataset(Path(parsed.path), size, emnist_split=None, max_items=max_items)
+    if max_items:
+        images = images[:max_items]
+    if images.shape[0] == 0:
+        raise UserError(f"data source '{spec}' holds no images", "point --data at a folder or file with images")
+    return images.contiguous()
+
+
+def resize_square(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize the shorter side to ``size`` and centre-crop -> float (N, C, size, size) in 0..255."""
+    _, _, h, w = images.shape
+    if (h, w) != (size, size):
+        scale = size / min(h, w)
+        nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+        mode = "area" if scale < 1 else "bilinear"
+        images = F.interpolate(images, size=(nh, nw), mode=mode, **({} if mode == "area" else {"align_corners": False}))
+        top, left = (nh - size) // 2, (nw - size) // 2
+        images = images[:, :, top:top + size, left:left + size]
+    return images
+
+
+def _imagefolder(root: Path, size: int, max_items: int) -> torch.Tensor:
+    from PIL import Image, UnidentifiedImageError
+
+    if not root.exists():
+        raise UserError(f"image folder '{root}' does not exist", "check the path given to --data imagefolder:PATH")
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise UserError(f"image folder '{root}' holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})",
+                        "add images or point --data at the right folder")
+    if max_items:
+        files = files[:max_items]
+    pictures = []
+    for path in files:
+        try:
+            with Image.open(path) as img:
+                img.load()
+                pictures.append(img.copy())
+        except (UnidentifiedImageError, OSError) as exc:
+            raise UserError(f"cannot read image '{path}' ({type(exc).__name__})",
+                            "remove or replace the damaged file, then run again") from exc
+    gray = all(p.mode in ("L", "1", "I", "I;16", "LA") for p in pictures)
+    mode = "L" if gray else "RGB"
+    out = []
+    for pic in pictures:
+        arr = np.asarray(pic.convert(mode), dtype=np.float32)
+        tensor = torch.from_numpy(arr)
+        tensor = tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
+        out.append(resize_square(tensor.unsqueeze(0), size)[0])
+    return torch.stack(out).round().clamp(0, 255).to(torch.uint8)
+
+
+def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
+    if not path.is_file():
+        raise UserError(f"array file '{path}' does not exist", "check the path given to --data npz:PATH")
+    try:  # opened here: np.load leaves a file it opened itself open when an archive is cut short
+        with open(path, "rb") as fid:
+            archive = np.load(fid, allow_pickle=False)
+            if isinstance(archive, np.ndarray):
+                array = archive
+            else:
+                with archive:
+                    keys = list(archive.keys())
+                    if not keys:
+                        raise UserError(f"array file '{path}' is empty", "save it with numpy.savez(path, images=array)")
+                    key = next((k for k in ("images", "x", "arr_0") if k in keys), keys[0])
+                    array = archive[key]
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:  # a truncated archive is a bad zip
+        raise UserError(f"cannot read array file '{path}' ({exc})",
+                        "save it with numpy.savez(path, images=array)") from exc
+    if array.ndim == 3:
+        array = array[:, None]
+    elif array.ndim == 4 and array.shape[-1] in (1, 3, 4) and array.shape[1] not in (1, 3, 4):
+        array = array.transpose(0, 3, 1, 2)
+    elif array.ndim != 4:
+        raise UserError(f"array in '{path}' has shape {array.shape}", "store images as N x H x W or N x H x W x C")
+    if array.shape[1] == 4:
+        array = array[:, :3]
+    floating = np.issubdtype(array.dtype, np.floating)
+    if floating:
+        # Checked on the whole array, so that max_items keeps the full set's scaling.
+        if not np.isfinite(array).all():
+            raise UserError(f"array in '{path}' holds NaN or infinite values", "clean the array before training")
+        lo, hi = float(array.min()), float(array.max())
+        if hi > 1.0 + 1e-6 and lo >= 0:
+            raise UserError(f"float array in '{path}' has values up to {hi:g}",
+                            "scale floats to [0, 1] or [-1, 1], or store uint8")
+    elif array.dtype != np.uint8:
+        raise UserError(f"array in '{path}' has dtype {array.dtype}",
+                        "store uint8 (0..255) or float in [0, 1] / [-1, 1]")
+    if max_items:
+        array = array[:max_items]  # before the float copy, which takes 4 bytes a value
+    data = torch.from_numpy(np.ascontiguousarray(array)).float()
+    if floating:
+        # Floats are taken as [-1, 1] when negative values occur, else [0, 1].
+        data = (data + 1) * 127.5 if lo < 0 else data * 255.0
+    return resize_square(data, size).round().clamp(0, 255).to(torch.uint8)
+
+
+def _idx_dataset(root: Path, size: int, *, emnist_split: str | None, max_items: int = 0) -> torch.Tensor:
+    """MNIST/EMNIST from files already on disk (torchvision's folder layout)."""
+    name = "EMNIST" if emnist_split else "MNIST"
+    if emnist_split and emnist_split not in EMNIST_SPLITS:
+        raise UserError(f"unknown EMNIST split '{emnist_split}'{closest(emnist_split, EMNIST_SPLITS)}",
+                        f"use one of: {', '.join(EMNIST_SPLITS)}")
+    images = _torchvision_images(root, emnist_split)
+    if images is None:
+        stem = f"emnist-{emnist_split}-train-images-idx3-ubyte" if emnist_split else "train-images-idx3-ubyte"
+        candidates = [root / name / "raw" / stem, root / name / "raw" / f"{stem}.gz", root / stem, root / f"{stem}.gz"]
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            how = (f"torchvision.datasets.EMNIST('{root}', split='{emnist_split}', download=True)" if emnist_split
+                   else f"torchvision.datasets.MNIST('{root}', download=True)")
+            raise UserError(
+                f"{name} files not found under '{root}' (looked for {name}/raw/{stem}[.gz])",
+                f"on a machine with internet run: python -c \"import torchvision; {how}\" and copy '{root}' here "
+                "(diffscale never downloads at run time)",
+            )
+        images = read_idx_images(found)
+        if emnist_split:
+            images = images.transpose(1, 2)  # EMNIST is stored transposed
+    if max_items:
+        images = images[:max_items]  # before the float copy
+    data = images.unsqueeze(1).float()
+    return resize_square(data, size).round().clamp(0, 255).to(torch.uint8)
+
+
+def _torchvision_images(root: Path, emnist_split: str | None) -> torch.Tensor | None:
+    """Use torchvision's loader when it is installed (download=False: never hangs)."""
+    try:
+        from torchvision import datasets  # noqa: F401
+    except Exception:  # torchvision absent or built for another torch: read the files ourselves
+        return None
+    try:
+        if emnist_split:
+            ds = datasets.EMNIST(str(root), split=emnist_split, train=True, download=False)
+            return ds.data.transpose(1, 2).contiguous()
+        return datasets.MNIST(str(root), train=True, download=False).data
+    except RuntimeError:
+        return None  # files not found: fall through to the message with instructions
+
+
+def read_idx_images(path: Path) -> torch.Tensor:
+    """Read an IDX3 image file (optionally gzipped) -> uint8 (N, H, W)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as exc:
+        raise UserError(f"cannot read '{path}' ({exc})", "download the file again") from exc
+    if len(raw) < 16 or int.from_bytes(raw[0:4], "big") != 2051:
+        raise UserError(f"'{path}' is not an IDX image file", "download the file again")
+    n, h, w = (int.from_bytes(raw[i:i + 4], "big") for i in (4, 8, 12))
+    if len(raw) < 16 + n * h * w:
+        raise UserError(f"'{path}' is truncated ({len(raw)} bytes for {n} images)", "download the file again")
+    array = np.frombuffer(raw, dtype=np.uint8, count=n * h * w, offset=16).reshape(n, h, w)
+    return torch.from_numpy(array.copy())
+
+
+def describe(images: torch.Tensor) -> str:
+    n, c, h, w = images.shape
+    return f"{n} images, {c} channel{'s' if c > 1 else ''}, {h}x{w}"
+

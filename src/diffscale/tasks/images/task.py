@@ -1,0 +1,193 @@
+"""Unconditional image diffusion (DDPM/DDIM on a diffusers UNet2DModel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from diffscale.config import ModelConfig, RunConfig
+from diffscale.data.device_loader import DataPosition, DeviceBatcher, shift_augment
+from diffscale.data.feed import Feed
+from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
+from diffscale.errors import UserError
+from diffscale.io.media import save_animation, save_grid
+from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.images.network import Denoiser, build_unet
+from diffscale.tasks.images.sources import describe, load_images
+
+
+class ImageTask:
+    name = "images"
+    records_whole_steps = False  # not measured yet with whole-step graphs
+    records_whole_ddp_steps = False
+
+    def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
+                 signature: dict[str, Any] | None = None) -> None:
+        assert isinstance(cfg.model, ModelConfig), "the config loader gives task images a ModelConfig"
+        self.cfg = cfg
+        self.model: ModelConfig = cfg.model
+        self.device = device
+        self.diffusion = GaussianDiffusion(cfg.diffusion)
+        self.images: torch.Tensor | None = None
+        channels = int((signature or {}).get("channels", self.model.channels))
+        if load_data:
+            images = load_images(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items)
+            channels = channels or images.shape[1]
+            if images.shape[1] != channels:
+                images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
+            # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
+            self.images = images.to(device)
+        self.channels = channels or 1
+
+    def _data(self) -> torch.Tensor:
+        assert self.images is not None, "built with load_data=False"
+        return self.images
+
+    def num_items(self) -> int:
+        return int(self._data().shape[0])
+
+    def describe_data(self) -> str:
+        return f"{self.cfg.data.source} ({describe(self._data())})"
+
+    def build_network(self) -> torch.nn.Module:
+        return Denoiser(build_unet(self.model, self.channels))
+
+    def signature(self) -> dict[str, Any]:
+        m = self.model
+        return {
+            "task": self.name,
+            "channels": self.channels,
+            "sample_size": m.sample_size,
+            "block_out_channels": list(m.block_out_channels),
+            "attention": list(m.attention),
+            "layers_per_block": m.layers_per_block,
+            "norm_num_groups": m.norm_num_groups,
+        }
+
+    def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
+        del feed  # the images are all resident: nothing arrives while training
+        return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+
+    def draw(self, indices: torch.Tensor, generator: torch.Generator,
+             out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        n = indices.shape[0]
+        size = self.model.sample_size
+        shift = self.cfg.data.shift_px
+        device = self.device
+        return {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
+            "indices": kept(out, "indices", indices),
+            "noise": torch.randn((n, self.channels, size, size), generator=generator, device=device,
+                                 out=into(out, "noise")),
+            "t": torch.randint(0, self.diffusion.num_timesteps, (n,), generator=generator, device=device,
+                               out=into(out, "t")),
+            "shifts": torch.randint(-shift, shift + 1, (n, 2), generator=generator, device=device,
+                                    out=into(out, "shifts")),
+            "flips": torch.lt(torch.rand((n,), generator=generator, device=device), 0.5, out=into(out, "flips")),
+        }
+
+    def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+        """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""
+        x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
+        x0 = shift_augment(x0, batch["shifts"][rows], self.cfg.data.shift_px)
+        if self.cfg.data.hflip:
+            x0 = torch.where(batch["flips"][rows].view(-1, 1, 1, 1), x0.flip(-1), x0)
+        return {"x0": x0}
+
+    def loss(self, network: torch.nn.Module, batch: dict[str, torch.Tensor], rows: slice,
+             *, channels_last: bool) -> torch.Tensor:
+        x0 = self.examples(batch, rows)["x0"]
+        noise, t = batch["noise"][rows], batch["t"][rows]
+        xt = self.diffusion.q_sample(x0, noise, t)
+        if channels_last:
+            xt = xt.contiguous(memory_format=torch.channels_last)
+        return self.diffusion.loss(network(xt, t), x0, noise, t)
+
+    def example_inputs(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        size = self.model.sample_size
+        return (torch.randn(batch_size, self.channels, size, size, device=self.device),
+                torch.randint(0, self.diffusion.num_timesteps, (batch_size,), device=self.device))
+
+    @torch.no_grad()
+    def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                 rows: slice | None = None, autocast: Autocast | None = None, trajectory: bool = False) -> Generated:
+        """``count`` images (B, C, H, W) in [-1, 1] from ``seed``; with ``rows``, only those rows of
+        that same draw (so ranks sharing the work together produce exactly the single-process images)."""
+        size = self.model.sample_size
+        generator = torch.Generator().manual_seed(seed)
+        start = torch.randn((count, self.channels, size, size), generator=generator)
+        if rows is not None:
+            start = start[rows]
+        if start.shape[0] == 0:
+            return Generated(start)
+        with evaluating(network):
+            images, frames = sample(
+                Conditioned(network, (), autocast), self.diffusion, tuple(start.shape),
+                sampler=Sampler(SamplerKind(sampler), steps), generator=generator, device=self.device,
+                trajectory_every=max(1, steps // 25) if trajectory else 0, x_init=start,
+            )
+        return Generated(images, frames)
+
+    def write_samples(self, generated: Generated, path: Path) -> list[Path]:
+        written = [save_grid(generated.samples, path)]
+        if generated.frames:
+            written += save_animation(generated.frames, path.with_suffix(".gif"))
+        return written
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return {}  # images are scaled by a fixed rule: nothing beyond the weights
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> dict[str, float]:
+        raise UserError("image runs have no evaluation in diffscale eval yet",
+                        "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
+
+    def export(self, network: torch.nn.Module, out_dir: Path) -> str:
+        from diffscale.tasks.images.export import export_ddpm_pipeline
+
+        if not isinstance(network, Denoiser):
+            raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
+        export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
+        return "diffusers.DDPMPipeline.from_pretrained"
+
+    def reference_data(self) -> ReferenceData:
+        return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
+
+    def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
+        x0 = examples
+        noise = torch.randn_like(x0)
+        t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), device=x0.device)
+        xt = self.diffusion.q_sample(x0, noise, t)
+        return self.diffusion.loss(network(xt, t), x0, noise, t)
+
+
+class _ImageRows(torch.utils.data.Dataset):
+    """uint8 images (N, C, H, W) on the CPU, one per item, as a user's Dataset serves them."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = images
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.images[index]
+
+
+class _ShiftCollate:
+    """Scaling and shift augmentation in the loader workers, on the CPU, as torchvision transforms would do it."""
+
+    def __init__(self, max_shift: int, seed: int) -> None:
+        self.max_shift = max_shift
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, items: list[torch.Tensor]) -> torch.Tensor:
+        images = torch.stack(items).float() / 127.5 - 1.0
+        if self.max_shift:
+            shifts = torch.randint(-self.max_shift, self.max_shift + 1, (images.shape[0], 2), generator=self.generator)
+            images = shift_augment(images, shifts, self.max_shift)
+        return images
