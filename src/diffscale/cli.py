@@ -155,8 +155,8 @@ CORE_VERBS = frozenset({"train", "sample", "export", "eval", "presets", "report"
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``verb`` one of :data:`CORE_VERBS` (the verb about to run), without
-    the verbs other modules register: importing cluster planning, bench and doctor took ~0.3 s of
-    every ``diffscale train`` start on a 2-core CPU (2026-11-27), for verbs the job never parses."""
+    the verbs other modules register: importing cluster planning, bench and doctor added time to
+    every ``diffscale train`` start, for verbs the job never parses."""
     from diffscale import __version__
 
     parser = Parser(

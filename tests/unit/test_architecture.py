@@ -222,7 +222,9 @@ def test_light_verbs_leave_torch_unloaded(tmp_path):
             "print('loaded:', json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers'))))")
     plan = ["plan", "--cluster", "purdue-gilbreth", "--nodes", "1", "--gpus-per-node", "4", "--preset", "small",
             "--account", "lab"]
-    verbs = [*LIGHT_VERBS, plan, ["status", str(tmp_path)], ["doctor", str(tmp_path)], ["logs", str(tmp_path)]]
+    policy_plan = [*plan[:-3], "policy", *plan[-2:]]
+    verbs = [*LIGHT_VERBS, plan, policy_plan, ["status", str(tmp_path)], ["doctor", str(tmp_path)],
+             ["logs", str(tmp_path)]]
     env = {k: v for k, v in __import__("os").environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)

@@ -1,4 +1,5 @@
-"""What a ``diffscale train`` start imports: nothing it does not use (issue 19, start-up)."""
+"""What a ``diffscale train`` start imports: nothing it does not use (start-up time:
+docs/benchmarks.md, "Start-up and compile time")."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from diffscale import config as C
 from diffscale.errors import UserError
 
 SAMPLING_BATCH = {"small": 256, "medium": 64, "xl": 16}
-"""Batch of the DDIM sampling comparison per preset (as recorded in docs/benchmarks.md); 16 else."""
+"""Batch of the DDIM sampling comparison per preset (as recorded in docs/benchmarks.md, "Sampling speed"); 16 else."""
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 

@@ -159,9 +159,9 @@ class PolicyModelConfig:
     conv: ConvImpl = ConvImpl.AUTO
     """How the temporal convolutions run: ``cudnn`` (torch's conv1d), ``matmul`` (the windows
     unfolded and multiplied by the weights as one matrix product: the same weights and results)
-    or ``auto``: matmul for calls of a few rows on a GPU (an action chunk at batch 1: 10.5 against
-    15.9 ms on an H100), cudnn otherwise (training at batch 256: 24,611 against 19,677 samples/s).
-    Checkpoints load either way."""
+    or ``auto``: matmul for calls of a few rows on a GPU (an action chunk at batch 1), cudnn otherwise
+    (training batches), each where it measured faster (docs/decisions.md, "Policy convolutions as
+    matrix products for small calls"). Checkpoints load either way."""
 
     def __post_init__(self) -> None:
         self.down_dims = tuple(int(d) for d in self.down_dims)

@@ -37,7 +37,7 @@ class PresetInfo:
 
 def tiny() -> RunConfig:
     """CPU demo: 16 px font-rendered digits, a 3-level UNet of ~1.6 M parameters; recognisable
-    samples after ~5 minutes on 2 cores."""
+    samples within minutes on 2 cores (docs/benchmarks.md, "CPU demo")."""
     return RunConfig(
         preset="tiny",
         model=ModelConfig(sample_size=16, block_out_channels=(32, 64, 64), attention=(False, False, True),
@@ -167,9 +167,10 @@ def policy() -> RunConfig:
 
 def policy_tiny() -> RunConfig:
     """CPU demo of a diffusion policy: the built-in reach2d, a one-level ConditionalUnet1D of width
-    64 (0.2 M parameters), 800 steps of batch 64 (about 46 s on one core). Its rollouts reached
-    the goal in 99 % of episodes for seeds 0 and 1, passing on both sides. Two levels (32/64)
-    cost 20 % more per step on a CPU and reached 96-97 % in as many steps."""
+    64 (0.2 M parameters), 800 steps of batch 64 (under a minute of one core). Its rollouts nearly
+    always reach the goal, passing on both sides; two levels (32/64) cost more per step on a CPU and
+    reached the goal no more often in as many steps (docs/decisions.md, "policy-tiny: one level of
+    width 64")."""
     return RunConfig(
         preset="policy-tiny", task="policy",
         model=PolicyModelConfig(obs_dim=REACH2D_OBS_DIM, action_dim=REACH2D_ACTION_DIM, obs_horizon=2, pred_horizon=16,

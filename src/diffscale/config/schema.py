@@ -58,7 +58,7 @@ class Toggle(str, enum.Enum):
 
 class CompileMode(str, enum.Enum):
     """``torch.compile`` mode. ``reduce-overhead`` replays the compiled forward and backward
-    as CUDA graphs (no per-kernel launch cost: xl at 32 images per GPU trains 1.5x faster);
+    as CUDA graphs (no per-kernel launch cost; docs/decisions.md, "CUDA graphs for training");
     ``auto`` picks it wherever it can replay a step (CUDA, ``train.grad_accum`` 1), else
     ``default``. ``max-autotune-no-cudagraphs`` also benchmarks Triton matmul/conv templates
     (longer first compile, cached in the run folder)."""
@@ -256,25 +256,24 @@ class RuntimeConfig:
     """torch.compile mode when compiling: ``auto`` (CUDA graphs where a step can replay as one,
     see docs/benchmarks.md, "Defaults and why"), ``default``, ``reduce-overhead`` or ``max-autotune-no-cudagraphs``."""
     channels_last: Toggle = Toggle.AUTO
-    """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md)."""
+    """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md, "Defaults and why")."""
     layout_opt: Toggle = Toggle.AUTO
     """Inductor's layout optimisation when compiled: convolutions run channels_last inside the
     graph, with no layout copies between them (``auto``: on for training on CUDA, where it was
     measured; inductor's own heuristic leaves it off for UNets)."""
     kernel_tuning: Toggle = Toggle.OFF
     """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled
-    (training and sampling): small trained 3.2 % faster on an H200, its first compile took 477 s
-    instead of ~190 s (cached after); xl's DDIM sampling 5.3 % faster on an H100
-    (docs/benchmarks.md, "Defaults and why")."""
+    (training and sampling): a little faster, for a much longer first compile (cached after); off
+    by default for that (docs/decisions.md, "Coordinate-descent kernel tuning")."""
     compile_cache: Toggle = Toggle.OFF
     """Keep dynamo's traced network with the compiled kernels (RUN_DIR/cache/inductor/dynamo, torch's
     experimental caching precompile), so a resumed job installs it instead of tracing the network
-    again: tiny's resumed compile on 2 CPU cores took 3.0 s instead of 8.7 (no tracing, 5.8 s of it;
-    docs/benchmarks.md, "Start-up and compile time"). Written once, after the first step; one
-    process only (a distributed run traces as before); an entry for another config or torch is
-    discarded. ``auto``: off. On an H100 with CUDA graphs (torch 2.11) a resumed job could not install
-    the saved network ("TracingContext.get() must be called within an ongoing trace") and traced it
-    again (docs/benchmarks.md, "Start-up and compile time")."""
+    again, which shortened a resumed compile on the CPU (docs/benchmarks.md, "Start-up and compile
+    time"). Written once, after the first step; one process only (a distributed run traces as
+    before); an entry for another config or torch is discarded. ``auto``: off. On a GPU with CUDA
+    graphs (torch 2.11) a resumed job could not install the saved network ("TracingContext.get()
+    must be called within an ongoing trace") and traced it again (docs/decisions.md, "Dynamo's
+    traced network cached")."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
@@ -305,7 +304,7 @@ class RuntimeConfig:
     layout copies and lost fusion cost more than NVLink all-reduces take."""
     ddp_bf16_compress: Toggle = Toggle.AUTO
     """Compress gradients to bf16 for the all-reduce (NCCL only). ``auto``: off, which scaled
-    better on NVLink for every preset (docs/benchmarks.md, "bf16 gradient compression"); ``on`` halves the bytes moved,
+    better on NVLink for every preset (docs/decisions.md, "bf16 gradient compression"); ``on`` halves the bytes moved,
     for slow links between nodes."""
 
     def __post_init__(self) -> None:

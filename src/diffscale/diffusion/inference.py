@@ -20,8 +20,8 @@ class InferenceNetwork(torch.nn.Module):
     """A trained network for sampling, called like the network (``x_t, t, *condition``).
 
     Compiled, the weights are frozen into the graph (inductor's ``freezing``: the bf16 copies
-    autocast would make on every call are made once, constant-folded): xl's 50 DDIM steps took
-    0.430 s instead of 0.474 on one H100 (docs/benchmarks.md, "Sampling speed"). So weights changed
+    autocast would make on every call are made once, constant-folded), measured faster
+    (docs/decisions.md, "Sampling with frozen weights"). So weights changed
     after the first call are not seen: build a new ``InferenceNetwork`` for new weights
     (training previews sample the EMA network eagerly, so they always see its latest weights)."""
 
@@ -57,7 +57,7 @@ class InferenceNetwork(torch.nn.Module):
         """Inductor's freezing, where weights are frozen, for whatever compiles inside. It must be
         set in inductor's config while a call compiles: given as a ``torch.compile`` option it
         did not apply (torch 2.11/2.13: the weights stayed graph inputs and were cast to bf16 at
-        every call, 8 of a policy call's kernels on an H100)."""
+        every call, as extra kernels in each call)."""
         return torch._inductor.config.patch(freezing=True) if self.frozen else contextlib.nullcontext()
 
     def loop_step(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,8 @@ class Conditioned:
 def evaluating(network: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """``network`` in eval mode inside the block, in training mode again after it if it was.
     A network already in eval mode is not walked: setting the mode visits every module, twice
-    per call (~4 ms of a 10-step action chunk's host time on an H100 machine, docs/benchmarks.md)."""
+    per call, a large share of a short action chunk's host time (docs/decisions.md, "No diffusers
+    scheduler built per call on the recorded loop")."""
     was_training = network.training
     if was_training:
         network.eval()

@@ -17,9 +17,9 @@ from diffscale.runtime.resources import host_memory_bytes
 
 FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
-rows. One H100 (docs/benchmarks.md, "Attention kernels"): small's calls (16,384 and 32,768 rows of 8-channel heads)
-trained 14-15 % faster a step than with cuDNN's kernel; xl's (2,048 rows) ran 4 x slower in the
-kernel benchmark (``python -m diffscale.bench.attention``)."""
+rows: small's calls (16,384 and 32,768 rows of 8-channel heads) trained faster a step than with
+cuDNN's kernel; xl's (2,048 rows) ran slower in the kernel benchmark (``python -m
+diffscale.bench.attention``; docs/benchmarks.md, "Attention kernels")."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     channels_last = _toggle(cfg.channels_last, fast_cuda and not compile_on)
     # Compiled, the layout is better left to inductor, forced on: its heuristic skips UNets
     # (convolutions with twice as many input as output channels after each skip concat), yet
-    # forced it trained small 2.17 -> 2.40 and medium 1.86 -> 2.10 x the plain recipe (H200).
+    # forced it trained small and medium faster (docs/decisions.md, "Inductor's layout optimisation").
     layout_opt = compile_on and _toggle(cfg.layout_opt, device.type == "cuda")
     if cfg.attention == Attention.FLEX and not (device.type == "cuda" and compile_on):
         where = "not compiled" if device.type == "cuda" else f"on {device.type}"
@@ -160,7 +160,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
 def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
     """``resolve_policy`` for sampling. Forward-only compiled sampling keeps channels_last
-    under ``auto``: the DDIM speed-ups in docs/benchmarks.md were measured that way, while the
+    under ``auto``: the DDIM speed-ups (docs/benchmarks.md, "Sampling speed") were measured that way, while the
     NCHW training default was measured on training steps only."""
     policy = resolve_policy(cfg, device)
     if cfg.channels_last == Toggle.AUTO and policy.compile and device.type == "cuda":
@@ -175,8 +175,8 @@ def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 def configure_backends(policy: DevicePolicy) -> None:
     """Process-wide math settings that are safe for training (TF32, cuDNN autotuning, no denormals)."""
     if policy.device.type == "cpu":
-        # Denormal floats (tiny weights/gradients late in training) slow CPU kernels by up to
-        # ~80x (measured on the micro config); flushing them to zero costs nothing visible.
+        # Denormal floats (tiny weights/gradients late in training) slow CPU kernels many times over
+        # (docs/benchmarks.md, "CPU demo"); flushing them to zero costs nothing visible.
         torch.set_flush_denormal(True)
     if policy.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -1,8 +1,8 @@
 """Self-attention of diffusers' UNet through PyTorch's FlexAttention (``runtime.attention=flex``).
 
 The presets' UNets use diffusers' default 8-channel heads. The fused SDPA kernels tile the head
-dimension at 64 (cuDNN) or 32 (flash), so most of their work is padding: small's attention took
-23 ms of a 75 ms step (docs/benchmarks.md, "Attention kernels"). FlexAttention is compiled by inductor into a Triton
+dimension at 64 (cuDNN) or 32 (flash), so most of their work is padding: attention took a large
+share of small's step (docs/benchmarks.md, "Attention kernels"). FlexAttention is compiled by inductor into a Triton
 kernel sized for the call; Triton's matrix instructions need 16 channels, so heads are zero-padded
 to 16 (zeros add nothing to the scores and produce output columns that are dropped). Same weights,
 same function: applied from outside the network, like DDP and torch.compile.
@@ -11,7 +11,7 @@ Heads go into the batch dimension, (batch x heads, 1, tokens, 16): inductor's la
 (on for training, docs/benchmarks.md, "Defaults and why") stores 4-D tensors that feed or follow a convolution
 channels-last (in a UNet, nearly all of them), which for (batch, heads, tokens, d) puts the heads
 innermost and made each attention read 8-channel-strided
-rows (its kernels took 38 ms a step instead of 16 on an H100); with one "channel" that layout
+rows (far slower kernels; docs/decisions.md, "FlexAttention for the 8-channel heads"); with one "channel" that layout
 is the contiguous one.
 """
 
@@ -34,8 +34,8 @@ MAX_GRID_BATCH = 65_535
 SMALL_HEAD_BACKWARD = {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
                        "bwd_num_stages": 1, "bwd_num_warps": 4}
 """Backward tiles inductor's own autotuning chose for 16-channel heads on an H100 (both of small's
-attention shapes): small's compiled attention layers took 29.8 ms a step with them, 32.6 with
-inductor's default tiles (docs/benchmarks.md, "Attention kernels")."""
+attention shapes): small's compiled attention layers ran faster with them than with inductor's
+default tiles (docs/benchmarks.md, "Attention kernels")."""
 
 
 class FlexAttnProcessor:

@@ -96,16 +96,17 @@ def wrap_ddp(net: torch.nn.Module, ctx: DistContext, cfg: RunConfig, policy: Dev
 def ddp_graph_split(setting: Toggle, whole_steps: bool) -> bool:
     """Whether compiled DDP splits the network's graph at gradient buckets. ``auto``: where each
     step is recorded as one CUDA graph. The split lets each bucket's all-reduce overlap the rest
-    of the backward pass; with the host out of the way that gain is what is left (policy on
-    4 x H200: 85.4 -> 88.9 %), while with eager steps the split's layout copies and lost fusion
-    cost more than NVLink all-reduces take."""
+    of the backward pass; with the host out of the way that gain is what is left (policies scaled
+    better with it: docs/decisions.md, "Policy DDP steps recorded as one CUDA graph"), while with
+    eager steps the split's layout copies and lost fusion cost more than NVLink all-reduces take
+    (docs/decisions.md, "DDP: the graph split per bucket")."""
     return setting == Toggle.ON or (setting == Toggle.AUTO and whole_steps)
 
 
 def bf16_gradient_compression(setting: Toggle, backend: str) -> bool:
-    """Whether DDP all-reduces bf16 copies of the gradients. ``auto`` is off: on 4 x H100
-    (NVLink) every preset scaled better without it, xl 94.0 % against 91.5 %
-    (docs/benchmarks.md, "bf16 gradient compression"); ``on`` is for links where bytes cost more."""
+    """Whether DDP all-reduces bf16 copies of the gradients. ``auto`` is off: over NVLink every
+    preset scaled better without it, the casts costing more than the halved transfer saves
+    (docs/decisions.md, "bf16 gradient compression"); ``on`` is for links where bytes cost more."""
     if setting == Toggle.ON and backend != "nccl":
         raise UserError(f"runtime.ddp_bf16_compress on needs CUDA GPUs with NCCL (this run all-reduces with {backend})",
                         "set runtime.ddp_bf16_compress to auto or off")

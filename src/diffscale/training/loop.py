@@ -174,8 +174,7 @@ def run_compile_cache(run_dir: Path) -> Path:
 def compile_note(cache_dir: Path, traced: CompileCache | None = None) -> str:
     """What the wait before the first step is: compiling, for the first time or from cached kernels,
     and with ``runtime.compile_cache`` whether the traced network comes from the cache too.
-    (small's first compile took 122-160 s on H100 and H200 hosts: docs/benchmarks.md, "Start-up and
-    compile time".)"""
+    (A first compile takes minutes on a GPU host: docs/benchmarks.md, "Start-up and compile time".)"""
     cached = cache_dir.is_dir() and any(cache_dir.iterdir())
     if traced is not None and traced.found:
         return (f"compiling the network: the traced network and kernels cached by an earlier job in {cache_dir} "

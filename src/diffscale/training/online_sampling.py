@@ -12,10 +12,10 @@ Per call the host converts the condition into that staging buffer, launches thre
 copies the result out into the array it returns.
 
 The start noise is the one part of the host's work that grows with the call (80 x 16 x 256
-normal numbers from a seeded CPU generator: 2.2 ms of a 10.7 ms call on an H100 host,
-2026-11-27), so it is drawn ahead where the next seed is foreseeable: each shape has two
-staging buffers, and while the GPU runs a call with seed ``s``, a helper thread draws seed
-``s + 1`` (a simulation numbering its output steps) into the other one. A call with the seed
+normal numbers from a seeded CPU generator: a fair share of a call; docs/decisions.md, "The start
+noise from the seeded CPU generator"), so it is drawn ahead where the next seed is foreseeable:
+each shape has two staging buffers, and while the GPU runs a call with seed ``s``, a helper
+thread draws seed ``s + 1`` (a simulation numbering its output steps) into the other one. A call with the seed
 its buffer already holds (the default seed, every time) draws nothing. Any other seed is drawn
 in the call, as before. The numbers are the same in all three cases.
 

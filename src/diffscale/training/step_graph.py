@@ -78,10 +78,10 @@ def _watched(item: object) -> TypeGuard[torch.Tensor]:
 class _StorageWatch:
     """``_task_storages(task) == storages``, cheap enough to ask before every replay.
 
-    ``_task_storages`` walks ~120 attributes: 35-50 us on a 2-core CPU (2026-11-27), against a
-    field step of ~420 us on an H100. Here a step compares, by identity, the values the walk
-    read at the two levels it looks at, and the storages of the CUDA tensors it found; only
-    when one of them changed is the walk made again."""
+    ``_task_storages`` walks over a hundred attributes, host time that a field step's short GPU time
+    does not hide (docs/benchmarks.md, "Field diffusion"). Here a step compares, by identity, the
+    values the walk read at the two levels it looks at, and the storages of the CUDA tensors it
+    found; only when one of them changed is the walk made again."""
 
     def __init__(self, task: object) -> None:
         self.task = task

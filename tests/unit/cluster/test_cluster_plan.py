@@ -128,7 +128,22 @@ def test_a_field_run_is_estimated_from_its_network_counted_on_the_meta_device():
     # A step of this ~1 MFLOP network is bound by launches, not FLOPs: no millions of samples per second.
     rate = estimates.samples_per_s_per_rank(field, "A100-80GB", 8, has_gpus=True)
     assert rate.value == field.train.batch_per_gpu / estimates.ASSUMED_MIN_GPU_STEP_S
+
     run = DiffscaleRun(config=field, run_dir="/runs/r", python="python3")
     plan = make_plan(load_profile("dkrz-levante"), Shape(1, 1), run, PlanOptions(account="bb1"))
     assert plan.ok and plan.estimate_s is not None
     assert [c.ok for c in plan.checks if c.name == "GPU memory"] == [True]
+
+
+@pytest.mark.parametrize("name", ["field-icon", "field-large", "policy", "policy-tiny"])
+def test_a_presets_stated_network_cost_is_the_counted_one(name):
+    """Planning a preset reads its network's cost from a table (no torch on the login node)."""
+    from dataclasses import replace
+
+    from diffscale.cluster.planning import estimates
+
+    cfg = presets.get_preset(name)
+    assert estimates.cost_of(cfg) == estimates.network_cost(cfg) == estimates.PRESET_NETWORK_COSTS[name]
+    wider = replace(cfg, model=replace(cfg.model, **{"hidden" if name.startswith("field") else "down_dims":
+                                                     512 if name.startswith("field") else (64, 128)}))
+    assert estimates.cost_of(wider) == estimates.network_cost(wider) != estimates.PRESET_NETWORK_COSTS[name]

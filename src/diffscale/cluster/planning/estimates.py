@@ -18,6 +18,7 @@ from typing import Any
 
 from diffscale.cluster.planning import measured
 from diffscale.config import ModelConfig, RunConfig
+from diffscale.config.presets import get_preset
 from diffscale.errors import UserError
 from diffscale.runtime import resources
 
@@ -75,9 +76,25 @@ class ModelCost:
     """Activations kept for backward per sample (bf16/fp16 autocast, estimated)."""
 
 
+PRESET_NETWORK_COSTS: dict[str, ModelCost] = {
+    "field-icon": ModelCost(params=975_232, macs_per_sample=967_552, activation_bytes_per_sample=26_150),
+    "field-large": ModelCost(params=21_747_712, macs_per_sample=21_694_208, activation_bytes_per_sample=176_182),
+    "policy": ModelCost(params=65_324_546, macs_per_sample=294_821_888, activation_bytes_per_sample=895_108),
+    "policy-tiny": ModelCost(params=195_874, macs_per_sample=2_664_448, activation_bytes_per_sample=84_612),
+}
+"""``network_cost`` of each non-image preset's own network, so that planning one loads no torch
+(tests/unit/cluster/test_cluster_plan.py counts each again)."""
+
+
 def cost_of(cfg: RunConfig) -> ModelCost:
-    """The cost of the run's network: the UNet walk for images, else ``network_cost``."""
-    return model_cost(cfg.model) if isinstance(cfg.model, ModelConfig) else network_cost(cfg)
+    """The cost of the run's network: the UNet walk for images, the stated cost of a preset's own
+    network, else ``network_cost``."""
+    if isinstance(cfg.model, ModelConfig):
+        return model_cost(cfg.model)
+    known = PRESET_NETWORK_COSTS.get(cfg.preset)
+    if known is not None and cfg.model == get_preset(cfg.preset).model:
+        return known
+    return network_cost(cfg)
 
 
 def network_cost(cfg: RunConfig) -> ModelCost:
@@ -123,7 +140,6 @@ def with_data_sizes(cfg: RunConfig) -> tuple[RunConfig, str]:
     import torch
 
     from diffscale.config import merge
-    from diffscale.config.presets import get_preset
     from diffscale.tasks.registry import build_task
 
     try:

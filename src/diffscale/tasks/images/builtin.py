@@ -47,7 +47,7 @@ def render_glyphs(size: int, *, chars: str = GLYPH_CHARS, variants_per_glyph: in
 
 @functools.lru_cache(maxsize=4)
 def _rendered(chars: str, variants_per_glyph: int, seed: int) -> torch.Tensor:
-    """The glyphs at render size, float (N, 1, 48, 48); cached: rendering takes ~2 s."""
+    """The glyphs at render size, float (N, 1, 48, 48); cached: rendering takes seconds."""
     from PIL import Image, ImageDraw, ImageFont
 
     rng = np.random.default_rng(seed)
@@ -119,8 +119,8 @@ def _cache_file(variant: str, size: int) -> Path:
 
 def load_builtin(variant: str, size: int) -> torch.Tensor:
     """The built-in images (N, 1, size, size) uint8. Rendered once, then read from the cache
-    folder: rendering takes seconds at every start (4-6 s of a resumed job's start-up on an
-    H100 host, docs/benchmarks.md), reading the file milliseconds."""
+    folder: rendering takes seconds at every start (docs/decisions.md, "Built-in data and bytecode
+    cached"), reading the file milliseconds."""
     variant = variant or "glyphs"
     if variant not in VARIANTS:
         raise UserError(f"unknown built-in data set '{variant}'",

@@ -4,8 +4,9 @@ Importing ``diffusers.models.unets.unet_2d`` runs the ``__init__`` of its parent
 those of ``diffusers.models.unets`` and ``diffusers.models.transformers`` (diffusers 0.42) import
 every UNet and every transformer model eagerly; one of those loads ``diffusers.loaders``'
 single-file code, which imports most schedulers and with them ``scipy.stats``. None of that is
-used to train or sample a ``UNet2DModel``: on a 2-core CPU (2026-11-27, torch 2.13) it was ~1.5 s
-of each start (~670 modules; more on a machine whose installation has no cached bytecode).
+used to train or sample a ``UNet2DModel``, yet it was a noticeable part of each start (hundreds of
+modules; more on a machine whose installation has no cached bytecode; docs/decisions.md,
+"diffusers' UNet2DModel imported alone").
 
 :func:`defer_package_init` puts such a package into ``sys.modules`` with its ``__init__`` not run
 yet: its submodules import as usual (``unet_2d`` and the two transformer modules its blocks

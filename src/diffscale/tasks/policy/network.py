@@ -43,9 +43,9 @@ def _geometry(conv: nn.Conv1d | nn.ConvTranspose1d) -> tuple[int, int, int]:
 class TemporalConv(nn.Conv1d):
     """``nn.Conv1d`` (same parameters, same results) that can run as one matrix product over the
     unfolded windows (``impl``: see ``PolicyModelConfig.conv``). At batch 1 cuDNN's bf16 1-D
-    convolutions convert the layout around every call (6.3 of 13.5 ms of a 10-step action chunk's
-    kernels on an H100, docs/benchmarks.md); a matrix product needs no layout change, but at
-    training batches cuDNN is faster."""
+    convolutions convert the layout around every call (much of an action chunk's kernel time;
+    docs/decisions.md, "Policy convolutions as matrix products for small calls"); a matrix product
+    needs no layout change, but at training batches cuDNN is faster."""
 
     impl = "cudnn"
 

@@ -52,8 +52,8 @@ class WindowDataset(Dataset):
 
 class PolicyTask:
     name = "policy"
-    records_whole_steps = False  # one GPU: 7.99 against 7.88 ms a step (docs/benchmarks.md, "Diffusion policy")
-    records_whole_ddp_steps = True  # 4 GPUs: 67.4 -> 88.9 % scaling, the same call
+    records_whole_steps = False  # one GPU: recording was no faster (docs/benchmarks.md, "Diffusion policy")
+    records_whole_ddp_steps = True  # several GPUs: recorded steps scaled much better, in the same call
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:
