@@ -248,7 +248,7 @@ CASES = [
     Case(f"{PLAN} --partition auto --race 1", "--race 1 is out of range: a race needs at least 2 candidates"),
     Case(f"{PLAN} --partition auto --race 1x4,2x2", "lists shapes of one partition"),
     Case(f"{SUBMIT} --partition auto", "submit needs to know how many of them to race"),
-    Case(f"{PLAN} --setup 'module load a\nconda activate b'", "is not one shell line"),
+    Case(f"{PLAN} --setup 'module load a\nconda activate b'", "holds a line break"),
     Case(f"{PLAN} --setup ' '", "is not one shell line"),
     # plan and submit: what runs, where it goes, the profile
     Case("plan --cluster nope --preset tiny", "unknown cluster 'nope'"),

@@ -37,13 +37,9 @@ def _at_least(value: int | float | None, least: int | float, flag: str, what: st
 def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric job flag within its range (argparse already checked the types), and the
     names and lines passed on to the scheduler usable."""
-    from diffscale.cluster.profiles.types import SAFE_NAME
+    from diffscale.cluster.scripts.values import check_job_flags
 
-    for flag in ("account", "qos"):
-        value = getattr(args, flag)
-        if value is not None and not SAFE_NAME.match(value):
-            raise UserError(f"--{flag} '{value}' has characters a scheduler option cannot carry",
-                            "use letters, digits and _ . + : = / @ , - only")
+    check_job_flags(args)
     _at_least(args.nodes, 1, "--nodes", "a job needs at least 1 node")
     _at_least(args.gpus_per_node, 1, "--gpus-per-node",
               "at least 1 GPU (rank) per node; leave it out for all of a node's")
@@ -59,7 +55,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UserError(f"--signal-lead {lead} is out of range: the warning comes 1 to {MAX_SIGNAL_LEAD_S} s before "
                         "the time limit", "pass e.g. --signal-lead 120, or leave it out for the default")
     for line in getattr(args, "setup", ()):
-        if "\n" in line or "\r" in line or not line.strip():
+        if not line.strip():
             raise UserError(f"--setup {line!r} is not one shell line",
                             "pass each line as its own --setup, e.g. --setup 'module load miniconda' "
                             "--setup 'conda activate dp'")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -28,6 +29,31 @@ CONTINUATIONS = "continuations.tsv"
 CANCELLED = "cancelled.txt"
 """Job ids ``diffscale cancel`` cancelled, one a line (Grid Engine keeps no record of a job
 deleted while pending, and reports one deleted while running as failed)."""
+
+
+JOB_ID_FORMATS = {
+    "slurm": (re.compile(r"[0-9]+(?:[_+][0-9]+)?"), "digits, optionally _N (array task) or +N (het component)"),
+    "sge": (re.compile(r"[0-9]+(?:\.[0-9]+)?"), "digits, optionally .N (array task)"),
+}
+"""A job id as each scheduler writes it: anything else (``--user=root``) would reach
+scancel/qdel as an option."""
+
+
+def is_job_id(scheduler: str, job_id: object) -> bool:
+    pattern = JOB_ID_FORMATS.get(scheduler)
+    return pattern is not None and isinstance(job_id, str) and pattern[0].fullmatch(job_id) is not None
+
+
+def check_job_ids(sub: Submission, file: Path) -> None:
+    """Every id of ``sub`` in its scheduler's format, before status, logs or cancel act on one."""
+    if sub.scheduler not in JOB_ID_FORMATS:
+        raise UserError(f"{file} names scheduler {sub.scheduler!r}, not one of: {', '.join(JOB_ID_FORMATS)}",
+                        "the file was edited or damaged: fix it, or submit the run again")
+    for job_id in [j.job_id for j in sub.jobs] + [j.after for j in sub.jobs if j.after is not None]:
+        if not is_job_id(sub.scheduler, job_id):
+            raise UserError(f"{file} holds job id {job_id!r}, which is not a {sub.scheduler} job id "
+                            f"({JOB_ID_FORMATS[sub.scheduler][1]})",
+                            "the file was edited or damaged: fix the id, or submit the run again")
 
 
 def current_user() -> str:
@@ -106,7 +132,7 @@ def load(run_dir: str | Path) -> list[Submission]:
                         "pass the RUN_DIR given to (or printed by) `diffscale submit`")
     try:
         data = json.loads(file.read_text())
-        return [Submission(**{"user": "", **s, "jobs": tuple(JobRecord(**j) for j in s["jobs"]),
+        subs = [Submission(**{"user": "", **s, "jobs": tuple(JobRecord(**j) for j in s["jobs"]),
                               "race": tuple(s.get("race", ()))})
                 for s in data["submissions"]]
     except OSError as exc:
@@ -114,6 +140,9 @@ def load(run_dir: str | Path) -> list[Submission]:
                         "check its permissions (ls -l); status, logs and cancel need to read it") from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{file} is not a diffscale jobs file ({exc})", "restore it, or submit the run again") from exc
+    for sub in subs:
+        check_job_ids(sub, file)
+    return subs
 
 
 def latest(run_dir: str | Path) -> Submission:
@@ -126,7 +155,7 @@ def latest(run_dir: str | Path) -> Submission:
     by_id = {r.job_id: r for r in records}
     for line in file.read_text().splitlines():
         fields = line.split("\t")
-        if len(fields) != 3 or fields[0] in by_id or fields[1] not in by_id:
+        if len(fields) != 3 or fields[0] in by_id or fields[1] not in by_id or not is_job_id(sub.scheduler, fields[0]):
             continue  # malformed, known, or continuing another submission's job
         parent = by_id[fields[1]]
         record = JobRecord(job_id=fields[0], name=parent.name, shape=parent.shape, partition=parent.partition,

@@ -18,6 +18,7 @@ from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workl
 from diffscale.cluster.profiles.types import ClusterProfile, Partition, SchedulerKind
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec, RaceSpec, job_name
 from diffscale.cluster.scripts.launcher import Launcher
+from diffscale.cluster.scripts.values import check_spec
 
 SEGMENT_MARGIN_S = 600
 """Time kept free in every segment besides start-up: checkpoint, final sampling, slack."""
@@ -184,6 +185,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         title=_title(profile, part, shape, workload, options.role, gpu_ranks),
         launcher=workload.launcher if isinstance(workload, UserCommand) else Launcher.PLAIN,
     )
+    check_spec(spec)
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
                 ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes), role=options.role)

@@ -85,11 +85,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from diffscale.cluster.probe.run import check_seconds
+    from diffscale.cluster.scripts.values import check_job_flags
 
     argv = tuple(args.command)
     if not argv:
         raise UserError("nothing to probe", "write the command after `--`, e.g. diffscale probe -- python train.py")
     check_seconds(args.seconds)
+    if args.cluster:
+        check_job_flags(args)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = folder_target(args.out or f"runs/probe-{stamp}", "--out").absolute()
     if args.cluster:
