@@ -85,7 +85,8 @@ def load_definition(args: argparse.Namespace) -> SweepDefinition:
     short = args.axes or args.zipped
     if not short:
         if len(target) != 1:
-            raise UserError("no sweep given", f"pass a sweep YAML or directory, or use the short form: {EXAMPLE_SHORT}")
+            raise UserError("no sweep given", "pass a sweep YAML or directory, or use the short form: diffscale sweep "
+                            "plan --preset small --axis optim.lr=1e-4,3e-4")
         path = Path(target[0])
         if path.is_dir():
             if not is_sweep_dir(path):
@@ -113,12 +114,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _started(args: argparse.Namespace) -> SweepPlan:
+def _started(args: argparse.Namespace, *, submitting: bool = False) -> SweepPlan:
     """The sweep planned and its directory written (definition, elements, element configs)."""
     from diffscale.studies.plan import plan_sweep
     from diffscale.studies.write import write_sweep
 
     plan = plan_sweep(load_definition(args), force=args.force)
+    if submitting and plan.profile is None:
+        raise UserError(f"sweep {plan.definition.name} names no cluster to submit to",
+                        "add cluster: {name: PROFILE, ...} to the sweep, or run it here: diffscale sweep run")
     write_sweep(plan)
     return plan
 
@@ -137,10 +141,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.failed and not (len(args.target) == 1 and Path(args.target[0]).is_dir()):
         raise UserError("--failed resubmits the failed elements of a started sweep",
                         "pass its directory: diffscale sweep submit sweeps/NAME --failed")
-    plan = _started(args)
-    if plan.profile is None:
-        raise UserError(f"sweep {plan.definition.name} names no cluster to submit to",
-                        "add cluster: {name: PROFILE, ...} to the sweep, or run it here: diffscale sweep run")
+    plan = _started(args, submitting=True)
     return submit_sweep(plan, failed_only=args.failed)
 
 
