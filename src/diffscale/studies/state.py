@@ -159,7 +159,8 @@ def failure_reason(run_dir: Path) -> str:
         folder = run_dir / "logs"
         logs = sorted(folder.glob("*"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
         for path in reversed(logs):
-            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln for ln in path.read_text(errors="replace").splitlines()
+                     if ln.strip() and not EXIT_LINE.search(ln)]
             if lines:
                 return lines[-1].strip()[:200]
     return "no log to say why"
