@@ -18,13 +18,28 @@ def _job_states(run_dirs: list[Path]) -> dict[Path, tuple[str, bool]]:
     for run_dir in run_dirs:
         if jobs.path(run_dir).is_file():
             sub = jobs.latest(str(run_dir))
-            if sub.jobs:
-                wanted.setdefault(sub.scheduler, {})[sub.jobs[-1].job_id] = run_dir
+            newest = continued(run_dir, sub.scheduler) or (sub.jobs[-1].job_id if sub.jobs else None)
+            if newest is not None:
+                wanted.setdefault(sub.scheduler, {})[newest] = run_dir
     found: dict[Path, tuple[str, bool]] = {}
     for kind, ids in wanted.items():
         for state in for_kind(SchedulerKind(kind)).states(list(ids)):
             found[ids[state.job_id]] = (state.state, state.active)
     return found
+
+
+def continued(run_dir: Path, scheduler: str) -> str | None:
+    """The newest job a Grid Engine element's script submitted to continue it after its time limit
+    (its continuations.tsv names the array as parent, without the task: jobs.json's reading of the
+    file does not link it to the array task)."""
+    from diffscale.cluster.jobs.records import CONTINUATIONS, is_job_id
+
+    file = run_dir / CONTINUATIONS
+    if not file.is_file():
+        return None
+    ids = [line.split("\t")[0] for line in file.read_text().splitlines() if line.count("\t") == 2]
+    ids = [i for i in ids if is_job_id(scheduler, i)]
+    return ids[-1] if ids else None
 
 
 def sweep_states(sweep_dir: Path) -> list[tuple[dict[str, str], ElementState]]:
