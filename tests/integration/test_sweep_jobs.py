@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 from scheduler_jobs import discovered_profile, ds, resolve_node_names
 
-pytestmark = pytest.mark.integration
+from helpers import MICRO
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))
-from helpers import MICRO  # noqa: E402
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +46,9 @@ def wait_sweep(sweep: Path, timeout: float = 600) -> dict[str, dict]:
     raise TimeoutError(f"sweep {sweep} still running: {now}")
 
 
-def tiny_sweep(tmp_path: Path, profile: Path, axes: dict, steps: int, seeds: list[int]) -> Path:
+def tiny_sweep(tmp_path: Path, profile: Path, axes: dict, steps: int, seeds: list[int], *extra: str) -> Path:
     definition = {"name": "tiny", "out": str(tmp_path / "sweep"),
-                  "base": {"preset": "tiny", "set": [*MICRO, f"train.steps={steps}", "runtime.device=cpu"]},
+                  "base": {"preset": "tiny", "set": [*MICRO, f"train.steps={steps}", "runtime.device=cpu", *extra]},
                   "axes": axes, "seeds": seeds,
                   "cluster": {"name": str(profile), "procs_per_node": 1, "cpus_per_task": 1, "parallel": 2,
                               "time": "00:20:00"}}
@@ -72,9 +70,16 @@ def test_a_command_sweep_runs_each_element_with_its_values_on_slurm(slurm_profil
     assert got == sorted(f"{lr}|{tag}" for lr in ("1e-4", "3e-4") for tag in ("it's $(x)", "a b"))
 
 
-@pytest.mark.parametrize("scheduler", ["slurm", "sge"])
-def test_a_data_fraction_by_seed_study_finishes_and_collects(scheduler, request, tmp_path):
-    profile = request.getfixturevalue(f"{scheduler}_profile")
+def test_a_data_fraction_by_seed_study_finishes_and_collects_on_slurm(slurm_profile, tmp_path):
+    fraction_by_seed_study(slurm_profile, tmp_path)
+
+
+def test_a_data_fraction_by_seed_study_finishes_and_collects_on_grid_engine(sge_profile, tmp_path):
+    fraction_by_seed_study(sge_profile, tmp_path)
+
+
+def fraction_by_seed_study(profile: Path, tmp_path: Path) -> None:
+    """12 elements (4 fractions x 3 seeds) of a tiny CPU training: every one done, one row per fraction."""
     definition = tiny_sweep(tmp_path, profile, {"data.fraction": [0.1, 0.25, 0.5, 1.0]}, steps=4, seeds=[0, 1, 2])
     rc, out = ds("sweep", "submit", str(definition))
     assert rc == 0, out
@@ -89,19 +94,21 @@ def test_a_data_fraction_by_seed_study_finishes_and_collects(scheduler, request,
 def _final_weights(run_dir: Path) -> dict:
     from safetensors.torch import load_file
 
-    newest = sorted((run_dir / "checkpoints").iterdir())[-1]
-    return {f.name: load_file(f) for f in sorted(newest.glob("*.safetensors"))}
+    newest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    return {name: load_file(newest / name) for name in ("model.safetensors", "ema.safetensors")}
 
 
 def test_a_killed_element_resubmitted_with_failed_ends_bit_for_bit(slurm_profile, tmp_path):
-    definition = tiny_sweep(tmp_path, slurm_profile, {"optim.lr": [2e-4]}, steps=40, seeds=[0])
+    # long enough that the kill lands between the first checkpoint (step 100) and the end
+    definition = tiny_sweep(tmp_path, slurm_profile, {"optim.lr": [2e-4]}, 600, [0], "train.checkpoint_every=100",
+                            "train.log_every=50")
     rc, out = ds("sweep", "submit", str(definition))
     assert rc == 0, out
     element = tmp_path / "sweep" / "runs" / "000"
     job = json.loads((element / "jobs.json").read_text())["submissions"][-1]["jobs"][0]["job_id"]
     deadline = time.monotonic() + 300
-    while not list((element / "checkpoints").glob("*")) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    while not list((element / "checkpoints").glob("step_*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
     subprocess.run(["scancel", job], check=True, timeout=30)
     final = wait_sweep(tmp_path / "sweep", timeout=120)
     assert final["0"]["state"] == "failed", final
