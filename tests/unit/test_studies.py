@@ -166,3 +166,24 @@ def test_a_failed_element_is_reported_with_its_reason(tmp_path):
     status = run_cli("sweep", "status", str(tmp_path / "sw"), cwd=tmp_path)
     assert "2 done, 1 failed" in status.stdout
     assert json.loads((tmp_path / "sw" / "state.json").read_text())["1"]["reason"] == "refused value bad"
+
+
+def test_one_element_per_gpu_each_sees_only_its_own(tmp_path):
+    done = run_cli("sweep", "run", "--gpus", "0,1", "--axis", "k=a,b,c,d", "--out", str(tmp_path / "sw"), "--",
+                   "python3", "-c", "import os, sys; open('gpu', 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])",
+                   "{k}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "running 4 here, 2 at a time" in done.stdout
+    seen = [(tmp_path / "sw" / "runs" / f"{i:03d}" / "gpu").read_text() for i in range(4)]
+    assert sorted(set(seen)) == ["0", "1"]
+
+
+def test_a_sweep_directory_is_read_back_and_another_sweep_is_not_written_over_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = ["--axis", "k=a,b", "--out", str(tmp_path / "sw"), "--", "true", "{k}"]
+    assert main(["sweep", "run", *command]) == 0
+    assert main(["sweep", "plan", str(tmp_path / "sw")]) == 0
+    assert "runs/001" in capsys.readouterr().out
+    assert main(["sweep", "run", "--axis", "k=a,b,c", *command[2:]]) == 2
+    assert f"{tmp_path / 'sw'} holds another sweep" in capsys.readouterr().err
+    assert not (tmp_path / "sw" / "runs" / "002").exists()
