@@ -98,7 +98,7 @@ def test_one_array_per_job_shape_each_element_a_normal_job_script(tmp_path, prof
     assert str(tmp_path / "s" / "runs" / "003") in script
     element_script = plan.groups[1].plans[0].script()
     assert "--resume auto" in element_script and "runs/002/config.yaml" in element_script
-    caches = {dict(p.spec.env)["TORCHINDUCTOR_CACHE_DIR"] for g in plan.groups for p in g.plans}
+    caches = {dict(p.spec.command_env)["TORCHINDUCTOR_CACHE_DIR"] for g in plan.groups for p in g.plans}
     assert len(caches) == 2  # one kernel cache per world size: the seeds share theirs
 
 

@@ -104,7 +104,7 @@ def _element_plan(definition: SweepDefinition, profile: ClusterProfile, element:
         return make_plan(profile, shape, workload, options)
     plan = make_plan(profile, shape, diffscale_run(job_config(cfg), element.run_dir, python), options)
     cache = ("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(sweep_dir, cfg, shape.world_size))
-    return replace(plan, spec=replace(plan.spec, env=(*plan.spec.env, cache)))
+    return replace(plan, spec=replace(plan.spec, command_env=(*plan.spec.command_env, cache)))
 
 
 def _shape_key(plan: Plan) -> tuple[str, ...]:
@@ -114,7 +114,7 @@ def _shape_key(plan: Plan) -> tuple[str, ...]:
 
     spec = replace(plan.spec, job_name="x")
     lines = slurm.directives(spec) if spec.scheduler is SchedulerKind.SLURM else sge.directives(spec)
-    return (*lines, *spec.setup, *(f"{k}={v}" for k, v in spec.env if k != "TORCHINDUCTOR_CACHE_DIR"))
+    return (*lines, *spec.setup, *(f"{k}={v}" for k, v in spec.env))
 
 
 def _groups(definition: SweepDefinition, profile: ClusterProfile, sweep_dir: Path, elements: list[Element],

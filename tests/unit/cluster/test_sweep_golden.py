@@ -72,3 +72,17 @@ def test_an_array_refuses_a_value_a_script_cannot_carry(monkeypatch):
     with pytest.raises(UserError, match="holds a line break"):
         render(bad)
     assert array.spec.scheduler is SchedulerKind.SLURM
+
+
+def test_golden_training_sweep_shares_a_kernel_cache_per_graph(monkeypatch):
+    monkeypatch.setattr("sys.executable", "/opt/diffscale-venv/bin/python")
+    sweep = d.from_dict({"out": SWEEP_DIR, "base": {"preset": "tiny"}, "axes": {"data.fraction": [0.1, 1.0]},
+                         "seeds": [0, 1], "cluster": {"name": str(FIXTURES / "slurm-test.yaml"), "partition": "gpu",
+                                                      "gpus_per_node": 1, "time": "00:30:00"}},
+                        name="fraction", source="test")
+    plan = plan_sweep(sweep, force=True)
+    group = plan.groups[0]
+    assert len(plan.groups) == 1 and len(group.elements) == 4
+    _check("sweep-slurm-train-array", render(group.array))
+    _check("sweep-slurm-train-array-element", group.plans[3].script())
+    assert len({dict(p.spec.command_env)["TORCHINDUCTOR_CACHE_DIR"] for p in group.plans}) == 1
