@@ -210,7 +210,7 @@ def test_lower_layers_never_import_upper_ones(lower, forbidden):
 LIGHT_VERBS = [["--version"], ["--help"], *[[verb, "--help"] for verb in (
     "train", "sample", "export", "eval", "presets", "plan", "submit", "status", "logs", "cancel", "doctor", "probe",
     "cluster", "bench", "report", "env", "sweep")], ["cluster", "discover", "--help"], ["presets"], ["env"],
-    *[["sweep", verb, "--help"] for verb in ("plan", "submit", "run", "status", "collect")]]
+    *[["sweep", verb, "--help"] for verb in ("plan", "submit", "run", "status", "collect", "report")]]
 
 
 def test_light_verbs_leave_torch_unloaded(tmp_path):

@@ -372,6 +372,8 @@ CASES = [
     Case("sweep submit {ws}/s.yaml --failed", "--failed resubmits the failed elements of a started sweep",
          (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\n"),)),
     Case("sweep status {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
+    Case("sweep report {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
+    Case("sweep collect {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
     Case("sweep run --preset tiny --axis optim.lr=1e-4 --gpus 0,x --out {ws}/sw", "--gpus '0,x' is not a list"),
 ]
 

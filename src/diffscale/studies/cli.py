@@ -1,4 +1,4 @@
-"""``diffscale sweep plan|submit|run|status|collect``: registered by ``register(subparsers)`` the way
+"""``diffscale sweep plan|submit|run|status|collect|report``: registered by ``register(subparsers)`` the way
 the cluster and bench verbs are, imported only when ``sweep`` runs. plan, status and collect load
 no torch."""
 
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = verb(subparsers, "sweep", "studies: many runs from one definition, as job arrays or on this machine",
              f"{EXAMPLE_FILE}\ndiffscale sweep run study.yaml && diffscale sweep collect sweeps/study")
-    sub = p.add_subparsers(dest="sweep_verb", metavar="{plan,submit,run,status,collect}")
+    sub = p.add_subparsers(dest="sweep_verb", metavar="{plan,submit,run,status,collect,report}")
     sub.required = True
     q = verb(sub, "plan", "the table of runs, the array script(s) and the preflight of each job shape", EXAMPLE_SHORT)
     _definition_arguments(q)
@@ -74,6 +74,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("sweep_dir", metavar="DIR", help="a sweep directory")
     q.add_argument("--metric", default="loss", help="the metric to plot (default loss)")
     q.set_defaults(func=cmd_collect)
+    q = verb(sub, "report", "one self-contained HTML page: the runs' curves overlaid and the table of final numbers",
+             "diffscale sweep report sweeps/study && xdg-open sweeps/study/report.html")
+    q.add_argument("sweep_dir", metavar="DIR", help="a sweep directory")
+    q.add_argument("--out", help="HTML file to write (default DIR/report.html)")
+    q.add_argument("--metric", default="loss", help="the metric of the table (default loss)")
+    q.set_defaults(func=cmd_report)
 
 
 def load_definition(args: argparse.Namespace) -> SweepDefinition:
@@ -159,4 +165,15 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
     for line in collect(Path(args.sweep_dir), metric=args.metric):
         print(line)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from diffscale.io.paths import file_target
+    from diffscale.studies.report import write_sweep_report
+    from diffscale.studies.state import read_elements
+
+    read_elements(Path(args.sweep_dir))  # a sweep directory, or one error line
+    out = file_target(args.out, "--out", example="report.html") if args.out else None
+    print(write_sweep_report(Path(args.sweep_dir), out, metric=args.metric))
     return 0

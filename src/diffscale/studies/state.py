@@ -30,6 +30,16 @@ STATES = ("pending", "running", "done", "failed")
 EXIT_LINE = re.compile(r"diffscale: command exited with (\d+)")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
+"""What a file written plainly would get (mkstemp's own is 0600): read once, before any thread runs."""
+
+
 def write_atomic(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file renamed over it: never half-written."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -37,6 +47,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
