@@ -251,11 +251,11 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:
-    """Verbs owned by other modules (cluster, bench, doctor) register themselves. An import that
+    """Verbs owned by other modules (cluster, bench, doctor, sweep) register themselves. An import that
     fails is a broken install, not an optional verb: it fails loudly instead of dropping the verb."""
     import importlib
 
-    for module in ("diffscale.cluster.cli", "diffscale.bench.cli", "diffscale.doctor"):
+    for module in ("diffscale.cluster.cli", "diffscale.bench.cli", "diffscale.doctor", "diffscale.studies.cli"):
         importlib.import_module(module).register(sub)
 
 

@@ -209,7 +209,8 @@ def test_lower_layers_never_import_upper_ones(lower, forbidden):
 
 LIGHT_VERBS = [["--version"], ["--help"], *[[verb, "--help"] for verb in (
     "train", "sample", "export", "eval", "presets", "plan", "submit", "status", "logs", "cancel", "doctor", "probe",
-    "cluster", "bench", "report", "env")], ["cluster", "discover", "--help"], ["presets"], ["env"]]
+    "cluster", "bench", "report", "env", "sweep")], ["cluster", "discover", "--help"], ["presets"], ["env"],
+    *[["sweep", verb, "--help"] for verb in ("plan", "submit", "run", "status", "collect", "report")]]
 
 
 def test_light_verbs_leave_torch_unloaded(tmp_path):
@@ -223,8 +224,16 @@ def test_light_verbs_leave_torch_unloaded(tmp_path):
     plan = ["plan", "--cluster", "purdue-gilbreth", "--nodes", "1", "--gpus-per-node", "4", "--preset", "small",
             "--account", "lab"]
     policy_plan = [*plan[:-3], "policy", *plan[-2:]]
+    sweep = tmp_path / "sweep"
+    (sweep / "runs" / "000").mkdir(parents=True)
+    (sweep / "sweep.yaml").write_text("base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\n")
+    (sweep / "elements.json").write_text(json.dumps([{"index": 0, "values": {"optim.lr": "1e-4"},
+                                                      "run_dir": str(sweep / "runs" / "000")}]))
+    (sweep / "runs" / "000" / "metrics.jsonl").write_text('{"step": 2, "loss": 0.5}\n')
+    sweep_plan = ["sweep", "plan", "--preset", "small", "--axis", "optim.lr=1e-4,3e-4", "--cluster", "purdue-gilbreth",
+                  "--gpus-per-node", "1", "--account", "lab"]
     verbs = [*LIGHT_VERBS, plan, policy_plan, ["status", str(tmp_path)], ["doctor", str(tmp_path)],
-             ["logs", str(tmp_path)]]
+             ["logs", str(tmp_path)], sweep_plan, ["sweep", "status", str(sweep)], ["sweep", "collect", str(sweep)]]
     env = {k: v for k, v in __import__("os").environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)

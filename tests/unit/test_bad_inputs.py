@@ -345,6 +345,36 @@ CASES = [
     Case("doctor 99999999", "no scheduler here knows job 99999999", env=NO_SCHEDULER),
     # the top level
     Case("bogus", "invalid choice: 'bogus'"),
+    # sweep
+    Case("sweep plan --preset tiny --zip optim.lr=1e-4,3e-4 --zip train.seed=0,1,2 --out {ws}/sw",
+         "zipped axes have different lengths (optim.lr has 2, train.seed has 3)"),
+    Case("sweep plan --axis lr=1e-4 --out {ws}/sw -- python train.py --lr {{lr}} --depth {{depth}}",
+         "placeholder {depth} of the command has no value"),
+    Case("sweep plan --axis lr=1e-4 --axis width=8 --out {ws}/sw -- python train.py --lr {{lr}}",
+         "axis width is not a placeholder of the command"),
+    Case("sweep run --preset tiny --axis optim.lr=1e-4,abc --out {ws}/sw",
+         "element 1 (optim.lr=abc): config optim.lr: expected a number"),
+    Case("sweep plan --preset tiny --axis data.fraction=0.5,0 --out {ws}/sw",
+         "element 1 (data.fraction=0): config data.fraction: is 0.0, outside (0, 1]"),
+    Case("sweep plan --preset tiny --axis train.seed=0,1,2 --cluster {ws}/p.yaml --procs-per-node 1 --out {ws}/sw",
+         "job shape cpu-1x1 has 3 elements, more than one array may hold (2, MaxArraySize in slurm.conf)",
+         (_file("p.yaml", "name: p\nscheduler: slurm\nmax_array_size: 2\npartitions:\n  cpu: {gpus_per_node: 0, "
+                          "cpus_per_node: 4, mem_per_node_gb: 8, max_time: null}\n"),)),
+    Case("sweep plan --preset tiny --axis cluster.partition=a,b --out {ws}/sw",
+         "axis cluster.partition varies the cluster job, but the sweep names no cluster"),
+    Case("sweep plan {ws}/s.yaml", "zip[0] is not a mapping",
+         (_file("s.yaml", "base: {preset: tiny}\nzip: [[1, 2]]\n"),)),
+    Case("sweep plan {ws}/s.yaml", "bases is not a sweep setting (did you mean 'base'?)",
+         (_file("s.yaml", "bases: {preset: tiny}\n"),)),
+    Case("sweep plan {ws}/missing.yaml", "missing.yaml' does not exist -- pass a sweep YAML"),
+    Case("sweep plan", "no sweep given"),
+    Case("sweep submit --preset tiny --axis optim.lr=1e-4 --out {ws}/sw", "names no cluster to submit to"),
+    Case("sweep submit {ws}/s.yaml --failed", "--failed resubmits the failed elements of a started sweep",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\n"),)),
+    Case("sweep status {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
+    Case("sweep report {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
+    Case("sweep collect {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
+    Case("sweep run --preset tiny --axis optim.lr=1e-4 --gpus 0,x --out {ws}/sw", "--gpus '0,x' is not a list"),
 ]
 
 TRAINED: dict[str, Path] = {}

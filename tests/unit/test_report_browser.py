@@ -87,3 +87,39 @@ def test_the_report_renders_in_chromium_without_errors_or_network(tmp_path, chro
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("DIFFSCALE_KEEP_SCREENSHOT"):
         Path(os.environ["DIFFSCALE_KEEP_SCREENSHOT"]).write_bytes(shot.read_bytes())
+
+
+def test_the_sweep_report_renders_in_chromium_without_errors_or_network(tmp_path, chromium):
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    sweep = tmp_path / "sweep"
+    rows = []
+    for index, (lr, seed) in enumerate([("1e-4", "0"), ("1e-4", "1"), ("3e-4", "0"), ("3e-4", "1")]):
+        run = fake_run(sweep / "runs" / f"{index:03d}")
+        (run / "jobs.json").unlink()  # a sweep run here: no scheduler to ask
+        rows.append({"index": index, "values": {"optim.lr": lr, "train.seed": seed}, "run_dir": str(run)})
+    (sweep / "sweep.yaml").write_text("base: {preset: tiny}\naxes: {optim.lr: [1e-4, 3e-4]}\nseeds: [0, 1]\n")
+    (sweep / "elements.json").write_text(json.dumps(rows))
+    assert main(["sweep", "report", str(sweep)]) == 0
+    problems: list[str] = []
+    requested: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("request", lambda r: requested.append(r.url))
+            page.goto((sweep / "report.html").as_uri(), wait_until="load")
+            headings = page.locator("h2").all_inner_texts()
+            images = page.eval_on_selector_all("img", "els => els.map(e => [e.alt, e.complete, e.naturalWidth])")
+            body = page.inner_text("body")
+        finally:
+            browser.close()
+    assert problems == []
+    assert [u for u in requested if not u.startswith(("data:", "file:"))] == []
+    assert headings == ["Curves", "Final numbers, mean and spread over seeds", "Runs"]
+    assert {"Loss", "Throughput (samples/s)"} <= {alt for alt, complete, width in images if complete and width > 0}
+    assert "3e-4" in body and "2" in body

@@ -156,7 +156,16 @@ class DataConfig:
     """Random horizontal flips (off by default: they turn letters into mirror glyphs)."""
     max_items: int = 0
     """Use at most this many images (0: all)."""
+    fraction: float = 1.0
+    """Train on this fraction of the training examples (0 < fraction <= 1): a subset drawn with
+    ``subset_seed``, the same on every rank, at every resume and for every ``train.seed``; a smaller
+    fraction's subset lies inside a larger one's."""
+    subset_seed: int = 0
+    """Seed of the ``fraction`` subset (independent of ``train.seed``, so seeds vary training only)."""
+
     def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            _fail("data.fraction", f"is {self.fraction}, outside (0, 1]", "use e.g. 0.1 for 10 % of the data")
         if not self.source.strip():
             _fail("data.source", "is empty", "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT or mnist:ROOT")
         if self.shift_px < 0:

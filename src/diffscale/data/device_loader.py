@@ -51,6 +51,24 @@ class DeviceBatcher:
         self.position = position or DataPosition()
         self._perm: torch.Tensor | None = None
         self._perm_epoch = -1
+        self._subset: torch.Tensor | None = None
+
+    def restrict(self, fraction: float, subset_seed: int) -> None:
+        """Draw from ``fraction`` of the examples only (``data.fraction``): the first of a permutation
+        seeded by ``subset_seed`` alone, so the subset is the same on every rank, at every resume and
+        for every training seed, and a smaller fraction's subset lies inside a larger one's. Drawn
+        once, on the CPU (the same numbers on every device type)."""
+        if fraction >= 1:
+            return
+        keep = max(1, round(self.num_items * fraction))
+        if keep < self.global_batch:
+            raise UserError(f"data.fraction {fraction} keeps {keep} of {self.num_items} training examples, fewer "
+                            f"than one effective batch of {self.global_batch}",
+                            "raise data.fraction, or lower train.batch_per_gpu / train.grad_accum")
+        order = torch.randperm(self.num_items, generator=torch.Generator().manual_seed(subset_seed))
+        self._subset = order[:keep].sort().values.to(self.device)
+        self.num_items = keep
+        self._perm_epoch = -1
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if self._perm_epoch != epoch:
@@ -70,6 +88,8 @@ class DeviceBatcher:
         start = self.position.offset
         self.position = DataPosition(self.position.epoch, start + self.global_batch)
         indices = perm[start:start + self.global_batch]
+        if self._subset is not None:
+            indices = self._subset[indices]
         return indices if out is None else out.copy_(indices)
 
 

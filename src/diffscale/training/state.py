@@ -11,8 +11,9 @@ import torch
 from rich.console import Console
 
 from diffscale.config import Recipe, RunConfig
-from diffscale.data.device_loader import DataPosition
+from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Batcher, Feed
+from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import DevicePolicy
 from diffscale.runtime.distributed import DistContext
@@ -105,8 +106,15 @@ class RunState:
 
     def make_batcher(self) -> Batcher:
         """The index stream of this run's effective batch, from the current data position."""
-        return self.task.batcher(self.cfg.effective_batch(self.ctx.world_size), self.cfg.train.seed, self.position,
-                                 self.feed)
+        batcher = self.task.batcher(self.cfg.effective_batch(self.ctx.world_size), self.cfg.train.seed,
+                                    self.position, self.feed)
+        data = self.cfg.data
+        if data.fraction < 1:  # one subset for every task with resident data, drawn where its batches are
+            if not isinstance(batcher, DeviceBatcher):
+                raise UserError(f"data.fraction {data.fraction} needs data held whole, but '{data.source}' streams",
+                                "train on all of a streamed source (data.fraction 1), or give it fewer samples")
+            batcher.restrict(data.fraction, data.subset_seed)
+        return batcher
 
     def save(self, batcher: Batcher) -> None:
         if self.ctx.is_main:

@@ -172,9 +172,23 @@ def parse_qstat_xml(text: str) -> dict[str, dict[str, str]]:
     for item in root.iter("job_list"):
         values = {child.tag: (child.text or "").strip() for child in item}
         if values.get("JB_job_number"):
-            jobs[values["JB_job_number"]] = {"state": values.get("state", "?"), "name": values.get("JB_name", ""),
-                                             "owner": values.get("JB_owner", ""), "queue": values.get("queue_name", "")}
+            job = {"state": values.get("state", "?"), "name": values.get("JB_name", ""),
+                   "owner": values.get("JB_owner", ""), "queue": values.get("queue_name", "")}
+            jobs[values["JB_job_number"]] = job
+            for task in array_tasks(values.get("tasks", "")):  # an array's tasks also by their own ids
+                jobs[f"{values['JB_job_number']}.{task}"] = job
     return jobs
+
+
+def array_tasks(text: str) -> list[int]:
+    """qstat's ``tasks`` of an array job: ``3``, ``1-8:1`` (pending ones), ``1,3``; [] for none."""
+    found: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+)(?::(\d+))?)?\s*", part)
+        if match:
+            first, last, step = int(match.group(1)), int(match.group(2) or match.group(1)), int(match.group(3) or 1)
+            found += range(first, last + 1, max(step, 1))
+    return found
 
 
 class GridEngine:
@@ -202,7 +216,8 @@ class GridEngine:
                 result.append(JobState(job_id, sge_state_words(job["state"]), f"state {job['state']}{where}",
                                        active=True, name=job["name"] or None, user=job["owner"] or None))
                 continue
-            acct = run(["qacct", "-j", job_id], check=False)
+            number, _, task = job_id.partition(".")  # an array task: qacct -j JOB -t TASK
+            acct = run(["qacct", "-j", number, *(["-t", task] if task else [])], check=False)
             if acct.returncode != 0:
                 result.append(JobState(job_id, "GONE", "not in qstat, not in qacct (a job deleted while pending "
                                                        "leaves no record; accounting may also flush late)"))

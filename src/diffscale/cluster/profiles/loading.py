@@ -78,7 +78,7 @@ def load_profile(name_or_path: str) -> ClusterProfile:
 
 
 _TOP_KEYS = ("name", "title", "scheduler", "docs", "account", "default_partition", "setup", "env",
-             "sets_cuda_visible_devices", "partitions", "sge", "required")
+             "sets_cuda_visible_devices", "partitions", "sge", "required", "max_array_size")
 _PART_KEYS = ("submit_name", "gpus_per_node", "gpu_type", "gpu_memory_gb", "cpus_per_node", "mem_per_node_gb",
               "max_time", "default_time", "max_nodes", "interconnect", "gpu_request", "gres_type", "qos", "constraint",
               "resources", "note", "charge_per_gpu_hour")
@@ -215,6 +215,7 @@ def profile_from_dict(data: Any, *, source: str = "<dict>") -> ClusterProfile:
         partitions=tuple(partitions),
         sge=sge,
         required=_required_from(r, top.get("required")),
+        max_array_size=r.opt_int("max_array_size", top.get("max_array_size"), minimum=1),
         source=source,
     )
 
@@ -344,6 +345,8 @@ def profile_to_dict(profile: ClusterProfile) -> dict[str, Any]:
         "sets_cuda_visible_devices": profile.sets_cuda_visible_devices,
         "partitions": parts,
     }
+    if profile.max_array_size is not None:
+        data["max_array_size"] = profile.max_array_size
     if profile.required:
         data["required"] = {req.fact.value: req.how for req in profile.required}
     if profile.sge is not None:

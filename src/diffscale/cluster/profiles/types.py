@@ -160,6 +160,9 @@ class ClusterProfile:
     required: tuple[Requirement, ...] = ()
     """Facts every job must carry (e.g. an account on sites that charge projects); preflight
     fails with the fix when one is missing."""
+    max_array_size: int | None = None
+    """Elements one array job may hold (SLURM MaxArraySize, Grid Engine max_aj_tasks); None: the
+    scheduler's default (1001, 75000)."""
     source: str = ""
     """Where this profile was read from (for messages)."""
 

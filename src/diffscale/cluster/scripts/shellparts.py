@@ -72,11 +72,15 @@ REQUEUE_NOTE = (f"# Exit {EXIT_REQUEUE}: diffscale checkpointed on the warning s
 def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
     env = list(command_env)
     unbuffered = [(k, v) for k, v in env if k == "PYTHONUNBUFFERED"]
-    own = [(k, v) for k, v in env if k != "PYTHONUNBUFFERED"]
+    kernels = [(k, v) for k, v in env if k == "TORCHINDUCTOR_CACHE_DIR"]
+    own = [(k, v) for k, v in env if k not in ("PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR")]
     lines = []
     if unbuffered:
         lines += ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
                   "# prints appears in the log as it happens.", *exports(unbuffered)]
+    if kernels:
+        lines += ["# For the command: the sweep's kernel cache, shared by its runs that compile the same graph.",
+                  *exports(kernels)]
     if own:
         lines += ["# For the command: where it hands its output to the coupled trainer (the spool directory).",
                   *exports(own)]

@@ -1,0 +1,153 @@
+"""A sweep planned: its elements, each element's job (``cluster/planning/plan.py`` as for a single
+run) and one array per distinct job shape. Pure apart from resolving configs and reading the
+cluster profile; nothing is written here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from diffscale.errors import UserError
+from diffscale.studies.definition import SweepDefinition
+from diffscale.studies.expand import Element, element_configs, expand
+
+if TYPE_CHECKING:
+    from diffscale.cluster.planning.plan import Plan
+    from diffscale.cluster.profiles.types import ClusterProfile
+    from diffscale.config import RunConfig
+    from diffscale.studies.arrays import ArraySpec
+
+COMPILE_CACHE = "compile-cache"
+"""The sweep directory's folder of kernel caches, one per compiled graph."""
+
+
+def graph_key(cfg: RunConfig, world_size: int) -> str:
+    """What decides a run's compiled graph (the network, runtime settings, per-rank batch, world
+    size): elements that agree on it share one kernel cache. Torch and source versions are keyed by
+    the cache itself."""
+    parts = {"task": cfg.task, "model": cfg.to_dict()["model"], "runtime": cfg.to_dict()["runtime"],
+             "batch_per_gpu": cfg.train.batch_per_gpu, "grad_accum": cfg.train.grad_accum, "world_size": world_size}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def compile_cache_dir(sweep_dir: Path, cfg: RunConfig, world_size: int) -> str:
+    return str(sweep_dir.absolute() / COMPILE_CACHE / graph_key(cfg, world_size))
+
+
+@dataclass(frozen=True)
+class ArrayGroup:
+    """Elements whose jobs ask for the same resources: one array job."""
+
+    label: str
+    plans: tuple[Plan, ...]
+    elements: tuple[Element, ...]
+    array: ArraySpec
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    definition: SweepDefinition
+    sweep_dir: Path
+    elements: tuple[Element, ...]
+    configs: tuple[RunConfig | None, ...]
+    profile: ClusterProfile | None
+    groups: tuple[ArrayGroup, ...]
+
+
+def sweep_dir_of(definition: SweepDefinition) -> Path:
+    return Path(definition.out).absolute()
+
+
+def plan_sweep(definition: SweepDefinition, *, force: bool = False) -> SweepPlan:
+    """Elements, configs (every one validated), and with a cluster the array groups."""
+    sweep_dir = sweep_dir_of(definition)
+    elements = expand(definition, sweep_dir)
+    configs = element_configs(definition, elements)
+    if definition.cluster is None:
+        return SweepPlan(definition, sweep_dir, tuple(elements), tuple(configs), None, ())
+    from diffscale.cluster.profiles.loading import load_profile
+
+    profile = load_profile(definition.cluster.name)
+    plans = [_element_plan(definition, profile, e, c, sweep_dir) for e, c in zip(elements, configs, strict=True)]
+    groups = _groups(definition, profile, sweep_dir, elements, plans)
+    if not force:
+        _refuse_failed(groups)
+    return SweepPlan(definition, sweep_dir, tuple(elements), tuple(configs), profile, groups)
+
+
+def _element_plan(definition: SweepDefinition, profile: ClusterProfile, element: Element, cfg: RunConfig | None,
+                  sweep_dir: Path) -> Plan:
+    from diffscale.cluster.planning.plan import PlanOptions, make_plan
+    from diffscale.cluster.planning.shape import Shape
+    from diffscale.cluster.planning.workload import UserCommand, diffscale_run, job_config
+    from diffscale.cluster.scripts.timefmt import parse_time_limit
+
+    section = definition.cluster
+    assert section is not None
+    partition = element.partition(section.partition)
+    per_node = section.gpus_per_node or section.procs_per_node or profile.partition(partition).gpus_per_node or 1
+    nodes, ranks = element.shape(section.nodes, per_node)
+    shape = Shape(nodes=nodes, ranks_per_node=ranks or 1, partition=partition,
+                  time_s=parse_time_limit(section.time) if section.time else None,
+                  cpus_per_rank=section.cpus_per_task, mem_per_node_gb=section.mem,
+                  use_gpus=section.procs_per_node is None)
+    python = section.python or sys.executable
+    # an element's job requeues itself at its time limit: a chain of dependent segments would
+    # make later elements of the array wait on earlier ones
+    options = PlanOptions(account=section.account, qos=section.qos, chain=False, setup=section.setup)
+    if cfg is None:
+        workload = UserCommand(element.command(definition.command), element.run_dir, python)
+        return make_plan(profile, shape, workload, options)
+    plan = make_plan(profile, shape, diffscale_run(job_config(cfg), element.run_dir, python), options)
+    cache = ("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir(sweep_dir, cfg, shape.world_size))
+    return replace(plan, spec=replace(plan.spec, command_env=(*plan.spec.command_env, cache)))
+
+
+def _shape_key(plan: Plan) -> tuple[str, ...]:
+    """The directives of the element's job, its name left out: elements that agree share an array."""
+    from diffscale.cluster.profiles.types import SchedulerKind
+    from diffscale.cluster.scripts import sge, slurm
+
+    spec = replace(plan.spec, job_name="x")
+    lines = slurm.directives(spec) if spec.scheduler is SchedulerKind.SLURM else sge.directives(spec)
+    return (*lines, *spec.setup, *(f"{k}={v}" for k, v in spec.env))
+
+
+def _groups(definition: SweepDefinition, profile: ClusterProfile, sweep_dir: Path, elements: list[Element],
+            plans: list[Plan]) -> tuple[ArrayGroup, ...]:
+    from diffscale.cluster.scripts.jobspec import job_name
+    from diffscale.studies.arrays import ArraySpec, ArrayTask, check_size, default_max_array
+
+    section = definition.cluster
+    assert section is not None
+    keyed: dict[tuple[str, ...], list[int]] = {}
+    for i, plan in enumerate(plans):
+        keyed.setdefault(_shape_key(plan), []).append(i)
+    limit = section.max_array or profile.max_array_size or default_max_array(profile.scheduler)
+    groups = []
+    plain = [f"{plans[m[0]].partition.name}-{plans[m[0]].shape.label}" for m in keyed.values()]
+    for k, members in enumerate(keyed.values()):
+        first = plans[members[0]]
+        label = plain[k] if plain.count(plain[k]) == 1 else f"{plain[k]}-{plain[:k].count(plain[k]) + 1}"
+        check_size(len(members), limit, profile.scheduler, label)
+        tasks = tuple(ArrayTask(elements[i].index, elements[i].run_dir, plans[i].spec.script_file) for i in members)
+        title = (f"sweep {definition.name}: {len(members)} element(s) as one array; "
+                 f"{first.spec.title.split('; ', 1)[0]}")
+        array = ArraySpec(spec=first.spec, job_name=job_name(str(sweep_dir), label), tasks=tasks,
+                          parallel=section.parallel, title=title)
+        groups.append(ArrayGroup(label, tuple(plans[i] for i in members), tuple(elements[i] for i in members), array))
+    return tuple(groups)
+
+
+def _refuse_failed(groups: tuple[ArrayGroup, ...]) -> None:
+    for group in groups:
+        for plan in group.plans:
+            if plan.failed:
+                check = plan.failed[0]
+                element = group.elements[group.plans.index(plan)]
+                raise UserError(f"preflight check '{check.name}' failed for {element.label}: {check.detail}",
+                                f"{check.fix}; or pass --force to go ahead anyway")

@@ -1,0 +1,117 @@
+"""``sweep report``: one self-contained HTML page comparing a sweep's runs: their curves overlaid
+(loss, throughput, and quality numbers where evaluation logged them), coloured by the value of the
+first varied axis, and the table of final numbers with the mean and spread over seeds. Plots are
+inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from diffscale.report.plots import png_data_uri
+from diffscale.studies.collect import summarise
+from diffscale.studies.definition import SEED_AXES
+from diffscale.studies.state import ElementRecord, read_elements, read_states, write_atomic
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; } td, th { border: 1px solid #ddd; padding: .25em .6em; font-size: .92em; }
+.plots img { width: 520px; margin: .3em; } .muted { color: #777; }
+"""
+CURVES = (("loss", "Loss", True), ("samples_per_s", "Throughput (samples/s)", False))
+"""(field, title, log scale) drawn for every sweep; numeric fields of evaluation records are added."""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>"
+    return "<table>" + head + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows) + \
+        "</table>"
+
+
+def _records(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), (int, float)):
+            rows.append(row)
+    return rows
+
+
+def _fields(records: dict[int, list[dict[str, Any]]]) -> list[tuple[str, str, bool]]:
+    present = {k for rows in records.values() for r in rows for k, v in r.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    quality = sorted(k for k in present if k.startswith(("eval_", "fid", "crps", "success")))
+    return [c for c in CURVES if c[0] in present] + [(k, k, False) for k in quality]
+
+
+def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], axis: str | None,
+             records: dict[int, list[dict[str, Any]]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.0, 3.4), dpi=100, layout="constrained")
+    ax = figure.subplots()
+    values = list(dict.fromkeys(r.values.get(axis, "") for r in rows)) if axis else [""]
+    colours = {v: f"C{i % 10}" for i, v in enumerate(values)}
+    labelled: set[str] = set()
+    for row in rows:
+        points = [(r["step"], r[field]) for r in records[row.index] if isinstance(r.get(field), (int, float))]
+        if not points:
+            continue
+        value = row.values.get(axis, "") if axis else ""
+        steps, ys = zip(*points, strict=True)
+        ax.plot(steps, ys, color=colours[value], alpha=0.8, linewidth=1.1,
+                label=f"{axis}={value}" if axis and value not in labelled else None)
+        labelled.add(value)
+    if log_y and all(y > 0 for rs in records.values() for r in rs if isinstance(y := r.get(field), (int, float))):
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if labelled and axis:
+        ax.legend(fontsize="small")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return f'<img alt="{_e(title)}" title="{_e(title)}" src="{png_data_uri(buffer.getvalue())}">'
+
+
+def render(sweep_dir: Path, metric: str = "loss") -> str:
+    rows = read_elements(sweep_dir)
+    states = read_states(sweep_dir)
+    records = {r.index: _records(Path(r.run_dir)) for r in rows}
+    axes, per_run, per_group = summarise(rows, metric)
+    varied = [a for a in axes if a not in SEED_AXES]
+    colour_axis = next((a for a in varied if len({r.values[a] for r in rows}) > 1), None)
+    plots = "".join(_overlay(f, t, log, rows, colour_axis, records) for f, t, log in _fields(records))
+    summary = _table([*varied, "seeds", f"final {metric} mean", "sd", f"best {metric} mean", "sd"], per_group)
+    runs = _table(["#", *axes, f"final {metric}", f"best {metric}", "records", "state"],
+                  [[*r, states[int(r[0])].state if int(r[0]) in states else "?"] for r in per_run])
+    made = datetime.datetime.now().isoformat(timespec="seconds")
+    body = (f'<section id="curves"><h2>Curves</h2><div class="plots">{plots or "<p class=muted>no records yet</p>"}'
+            f'</div></section><section id="summary"><h2>Final numbers, mean and spread over seeds</h2>{summary}'
+            f'</section><section id="runs"><h2>Runs</h2>{runs}</section>')
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>diffscale sweep '
+            f'{_e(sweep_dir.name)}</title><style>{STYLE}</style></head><body><h1>diffscale sweep {_e(sweep_dir.name)}'
+            f'</h1><p class="muted">{_e(sweep_dir.resolve())} &middot; {len(rows)} run(s) &middot; report made {made}'
+            f"</p>{body}</body></html>\n")
+
+
+def write_sweep_report(sweep_dir: Path, out: Path | None = None, metric: str = "loss") -> Path:
+    target = Path(out) if out else sweep_dir / "report.html"
+    write_atomic(target, render(sweep_dir, metric))
+    return target
