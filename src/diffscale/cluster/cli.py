@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.jobs.records import JobState, Submission
     from diffscale.cluster.jobs.scheduler import Scheduler
     from diffscale.cluster.planning.plan import Plan
+    from diffscale.cluster.planning.shape import Shape
     from diffscale.cluster.planning.workload import Workload
-    from diffscale.cluster.profiles.types import ClusterProfile
+    from diffscale.cluster.profiles.types import ClusterProfile, Partition
     from diffscale.config import RunConfig
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -123,7 +124,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
-    from diffscale.cluster.flags import check_numbers, plan_options
+    from diffscale.cluster.flags import check_job_size, check_numbers, plan_options
     from diffscale.cluster.planning.plan import make_plan
     from diffscale.cluster.planning.shape import Shape, parse_race, race_count
     from diffscale.cluster.planning.workload import DiffscaleRun
@@ -157,6 +158,9 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
     options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
     part = profile.partition(args.partition)
     per_node = next((n for n in (args.gpus_per_node, args.procs_per_node, part.gpus_per_node) if n), 1)
+    for nodes, g in shapes or []:
+        check_job_size(nodes, g, gpus=args.procs_per_node is None, nodes_flag="--race", per_node_flag="--race")
+    _refuse_oversized(part, [shape(nodes, g) for nodes, g in shapes or [(args.nodes, per_node)]], args.force)
     plans = []
     for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
@@ -201,6 +205,18 @@ def _lead_checked(args: argparse.Namespace, plan: Plan) -> Plan:
     if args.signal_lead is not None:
         check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
     return plan
+
+
+def _refuse_oversized(part: Partition, shapes: list[Shape], force: bool) -> None:
+    """A shape larger than the profile's nodes hold is refused before its rank table is laid out."""
+    from diffscale.cluster.planning.preflight import shape_checks
+
+    failed = [(shape, c) for shape in shapes for c in shape_checks(part, shape) if c.ok is False]
+    if failed and not force:
+        shape, first = failed[0]
+        where = f"shape {shape.label}: " if len(shapes) > 1 else ""
+        raise UserError(f"preflight check '{first.name}' failed: {where}{first.detail}",
+                        f"{first.fix}; or pass --force to go ahead anyway")
 
 
 def _refuse_failed(plans: list[Plan], force: bool) -> None:

@@ -58,7 +58,12 @@ def print_plan(plan: Plan, *, time_asked: bool) -> None:
     table = Table(show_lines=False)
     for col in ("rank", "node", "local rank", "device", "started by", "master address : port (source)"):
         table.add_column(col)
-    for r in plan.ranks:
+    shown = plan.shown_ranks()
+    for r in shown:
+        if r is None:
+            between = plan.spec.world_size - len(shown) + 1
+            table.add_row("...", f"({between} ranks between, laid out alike)", "", "", "", "")
+            continue
         table.add_row(str(r.rank), r.host, str(r.local_rank), r.device, r.started_by, r.master)
     console.print(table)
     if plan.segments:

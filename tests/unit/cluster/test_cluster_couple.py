@@ -69,7 +69,7 @@ def test_grid_engine_submits_the_trainer_on_its_own(tmp_path, capsys):
     (["--couple", "/s", "--preset", "field-icon", "--race", "1x1,1x2", "--", "./sim"],
      "--race and --couple cannot be combined"),
     (["--couple", "/s", "--preset", "field-icon", "--sim-procs-per-node", "0", "--", "./sim"],
-     "--sim-procs-per-node 0 is out of range: the simulation needs at least 1"),
+     "--sim-procs-per-node 0 is out of range: at least 1 process per node -- pass --sim-procs-per-node 1"),
     (["--couple", "/s:0", "--preset", "field-icon", "--", "./sim"],
      "--couple '/s:0' is not a spool directory -- write --couple SPOOL_DIR or SPOOL_DIR:N"),
 ])

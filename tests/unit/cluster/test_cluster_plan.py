@@ -147,3 +147,46 @@ def test_a_presets_stated_network_cost_is_the_counted_one(name):
     wider = replace(cfg, model=replace(cfg.model, **{"hidden" if name.startswith("field") else "down_dims":
                                                      512 if name.startswith("field") else (64, 128)}))
     assert estimates.cost_of(wider) == estimates.network_cost(wider) != estimates.PRESET_NETWORK_COSTS[name]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nodes", "1000000000"], "error: --nodes 1000000000 is out of range: more nodes than any partition diffscale "
+                                "plans for holds (at most 4096) -- pass --nodes 4096 or less"),
+    (["--nodes", "1000000", "--force"], "error: --nodes 1000000 is out of range"),
+    (["--gpus-per-node", "20000"], "error: --gpus-per-node 20000 is out of range: more GPUs per node than any node "
+                                   "holds (at most 64) -- pass --gpus-per-node 64 or less"),
+    # the profile knows the nodes: refused before a rank is laid out, the script not printed
+    (["--gpus-per-node", "8"], "error: preflight check 'GPUs per node' failed: 8 GPUs per node asked, but "
+                               "'a100-80gb' nodes have 4 -- use --gpus-per-node 4 (or fewer) and more --nodes; "
+                               "or pass --force to go ahead anyway"),
+])
+def test_absurd_sizes_are_refused_before_any_table(flags, message, capsys, tmp_path):
+    from diffscale.cli import main
+
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                 *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == message or captured.err.startswith(message)
+    assert captured.out == ""  # no script, no rank table
+
+
+def test_the_profile_s_node_count_is_checked_before_the_table(tmp_path, capsys):
+    from diffscale.cli import main
+
+    argv = ["plan", "--cluster", str(fixture_profile("lab-l40s-h200").source), "--preset", "tiny",
+            "--out", str(tmp_path / "r"), "--nodes", "5"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("error: preflight check 'nodes' failed: 5 nodes > the partition's maximum 4 "
+                                       "-- use --nodes 4 or fewer; or pass --force to go ahead anyway\n")
+    assert main([*argv, "--force"]) == 0  # a profile may be out of date: --force still goes ahead
+    assert "nodes" in capsys.readouterr().out
+
+
+def test_a_large_job_prints_its_first_and_last_node():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(4096, 4), _run())
+    shown = plan.shown_ranks()
+    assert len(shown) == 4 + 1 + 4 and shown[4] is None
+    assert [r.rank for r in shown if r is not None] == [0, 1, 2, 3, 16380, 16381, 16382, 16383]
+    assert shown[-1].host == "node 4095 of SLURM_JOB_NODELIST"
+    small = make_plan(load_profile("purdue-gilbreth"), Shape(2, 4), _run())
+    assert small.shown_ranks() == list(small.ranks)

@@ -99,10 +99,10 @@ def from_args(profile: ClusterProfile, args: argparse.Namespace, run_dir: Path, 
               sim_time_s: int | None, options: PlanOptions) -> tuple[list[Plan], RunConfig, str]:
     """The coupled plans of ``plan/submit --couple``, the trainer's config and what runs (one line)."""
     config_file, command = split_targets(args)
-    for flag, value in (("--sim-nodes", args.sim_nodes), ("--sim-procs-per-node", args.sim_procs_per_node)):
-        if value < 1:
-            raise UserError(f"{flag} {value} is out of range: the simulation needs at least 1",
-                            f"pass {flag} 1 or more")
+    from diffscale.cluster.flags import check_job_size
+
+    check_job_size(args.sim_nodes, args.sim_procs_per_node, gpus=False, nodes_flag="--sim-nodes",
+                   per_node_flag="--sim-procs-per-node")
     cfg, spool = trainer_config(args, config_file)
     sim = Shape(nodes=args.sim_nodes, ranks_per_node=args.sim_procs_per_node,
                 partition=_sim_partition(profile, args.sim_partition), time_s=sim_time_s, use_gpus=False)

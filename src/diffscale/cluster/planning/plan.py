@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from diffscale.cluster.planning import estimates, preflight
@@ -24,6 +25,8 @@ SEGMENT_MARGIN_S = 600
 """Time kept free in every segment besides start-up: checkpoint, final sampling, slack."""
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_CPUS_PER_RANK_CAP = 8
+SHOWN_RANKS = 64
+"""Rank rows a plan prints; a larger job shows its first and last node's."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,6 @@ class Plan:
     shape: Shape
     workload: Workload
     spec: JobSpec
-    ranks: tuple[RankRow, ...]
     checks: tuple[Check, ...]
     segments: tuple[Segment, ...]
     estimate_s: int | None
@@ -90,6 +92,22 @@ class Plan:
     def label(self) -> str:
         """``simulation 2x128`` for a job with a role, else the shape (``1x4``)."""
         return f"{self.role} {self.shape.label}" if self.role else self.shape.label
+
+    @property
+    def ranks(self) -> tuple[RankRow, ...]:
+        """Every rank: where it runs and how it finds the others."""
+        return tuple(rank_rows(self.spec, range(self.spec.world_size)))
+
+    def shown_ranks(self, most: int = SHOWN_RANKS) -> list[RankRow | None]:
+        """The ranks a plan prints: all of them up to ``most``, else the first node's and the
+        last node's with None (an ellipsis) between, so a large job prints in no time."""
+        spec = self.spec
+        if spec.world_size <= most:
+            return list(rank_rows(spec, range(spec.world_size)))
+        g = spec.ranks_per_node
+        head = range(min(g, most // 2))
+        tail = range(max(spec.world_size - min(g, most // 2), len(head)), spec.world_size)
+        return [*rank_rows(spec, head), None, *rank_rows(spec, tail)]
 
     @property
     def ok(self) -> bool:
@@ -187,7 +205,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     )
     check_spec(spec)
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
-                ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
+                checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes), role=options.role)
 
 
@@ -269,11 +287,11 @@ def _wall_time(part: Partition, shape: Shape, workload: Workload, options: PlanO
     return time_s, lead, segments
 
 
-def rank_table(spec: JobSpec, part: Partition) -> list[RankRow]:
-    """Where every rank runs and how it finds the others."""
+def rank_rows(spec: JobSpec, ranks: Iterable[int]) -> list[RankRow]:
+    """Where each of ``ranks`` runs and how it finds the others."""
     rows = []
     g = spec.ranks_per_node
-    for rank in range(spec.world_size):
+    for rank in ranks:
         node, local = divmod(rank, g)
         device = f"cuda:{local}" if spec.gpus_per_node else "cpu"
         if spec.scheduler is SchedulerKind.SLURM:

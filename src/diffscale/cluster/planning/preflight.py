@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diffscale.cluster.planning import estimates
+from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.usage import MEASURED_SHARE, RankUsage
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
 from diffscale.cluster.profiles.types import ClusterProfile, Fact, Partition, SchedulerKind
@@ -311,6 +312,15 @@ def command_paths(workload: Workload) -> Check | None:
                  f"the job runs the command in its run directory {run_dir}, where {', '.join(map(repr, lost))} "
                  f"(relative, found here in {Path.cwd()}) does not exist",
                  f"give absolute paths, e.g. {Path(lost[0]).absolute()}")
+
+
+def shape_checks(part: Partition, shape: Shape) -> list[Check]:
+    """The checks of a shape against the nodes the profile knows (GPUs and cores per node, nodes
+    per partition): cheap, so plan makes them before it lays out a single rank."""
+    r = Resolved(nodes=shape.nodes, ranks_per_node=shape.ranks_per_node, use_gpus=part.has_gpus and shape.use_gpus,
+                 cpus_per_rank=shape.cpus_per_rank or 1, cpus_per_rank_asked=shape.cpus_per_rank is not None,
+                 mem_per_node_gb=None, mem_asked=False, time_s=None, time_asked=False)
+    return [gpus_per_node(part, r), cpus_per_node(part, r), nodes_limit(part, r)]
 
 
 def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Workload,
