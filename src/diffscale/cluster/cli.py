@@ -124,9 +124,9 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
-    from diffscale.cluster.flags import check_job_size, check_numbers, plan_options
+    from diffscale.cluster.flags import check_numbers, plan_options
     from diffscale.cluster.planning.plan import make_plan
-    from diffscale.cluster.planning.shape import Shape, parse_race, race_count
+    from diffscale.cluster.planning.shape import Shape, check_job_size, parse_race, race_count
     from diffscale.cluster.planning.workload import DiffscaleRun
     from diffscale.cluster.profiles.loading import load_profile
     from diffscale.cluster.scripts.jobspec import RaceSpec, job_name

@@ -14,6 +14,7 @@ import signal as signals
 import sys
 from typing import TYPE_CHECKING
 
+from diffscale.cluster.planning.shape import at_least, at_most, check_job_size
 from diffscale.errors import UserError, closest
 from diffscale.runtime.signals import STOP_SIGNALS
 
@@ -22,13 +23,6 @@ if TYPE_CHECKING:
 
 MAX_SIGNAL_LEAD_S = 65535
 """SLURM's --signal=...@LEAD takes at most 65535 seconds."""
-MAX_NODES = 4096
-"""More nodes than a partition of any cluster diffscale plans for holds: a larger count is a typo,
-and laying out its ranks would take minutes."""
-MAX_GPUS_PER_NODE = 64
-"""More GPUs than any node holds (8 is common, 16 the most sold)."""
-MAX_PROCS_PER_NODE = 1024
-"""More CPU ranks than any node has cores."""
 MAX_CPUS_PER_TASK = 1024
 """More cores than any node has."""
 MAX_MEM_GB = 65536
@@ -41,33 +35,6 @@ COMMAND_SIGNALS = tuple(name for name in ("USR1", "USR2", "TERM", "INT", "HUP", 
 """Signals a user command may trap (KILL and STOP cannot be caught: no warning at all)."""
 
 
-def _at_least(value: int | float | None, least: int | float, flag: str, what: str) -> None:
-    if value is not None and value < least:
-        raise UserError(f"{flag} {value:g} is out of range: {what}", f"pass {flag} {least:g} or more")
-
-
-def _at_most(value: int | float | None, most: int | float, flag: str, what: str) -> None:
-    if value is not None and value > most:
-        shown = value if isinstance(value, int) else f"{value:g}"  # a 20-digit count as typed, not 1e+20
-        raise UserError(f"{flag} {shown} is out of range: {what} (at most {most:g})",
-                        f"pass {flag} {most:g} or less")
-
-
-def check_job_size(nodes: int | None, per_node: int | None, *, gpus: bool, nodes_flag: str = "--nodes",
-                   per_node_flag: str | None = None) -> None:
-    """Nodes and ranks per node within what any cluster has, checked before anything is laid
-    out (the rank table of a billion nodes would never finish)."""
-    _at_least(nodes, 1, nodes_flag, "a job needs at least 1 node")
-    _at_most(nodes, MAX_NODES, nodes_flag, "more nodes than any partition diffscale plans for holds")
-    flag = per_node_flag or ("--gpus-per-node" if gpus else "--procs-per-node")
-    if gpus:
-        _at_least(per_node, 1, flag, "at least 1 GPU (rank) per node; leave it out for all of a node's")
-        _at_most(per_node, MAX_GPUS_PER_NODE, flag, "more GPUs per node than any node holds")
-    else:
-        _at_least(per_node, 1, flag, "at least 1 process per node")
-        _at_most(per_node, MAX_PROCS_PER_NODE, flag, "more processes per node than any node has cores")
-
-
 def check_numbers(args: argparse.Namespace) -> None:
     """Every numeric job flag within its range (argparse already checked the types), and the
     names and lines passed on to the scheduler usable."""
@@ -76,14 +43,14 @@ def check_numbers(args: argparse.Namespace) -> None:
     check_job_flags(args)
     check_job_size(args.nodes, args.gpus_per_node, gpus=True)
     check_job_size(args.nodes, args.procs_per_node, gpus=False)
-    _at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
-    _at_most(args.cpus_per_task, MAX_CPUS_PER_TASK, "--cpus-per-task", "more cores per rank than any node has")
+    at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
+    at_most(args.cpus_per_task, MAX_CPUS_PER_TASK, "--cpus-per-task", "more cores per rank than any node has")
     if args.mem is not None and not (0 < args.mem <= MAX_MEM_GB and math.isfinite(args.mem)):
         raise UserError(f"--mem {args.mem:g} is out of range: host memory per node is a positive number of GB, "
                         f"at most {MAX_MEM_GB}", "pass e.g. --mem 64, or leave --mem out for the estimate")
-    _at_least(args.global_batch, 1, "--global-batch", "a batch of at least 1 example")
-    _at_least(args.max_restarts, 0, "--max-restarts", "0 (never requeue) or more requeues")
-    _at_most(args.max_restarts, MAX_RESTARTS, "--max-restarts", "requeues of one run")
+    at_least(args.global_batch, 1, "--global-batch", "a batch of at least 1 example")
+    at_least(args.max_restarts, 0, "--max-restarts", "0 (never requeue) or more requeues")
+    at_most(args.max_restarts, MAX_RESTARTS, "--max-restarts", "requeues of one run")
     lead = args.signal_lead
     if lead is not None and not 1 <= lead <= MAX_SIGNAL_LEAD_S:
         raise UserError(f"--signal-lead {lead} is out of range: the warning comes 1 to {MAX_SIGNAL_LEAD_S} s before "

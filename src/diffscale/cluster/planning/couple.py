@@ -22,7 +22,7 @@ import dataclasses
 from pathlib import Path
 
 from diffscale.cluster.planning.plan import Plan, PlanOptions, make_plan
-from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.shape import Shape, check_job_size
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
 from diffscale.cluster.profiles.types import ClusterProfile, SchedulerKind
 from diffscale.cluster.scripts.timefmt import hms, human
@@ -99,8 +99,6 @@ def from_args(profile: ClusterProfile, args: argparse.Namespace, run_dir: Path, 
               sim_time_s: int | None, options: PlanOptions) -> tuple[list[Plan], RunConfig, str]:
     """The coupled plans of ``plan/submit --couple``, the trainer's config and what runs (one line)."""
     config_file, command = split_targets(args)
-    from diffscale.cluster.flags import check_job_size
-
     check_job_size(args.sim_nodes, args.sim_procs_per_node, gpus=False, nodes_flag="--sim-nodes",
                    per_node_flag="--sim-procs-per-node")
     cfg, spool = trainer_config(args, config_file)
