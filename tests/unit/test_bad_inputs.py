@@ -217,6 +217,8 @@ CASES = [
     Case(f"{PLAN} --time abc", "is not a duration"),
     Case(f"{PLAN} --time unlimited", "asks for no time limit"),
     Case(f"{PLAN} --time 49:00:00", "the partition's maximum 48:00:00"),
+    Case(f"{PLAN} --time 00:01:00", "preflight check 'wall time' failed: --time 00:01:00 ends before the run's "
+         "first checkpoint"),
     Case(f"{SUBMIT} --time 00:00:00", "is not a positive duration"),
     # plan and submit: shape and resources
     Case(f"{PLAN} --gpus-per-node 0", "--gpus-per-node 0 is out of range"),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from diffscale.cluster.planning.plan import PlanOptions, make_plan
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
 from diffscale.cluster.profiles.loading import load_profile
+from diffscale.cluster.scripts.timefmt import hms
 from diffscale.config import merge, presets
 from diffscale.runtime.resources import GIB
 
@@ -210,3 +213,24 @@ def test_slurm_refuses_an_executable_path_with_a_space():
     run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/opt/my env/bin/python")
     c = _check(make_plan(load_profile("purdue-gilbreth"), Shape(1, 4), run), "task executable")
     assert c.ok is False and c.fix == "use an interpreter/command path without spaces (--python, or a symlink to it)"
+
+
+def test_a_limit_shorter_than_start_up_and_one_checkpoint_fails():
+    from diffscale.cluster.planning import estimates
+
+    run = DiffscaleRun(config=presets.get_preset("medium"), run_dir="/runs/r", python="python3")
+    profile = load_profile("purdue-gilbreth")
+    estimate = make_plan(profile, Shape(1, 4), run).estimate_s
+    need, step_s = estimates.first_checkpoint_s(run.config, estimate)
+    assert need == estimates.STARTUP_S + math.ceil(run.config.train.checkpoint_every * step_s)
+    c = _check(make_plan(profile, Shape(1, 4, time_s=60), run), "wall time")
+    assert c.ok is False
+    assert c.detail.startswith("--time 00:01:00 ends before the run's first checkpoint: start-up ~3 min + "
+                               f"{run.config.train.checkpoint_every} steps to a checkpoint")
+    assert c.fix.startswith(f"pass --time {hms(math.ceil(need / 60) * 60)} or more")
+    # a limit that reaches the first checkpoint passes; one between start-up and it names a cadence that fits
+    assert _check(make_plan(profile, Shape(1, 4, time_s=need + 60), run), "wall time").ok is True
+    assert need - estimates.STARTUP_S > 120  # medium on A100s: minutes between checkpoints
+    middle = _check(make_plan(profile, Shape(1, 4, time_s=estimates.STARTUP_S + 60), run), "wall time")
+    assert middle.ok is False
+    assert middle.fix.endswith(f"or checkpoint more often (--set train.checkpoint_every={int(60 / step_s)})")
