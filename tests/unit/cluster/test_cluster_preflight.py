@@ -234,3 +234,20 @@ def test_a_limit_shorter_than_start_up_and_one_checkpoint_fails():
     middle = _check(make_plan(profile, Shape(1, 4, time_s=estimates.STARTUP_S + 60), run), "wall time")
     assert middle.ok is False
     assert middle.fix.endswith(f"or checkpoint more often (--set train.checkpoint_every={int(60 / step_s)})")
+
+
+def test_plan_ends_with_the_checks_it_could_not_make(tmp_path, capsys):
+    from diffscale.cli import main
+
+    assert main(["plan", "--cluster", "bu-scc", "--preset", "tiny", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    last = " ".join(out[out.rindex("preflight (1x1):"):].split())  # rich wraps the line at the console width
+    assert last == ("preflight (1x1): 5 of 9 checks passed; 4 not made, so the job may still fail on them (GPUs per "
+                    "node: the profile does not say how many GPUs a 'any-gpu' node has; CPUs per node: the profile "
+                    "does not say how many cores a 'any-gpu' node has; host RAM per node: the profile does not say "
+                    "how much memory a 'any-gpu' node has; GPU memory: the profile does not say how much memory a "
+                    "'any-gpu' GPU has)")
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--account", "lab", "--mem", "64", "--preset", "tiny",
+                 "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("preflight (1x4): 8 of 8 checks passed")
