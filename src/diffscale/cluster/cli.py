@@ -109,7 +109,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
             preset=args.preset, config_file=None if args.preset else target[0], data=args.data,
             overrides=args.overrides or [])))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
-        return diffscale_run(cfg, str(run_dir), args.python), run_dir, cfg
+        return diffscale_run(cfg, str(run_dir), args.python or sys.executable), run_dir, cfg
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     for flag, given in (("--set", args.overrides), ("--data", args.data)):
@@ -120,7 +120,8 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
     from diffscale.cluster.probe.cli import command_facts
 
     launcher, usage = command_facts(args, tuple(target), run_dir)
-    return UserCommand(tuple(target), str(run_dir), args.python, launcher=launcher, usage=usage), run_dir, None
+    command = UserCommand(tuple(target), str(run_dir), args.python or sys.executable, launcher=launcher, usage=usage)
+    return command, run_dir, None
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:

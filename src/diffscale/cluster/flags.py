@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import signal as signals
-import sys
 from typing import TYPE_CHECKING
 
 from diffscale.cluster.planning.shape import at_least, at_most, check_job_size
@@ -68,7 +67,8 @@ def plan_options(args: argparse.Namespace, *, diffscale_run: bool) -> PlanOption
 
     return PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
                        signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
-                       setup=tuple(args.setup), signal=warning_signal(args.signal, diffscale_run=diffscale_run))
+                       setup=tuple(args.setup), signal=warning_signal(args.signal, diffscale_run=diffscale_run),
+                       python_asked=args.python is not None)
 
 
 def warning_signal(text: str | None, *, diffscale_run: bool) -> str | None:
@@ -126,7 +126,8 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("--signal-lead", type=int, help="seconds of warning before the time limit (default 120)")
     p.add_argument("--no-chain", action="store_true",
                    help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
-    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    p.add_argument("--python", help="interpreter on the nodes (default: `python` of the environment a set-up line "
+                                     "activates, else this one)")
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
     from diffscale.cluster.probe.cli import add_command_arguments
 

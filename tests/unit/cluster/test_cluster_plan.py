@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -190,3 +191,36 @@ def test_a_large_job_prints_its_first_and_last_node():
     assert shown[-1].host == "node 4095 of SLURM_JOB_NODELIST"
     small = make_plan(load_profile("purdue-gilbreth"), Shape(2, 4), _run())
     assert small.shown_ranks() == list(small.ranks)
+
+
+@pytest.mark.parametrize("line, activates", [
+    ("conda activate dp", True), ("mamba activate /scratch/envs/dp", True), ("micromamba activate dp", True),
+    ("source /scratch/venv/bin/activate", True), (". ~/venvs/dp/bin/activate", True),
+    ("module load python/3.11", True), ("module load miniconda", True), ("ml load anaconda3/2024", True),
+    ("module load cuda/12.4", False), ("export NCCL_DEBUG=INFO", False), ("cd /scratch", False),
+])
+def test_set_up_lines_that_choose_the_python(line, activates):
+    from diffscale.cluster.planning.plan import job_python
+
+    run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/home/me/.venv/bin/python")
+    chosen, note = job_python(run, (line,), asked=False)
+    assert chosen.python == ("python" if activates else "/home/me/.venv/bin/python")
+    assert (note is not None) == activates
+    assert job_python(run, (line,), asked=True)[0].python == "/home/me/.venv/bin/python"  # --python wins
+
+
+def test_conda_activate_runs_the_environment_s_python(tmp_path, capsys):
+    from diffscale.cli import main
+
+    base = ["plan", "--cluster", "bu-scc", "--account", "mylab", "--preset", "policy", "--gpus-per-node", "1",
+            "--setup", "module load miniconda", "--setup", "conda activate dp", "--out", str(tmp_path / "r")]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "\npython -m torch.distributed.run --standalone" in out
+    assert " ".join(out.split()).count(
+        "note: the job runs `python` from the environment its set-up activates (conda activate dp), not this host's "
+        f"{sys.executable}; pass --python PATH to run another interpreter") == 1
+    assert main([*base, "--python", "/opt/envs/dp/bin/python"]) == 0
+    out = capsys.readouterr().out
+    assert "\n/opt/envs/dp/bin/python -m torch.distributed.run --standalone" in out
+    assert "from the environment" not in out

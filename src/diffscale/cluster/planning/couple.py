@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from diffscale.cluster.planning.plan import Plan, PlanOptions, make_plan
@@ -104,8 +105,8 @@ def from_args(profile: ClusterProfile, args: argparse.Namespace, run_dir: Path, 
     cfg, spool = trainer_config(args, config_file)
     sim = Shape(nodes=args.sim_nodes, ranks_per_node=args.sim_procs_per_node,
                 partition=_sim_partition(profile, args.sim_partition), time_s=sim_time_s, use_gpus=False)
-    plans = coupled_plans(profile, cfg, spool, command, run_dir=str(run_dir), python=args.python, sim=sim,
-                          trainer=trainer, options=options)
+    plans = coupled_plans(profile, cfg, spool, command, run_dir=str(run_dir), python=args.python or sys.executable,
+                          sim=sim, trainer=trainer, options=options)
     return plans, cfg, f"simulation ({' '.join(command)}) -> spool {spool.directory} -> {plans[1].workload.title}"
 
 

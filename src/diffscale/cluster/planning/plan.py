@@ -47,6 +47,9 @@ class PlanOptions:
     setup: tuple[str, ...] = ()
     """Shell lines the job runs before the command, after the profile's ``setup`` (``module
     load``, ``conda activate``: one user's environment on a shared profile)."""
+    python_asked: bool = False
+    """True when the user chose the interpreter (--python): set-up lines that activate an
+    environment then do not replace it with that environment's ``python``."""
     role: str = ""
     """What this job is in a layout of several (``simulation``, ``trainer``): it names the job,
     its script and its title line. Empty: the run's only job (or one shape of a race)."""
@@ -149,12 +152,34 @@ def _title(profile: ClusterProfile, part: Partition, shape: Shape, workload: Wor
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
 
 
+ACTIVATES_PYTHON = re.compile(
+    r"\b(?:conda|mamba|micromamba)\s+activate\b|(?:^|[\s;&|])(?:source|\.)\s+\S*activate\b"
+    r"|\bpyenv\s+(?:activate|shell)\b|\bspack\s+(?:load|env\s+activate)\b"
+    r"|\b(?:module|ml)\s+(?:load|add)\s+.*\b(?:python|anaconda|miniconda|miniforge|mambaforge|conda|pytorch)",
+    re.IGNORECASE)
+"""A set-up line that changes which ``python`` a job finds (conda/mamba activate, a venv's
+activate, a Python module): the job's interpreter is then that environment's."""
+
+
+def job_python(workload: Workload, setup: tuple[str, ...], asked: bool) -> tuple[Workload, str | None]:
+    """(the workload with the interpreter the job runs, a note saying why) -- the interpreter
+    of the environment the set-up lines activate, unless --python chose one: the path of the
+    host that plans the job would bypass that environment."""
+    activating = [line for line in setup if ACTIVATES_PYTHON.search(line)]
+    if asked or not activating or workload.python == "python":
+        return workload, None
+    note = (f"the job runs `python` from the environment its set-up activates ({activating[-1]}), not this "
+            f"host's {workload.python}; pass --python PATH to run another interpreter")
+    return replace(workload, python="python"), note
+
+
 def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options: PlanOptions = PlanOptions()) -> Plan:
     part = profile.partition(shape.partition)
     g = shape.ranks_per_node
     gpu_ranks = part.has_gpus and shape.use_gpus
     cpus = shape.cpus_per_rank or _default_cpus(part, g)
-    notes: list[str] = list(workload.notes)
+    workload, python_note = job_python(workload, profile.setup + options.setup, options.python_asked)
+    notes: list[str] = list(workload.notes) + ([python_note] if python_note else [])
     estimate_s, mem_gb = _estimate(part, shape, workload, cpus, gpu_ranks, notes)
     time_s, lead, segments = _wall_time(part, shape, workload, options, estimate_s, notes)
     n_segments = max(1, len(segments))
