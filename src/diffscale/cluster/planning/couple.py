@@ -28,7 +28,7 @@ from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
 from diffscale.cluster.profiles.types import ClusterProfile, SchedulerKind
 from diffscale.cluster.scripts.timefmt import hms, human
 from diffscale.config import ConfigSources, RunConfig, resolve_config
-from diffscale.data.locations import SpoolSpec, parse_spool_spec
+from diffscale.data.locations import SPOOL_END_NAME, SpoolSpec, parse_spool_spec
 from diffscale.errors import UserError
 
 SPOOL_ENV = "DIFFSCALE_SPOOL"
@@ -116,7 +116,8 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
     source follows ``spool``) trained on ``trainer``, by default as long as the simulation may run."""
     # --signal is the trainer's (it checkpoints on it); the simulation's job traps none.
     sim_plan = make_plan(profile, sim, UserCommand(command, run_dir, python, env=((SPOOL_ENV, str(spool.directory)),)),
-                         dataclasses.replace(options, role="simulation", signal="auto"))
+                         dataclasses.replace(options, role="simulation", signal="auto",
+                                             end_marker_dir=str(spool.directory)))
     source = ""
     if trainer.time_s is None and sim_plan.spec.time_s is not None:
         sim_time, limit = sim_plan.spec.time_s, profile.partition(trainer.partition).max_time_s
@@ -143,9 +144,11 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
 
 
 def _stops(cfg: RunConfig, estimate_s: int | None, sim_time_s: int | None) -> str:
-    """When each job ends: the trainer after train.steps, whatever the simulation still writes."""
+    """When each job ends: the trainer after train.steps, or once the simulation has ended."""
     took = f" (estimated {human(estimate_s)} of training)" if estimate_s else ""
     writes = f"up to its wall time, {hms(sim_time_s)}" if sim_time_s else "until it ends"
-    return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, while the simulation "
-            f"writes to the spool for {writes}: what it writes after that is not trained on -- raise train.steps to "
+    return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, or once the "
+            f"simulation has ended ({writes}; its script then writes {SPOOL_END_NAME} into the spool with its exit "
+            "status) and one more pass over the final buffer is trained; a failed simulation stops the trainer with "
+            "its status. What the simulation writes after train.steps is not trained on -- raise train.steps to "
             "train for longer")

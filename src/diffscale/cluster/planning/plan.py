@@ -50,6 +50,8 @@ class PlanOptions:
     python_asked: bool = False
     """True when the user chose the interpreter (--python): set-up lines that activate an
     environment then do not replace it with that environment's ``python``."""
+    end_marker_dir: str | None = None
+    """A coupled simulation's spool: its script marks the spool ended when the command ends."""
     role: str = ""
     """What this job is in a layout of several (``simulation``, ``trainer``): it names the job,
     its script and its title line. Empty: the run's only job (or one shape of a race)."""
@@ -227,6 +229,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         sge=profile.sge,
         title=_title(profile, part, shape, workload, options.role, gpu_ranks),
         launcher=workload.launcher if isinstance(workload, UserCommand) else Launcher.PLAIN,
+        end_marker_dir=options.end_marker_dir,
     )
     check_spec(spec)
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
