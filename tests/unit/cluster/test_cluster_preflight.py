@@ -69,7 +69,7 @@ def test_diffscale_train_counts_no_loader_workers():
     # the device and starts none, so 4 ranks with a 6 GB data set each need 4 x (3 + 5.6) GiB
     plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=6_000_000_000))
     c = _check(plan, "host RAM per node")
-    assert (c.ok, c.detail) == (True, "4 ranks x ~8.6 GiB = 34 GiB (estimated) of 256 GiB")
+    assert (c.ok, c.detail) == (True, "4 ranks x ~8.6 GiB = 34.4 GiB (estimated) of 256 GiB")
     assert plan.spec.mem_per_node_gb == 43  # 34.4 GiB x 1.25 headroom, in the scheduler's G (GiB)
 
 
