@@ -282,3 +282,34 @@ def test_a_failed_or_short_simulation_ends_the_waiting_follower_with_its_state(f
     assert err.startswith(f"error: the simulation writing {spool} ") and message in err, err
     assert err.count("\n") == 1
     assert ckpt.list_checkpoints(run)  # what it had is kept
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_end_marker_read_before_the_listing_ends_the_stream_after_one_pass(world_size, tmp_path):
+    """Rank 0's end status travels with its chunks (``Feed.share``: the identity for the rank that
+    broadcasts), and the stream ends exactly one pass over the final buffer after it."""
+    from diffscale.data.feed import DataEnded
+    from diffscale.data.spool import read_end, write_end
+
+    writer = SpoolWriter(tmp_path)
+    _write(writer, range(0, 3))  # 240 samples
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 160), 7, (256,), torch.device("cpu"))
+    batcher = SpoolBatcher(buffer, SpoolReader(tmp_path, 7, (256,)), 16, 0, torch.device("cpu"), DataPosition(),
+                           Feed(world_size=world_size), on_ready=lambda: None)
+    for _ in range(3):
+        batcher.next_indices()
+    assert batcher.source_status is None and read_end(tmp_path) is None
+    _write(writer, range(3, 4))
+    writer.end(0)
+    batcher._next_poll = 0.0  # the next draw polls (the poll interval is a wall-clock rate limit)
+    batcher.position = DataPosition(0, 100)  # several ranks share new data at multiples of SHARE_EVERY
+    drawn = 0
+    with pytest.raises(DataEnded) as ended:
+        while drawn <= 100:
+            batcher.next_indices()
+            drawn += 1
+    assert drawn == 160 // 16  # one pass over the final buffer, then the end
+    assert ended.value.ok and batcher.source_status == 0 and buffer.pushes == 4
+    assert "has ended and its last spool file was trained on (4 files)" in str(ended.value)
+    write_end(tmp_path, 5)
+    assert read_end(tmp_path) == 5
