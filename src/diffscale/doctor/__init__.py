@@ -46,7 +46,7 @@ def _silent_s(origin: str) -> float | None:
         return None
 
 
-HANG_RULES = frozenset({"lightning-rendezvous-hang", "nccl-timeout", "silent-log"})
+HANG_RULES = frozenset({"lightning-rendezvous-hang", "nccl-timeout"})
 """Findings of a job that stopped making progress: a time limit that ended it followed from them."""
 TIME_LIMIT_RULES = frozenset({"slurm-time-limit", "sge-h-rt", "sacct-limit", "qacct-limit"})
 
