@@ -102,3 +102,23 @@ def concat_episodes(episodes):
     obs = np.concatenate([o for o, _ in episodes])
     action = np.concatenate([a for _, a in episodes])
     return obs, action, np.cumsum([len(o) for o, _ in episodes])
+
+
+# SLURM's documented hostlist forms (slurm_hostlist_create(3), Slurm::Hostlist(3pm), slurm.conf(5)
+# NodeName) and what SLURM's hostlist.c makes of them.
+SLURM_HOSTLISTS = [
+    ("n1", ["n1"]),
+    ("linux[1-3,6]", ["linux1", "linux2", "linux3", "linux6"]),
+    ("node1,node[2-5,12]", ["node1", "node2", "node3", "node4", "node5", "node12"]),
+    ("tux[0-2,12,20-21]", ["tux0", "tux1", "tux2", "tux12", "tux20", "tux21"]),
+    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+    ("a[1-2],b3,c[009-010]", ["a1", "a2", "b3", "c009", "c010"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),  # width of the first bound: no padding
+    ("n[08-10]", ["n08", "n09", "n10"]),
+    ("node1 node2\tnode3", ["node1", "node2", "node3"]),  # whitespace separates too
+    # several groups: the product, the first group varying slowest
+    ("a[1-2]-b[01-02]", ["a1-b01", "a1-b02", "a2-b01", "a2-b02"]),
+    ("rack[0-1]_blade[0-1,5]", ["rack0_blade0", "rack0_blade1", "rack0_blade5",
+                                "rack1_blade0", "rack1_blade1", "rack1_blade5"]),
+    ("x[1,3]-y[2],z", ["x1-y2", "x3-y2", "z"]),
+]

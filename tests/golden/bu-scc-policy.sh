@@ -40,7 +40,7 @@ pids=()
 trap 'got_signal=1; echo "diffscale: got the time-limit warning: every rank checkpoints"' USR1 USR2
 
 # One host: torchrun starts one process per GPU and picks a free rendezvous port.
-/opt/diffscale-venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
+python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/config.yaml' --out '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' --resume auto &
 pids=($!)

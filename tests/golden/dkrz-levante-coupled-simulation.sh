@@ -41,5 +41,13 @@ while [ "$rc" -gt 128 ] && kill -0 "$step_pid" 2>/dev/null; do wait "$step_pid";
 if [ "$rc" -gt 128 ]; then wait "$step_pid" 2>/dev/null; _last=$?; [ "$_last" -ne 127 ] && rc=$_last; fi
 got_signal=0
 
+# The simulation has ended: its end marker tells the trainer following the spool to finish
+# with what it has read (or, after a failure, to stop with this status).
+printf '{"exit_status": %d}\n' "$rc" > '/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two/spool $x/.ended.json.tmp' && mv -f '/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two/spool $x/.ended.json.tmp' '/scratch/it'"'"'s a "weird" $HOME `date` dir
+line two/spool $x/ended.json' ||
+    echo "diffscale: could not write the spool's end marker: the trainer will wait" >&2
+
 echo "diffscale: command exited with $rc"
 exit "$rc"

@@ -284,8 +284,52 @@ def test_slurm_coupled_simulation_and_trainer(slurm_profile, tmp_path):
     assert [states[j["job_id"]]["state"] for j in jobs_] == ["COMPLETED", "COMPLETED"], sim_log + train_log
     assert sim_log.count("SIMULATION wrote") == 3 and "job-simulation-1x1.slurm.sh" in {j["script"] for j in jobs_}
     assert f"data spool {spool}" in train_log and "buffer full: 240 samples from 3 spool files" in train_log
-    assert "done: 20 steps" in train_log
     from diffscale.runtime import checkpoint as ckpt
 
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
-    assert state.step == 20 and state.task["buffer_counters"].tolist() == [240, 240, 3, 3]
+    # The simulation ends a second after its last file; the trainer ends at its target or one pass over
+    # the final buffer (240 / 16 = 15 steps) after it read the end marker, whichever comes first.
+    ended = _events(run_dir, "source_ended")
+    assert state.step == (min(20, ended[0]["step"] + 15) if ended else 20), (ended, train_log)
+    assert f"done: {state.step} steps" in train_log
+    assert state.task["buffer_counters"].tolist() == [240, 240, 3, 3]
+    assert json.loads((spool / "ended.json").read_text()) == {"exit_status": 0}
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("kind") == kind]
+
+
+@pytest.mark.parametrize("exit_status", [0, 3])
+def test_slurm_coupled_trainer_ends_with_its_simulation(slurm_profile, tmp_path, exit_status):
+    # A trainer whose step target the data would never reach: it ends once the simulation has
+    # ended (COMPLETED after one more pass over the final buffer) or, when the simulation fails,
+    # at once with the simulation's status named -- never waiting for data or requeueing.
+    script = tmp_path / "simulation.py"
+    script.write_text(SIMULATION + f"raise SystemExit({exit_status})\n")
+    run_dir = hostile(tmp_path)
+    spool = run_dir / "spool"
+    long = [*FIELD, "--set", "train.steps=1000000"]
+    rc, out = ds("submit", "--cluster", str(slurm_profile), "--couple", f"{spool}:240", "--sim-partition", "cpu",
+                 "--procs-per-node", "1", "--time", "00:10:00", "--no-chain", "--force", "--out", str(run_dir), *long,
+                 "--", sys.executable, str(script))
+    assert rc == 0, out
+    jobs_ = submissions(run_dir)[-1]["jobs"]
+    states = {s["job_id"]: s for s in wait_done(run_dir, timeout=600)}
+    sim_log = (run_dir / jobs_[0]["log"]).read_text()
+    rc, train_log = ds("logs", str(run_dir), "--job", jobs_[1]["job_id"])
+    assert json.loads((spool / "ended.json").read_text()) == {"exit_status": exit_status}, sim_log
+    from diffscale.runtime import checkpoint as ckpt
+
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
+    assert state.task["buffer_counters"].tolist() == [240, 240, 3, 3]
+    if exit_status == 0:
+        assert [states[j["job_id"]]["state"] for j in jobs_] == ["COMPLETED", "COMPLETED"], sim_log + train_log
+        ended = _events(run_dir, "source_ended")
+        assert len(ended) == 1 and state.step == ended[0]["step"] + 15, train_log
+        assert f"done: {state.step} steps" in train_log
+    else:
+        assert [states[j["job_id"]]["state"] for j in jobs_] == ["FAILED", "FAILED"], sim_log + train_log
+        assert f"error: the simulation writing {spool} failed (exit status 3) after 3 spool files" in train_log
+    assert "requeueing" not in train_log

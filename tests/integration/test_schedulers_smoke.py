@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import SLURM_HOSTLISTS
+
 
 def _script(path: Path, body: str) -> Path:
     path.write_text("#!/bin/bash\n" + body.lstrip("\n"))
@@ -237,3 +239,16 @@ sleep 60
     assert [r.exit_status for r in r99] == [99, 0], r99
     assert "run RESTARTED=1" in trj, trj
     assert rrj[-1].exit_status == 0, rrj
+
+
+@pytest.mark.parametrize("spec, hosts", SLURM_HOSTLISTS)
+def test_the_hostlist_parser_agrees_with_scontrol(slurm_cluster, spec, hosts):
+    """diffscale's hostlist parser (runtime/distributed.py, tests/unit/test_launch_env.py) gives
+    what SLURM's own scontrol gives, on the SLURM this session started (never skipped for want of it)."""
+    import os
+
+    from diffscale.runtime.distributed import expand_hostlist
+
+    out = subprocess.run(["scontrol", "show", "hostnames", spec], capture_output=True, text=True, check=True,
+                         env={**os.environ, **slurm_cluster.env}, timeout=30)
+    assert out.stdout.split() == hosts == expand_hostlist(spec)

@@ -52,7 +52,7 @@ CASES = {
     "address-in-use.log": ("address-in-use", "could not listen on port 29500", "20000 + job id % 20000"),
     "disk-quota.log": ("disk-full", "the disk quota was exceeded (/home/jdoe/.triton/cache/", "TRITON_CACHE_DIR"),
     "disk-full.log": ("disk-full", "the file system ran out of space (/scratch/jdoe/runs/xl/checkpoints/",
-                      "train.keep_checkpoints=1"),
+                      "fewer checkpoints kept, caches"),  # a user's own train.py: no diffscale setting named
     "module-not-found.log": ("python-import", "could not import torch: the job does not run in the environment",
                              "--python /path/to/env/bin/python"),
     "shared-library-missing.log": ("shared-library-missing", "could not load libcudart.so.11.0",
@@ -67,6 +67,9 @@ CASES = {
                                  "--ntasks-per-node=<devices per node>"),
     "lightning-hang-no-srun.log": ("lightning-rendezvous-hang", "only global ranks 0, 1, 2, 3 of 16 joined",
                                    "`srun python my_trainer.py`"),
+    "lightning-hang-one-member.log": ("lightning-rendezvous-hang", "the other nodes never started: no srun -- one "
+                                      "process (global rank 0 of 8) joined", "`srun python my_trainer.py`"),
+    "segfault.log": ("segfault", "a process died of signal 11 (segmentation fault)", "PYTHONFAULTHANDLER=1"),
     "sacct-oom.sacct": ("sacct-limit", "ReqMem 256.0 GiB (256G), largest task MaxRSS 251.3 GiB (step 48377.batch) "
                         "= 98% of it", "--mem"),
     "sacct-timeout.sacct": ("sacct-limit", "Elapsed 2-00:00:12 of Timelimit 2-00:00:00, 12 s past it", "--time"),
@@ -233,3 +236,42 @@ def test_sizes_in_every_form_the_schedulers_print():
     assert size_bytes("4Gc") == 4 * 2**30 and size_bytes("4000M") == 4000 * 2**20
     assert size_bytes("291.723MB") == int(291.723 * 2**20) and size_bytes("0.000B") == 0
     assert size_bytes("lots") is None
+
+
+def test_a_time_limit_after_a_hang_is_its_consequence_with_no_advice_of_more_time():
+    findings = {f.rule: f for f in diagnose(gather(str(LOGS / "lightning-hang-one-member.log")))}
+    assert list(findings) == ["lightning-rendezvous-hang", "slurm-time-limit"]
+    limit = findings["slurm-time-limit"]
+    assert limit.title == "SLURM time limit reached (a consequence of the hang)"
+    assert limit.cause == ("the job hung (Lightning hung at start-up (rendezvous incomplete)) and sat idle until its "
+                           "time limit ended it")
+    assert "requeue" not in limit.fix.replace("no requeue", "") and "--time" not in limit.fix
+    # without a hang, the time limit keeps its own advice
+    alone = {f.rule: f for f in diagnose(gather(str(LOGS / "slurm-time-limit.log")))}
+    assert "--requeue" in alone["slurm-time-limit"].fix
+
+
+def test_a_running_job_s_silent_log_is_diagnosed_as_a_hang(tmp_path):
+    import os
+    import time
+
+    log = tmp_path / "job-48214.out"
+    log.write_text((LOGS / "lightning-hang-running.log").read_text())
+    assert "lightning-rendezvous-hang" not in _rules_of(log)  # written just now: still starting, perhaps
+    os.utime(log, (time.time() - 1200, time.time() - 1200))
+    hang = next(f for f in diagnose(gather(str(log))) if f.rule == "lightning-rendezvous-hang")
+    assert hang.cause.startswith("1 of 8 ranks reached Lightning's rendezvous and the log has been silent for 20 min "
+                                 "since (the job is still running, hung): the other nodes never started: no srun")
+    assert hang.fix.endswith("cancel this job, it will not recover")
+
+
+def _rules_of(path: Path) -> list[str]:
+    return [f.rule for f in diagnose(gather(str(path)))]
+
+
+def test_a_user_s_own_trainer_gets_no_diffscale_flags():
+    user = next(f for f in diagnose(gather(str(LOGS / "cuda-oom-user.log"))) if f.rule == "cuda-oom")
+    assert "--set" not in user.fix and "--precision" not in user.fix
+    assert user.fix.startswith("lower the batch size per GPU in your script")
+    ours = next(f for f in diagnose(gather(str(LOGS / "cuda-oom.log"))) if f.rule == "cuda-oom")
+    assert "--set train.batch_per_gpu=32" in ours.fix

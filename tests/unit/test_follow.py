@@ -220,3 +220,96 @@ def test_the_newest_file_is_read_again_while_it_may_still_be_written(tmp_path):
     (tmp_path / "0000000003.npz").write_bytes(b"PK\x03\x04")
     np.savez(tmp_path / "0000000004.npz", cond=np.ones((2, 7)), x=np.ones((2, 256)), sim_time=1.0)
     assert [c.sequence for c in reader.poll()] == [4] and len(reader.skipped) == 2  # a later file exists: skipped
+
+
+# A simulation that ends: FILES output steps, then the end marker with STATUS (as a coupled
+# simulation's job script writes it once the command has ended).
+ENDING_WRITER = """
+import sys, time
+from diffscale.tasks.fields.data import FieldGenerator
+from diffscale.data.spool import SpoolWriter
+writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
+for step in range(int(sys.argv[2])):
+    cond, x = generator.sample(80, seed=step)
+    writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
+    time.sleep(0.2)
+writer.end(int(sys.argv[3]))
+"""
+
+
+def _events(run: Path, kind: str) -> list[dict]:
+    import json
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("kind") == kind]
+
+
+def test_a_follower_ends_once_its_writer_process_has_ended_and_its_files_are_trained_on(tmp_path):
+    spool, run = tmp_path / "spool", tmp_path / "follower"
+    spool.mkdir()
+    long = [*SMALL, "--set", "train.steps=1000000"]  # a target the data would never reach
+    follower = subprocess.Popen([sys.executable, "-m", "diffscale", "train", "--data", f"spool:{spool}:480",
+                                 "--out", str(run), *long], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=_env())
+    writer = subprocess.run([sys.executable, "-c", ENDING_WRITER, str(spool), "6", "0"], env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert writer.returncode == 0, writer.stderr
+    out, _ = follower.communicate(timeout=600)
+    assert follower.returncode == 0, out
+    ended = _events(run, "source_ended")
+    assert len(ended) == 1 and ended[0]["exit_status"] == 0 and ended[0]["files"] == 6, ended
+    one_pass = 480 // 16  # the final buffer's samples over the global batch
+    assert ended[0]["end_after_steps"] == one_pass
+    final = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
+    assert final.step == ended[0]["step"] + one_pass
+    assert f"after 6 spool files: training {one_pass} more steps" in " ".join(out.split())
+    assert f"done: {final.step} steps" in out
+    assert final.task["buffer_counters"].tolist()[:3] == [480, 480, 6]
+
+
+@pytest.mark.parametrize("files, status, message", [
+    (2, 3, "failed (exit status 3) after 2 spool files; checkpointed at step 0 -- see the simulation's log"),
+    (2, 0, "ended (exit status 0) after 160 samples in 2 spool files, fewer than the 480 the buffer waits for"),
+])
+def test_a_failed_or_short_simulation_ends_the_waiting_follower_with_its_state(files, status, message, tmp_path,
+                                                                                capsys):
+    spool, run = tmp_path / "spool", tmp_path / "follower"
+    writer = subprocess.run([sys.executable, "-c", ENDING_WRITER, str(spool), str(files), str(status)], env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert writer.returncode == 0, writer.stderr
+    assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the simulation writing {spool} ") and message in err, err
+    assert err.count("\n") == 1
+    assert ckpt.list_checkpoints(run)  # what it had is kept
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_end_marker_read_before_the_listing_ends_the_stream_after_one_pass(world_size, tmp_path):
+    """Rank 0's end status travels with its chunks (``Feed.share``: the identity for the rank that
+    broadcasts), and the stream ends exactly one pass over the final buffer after it."""
+    from diffscale.data.feed import DataEnded
+    from diffscale.data.spool import read_end, write_end
+
+    writer = SpoolWriter(tmp_path)
+    _write(writer, range(0, 3))  # 240 samples
+    buffer = ReplayBuffer(BufferSpec(BufferPolicy.FIFO, 160), 7, (256,), torch.device("cpu"))
+    batcher = SpoolBatcher(buffer, SpoolReader(tmp_path, 7, (256,)), 16, 0, torch.device("cpu"), DataPosition(),
+                           Feed(world_size=world_size), on_ready=lambda: None)
+    for _ in range(3):
+        batcher.next_indices()
+    assert batcher.source_status is None and read_end(tmp_path) is None
+    _write(writer, range(3, 4))
+    writer.end(0)
+    batcher._next_poll = 0.0  # the next draw polls (the poll interval is a wall-clock rate limit)
+    batcher.position = DataPosition(0, 100)  # several ranks share new data at multiples of SHARE_EVERY
+    drawn = 0
+    with pytest.raises(DataEnded) as ended:
+        while drawn <= 100:
+            batcher.next_indices()
+            drawn += 1
+    assert drawn == 160 // 16  # one pass over the final buffer, then the end
+    assert ended.value.ok and batcher.source_status == 0 and buffer.pushes == 4
+    assert "has ended and its last spool file was trained on (4 files)" in str(ended.value)
+    write_end(tmp_path, 5)
+    assert read_end(tmp_path) == 5

@@ -35,3 +35,10 @@ def test_resident_data_ranks_start_no_workers():
 def test_cpus_for_rank_reads_the_scheduler():
     assert cpus_for_rank(4, {"SLURM_CPUS_PER_TASK": "12"}) == 12
     assert cpus_for_rank(2, {"NSLOTS": "1"}) == 1
+
+
+def test_the_memory_line_s_terms_multiply_to_its_total():
+    # 5.14 and 7.34 GiB print as 5.1 and 7.3: the total is theirs, 4 x (5.1 + 8 x 7.3) = 254
+    node = host_memory(4, workers=8, rank_bytes=int(5.14 * GIB), worker_bytes=int(7.34 * GIB))
+    assert node.describe() == "4 ranks x (1 rank ~5.1 GiB + 8 loader workers x ~7.3 GiB) = 254 GiB"
+    assert node.node_bytes / GIB > 255  # the checks keep the exact figure

@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.jobs.records import JobState, Submission
     from diffscale.cluster.jobs.scheduler import Scheduler
     from diffscale.cluster.planning.plan import Plan
+    from diffscale.cluster.planning.shape import Shape
     from diffscale.cluster.planning.workload import Workload
-    from diffscale.cluster.profiles.types import ClusterProfile
+    from diffscale.cluster.profiles.types import ClusterProfile, Partition
     from diffscale.config import RunConfig
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -108,7 +109,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
             preset=args.preset, config_file=None if args.preset else target[0], data=args.data,
             overrides=args.overrides or [])))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
-        return diffscale_run(cfg, str(run_dir), args.python), run_dir, cfg
+        return diffscale_run(cfg, str(run_dir), args.python or sys.executable), run_dir, cfg
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     for flag, given in (("--set", args.overrides), ("--data", args.data)):
@@ -119,13 +120,14 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
     from diffscale.cluster.probe.cli import command_facts
 
     launcher, usage = command_facts(args, tuple(target), run_dir)
-    return UserCommand(tuple(target), str(run_dir), args.python, launcher=launcher, usage=usage), run_dir, None
+    command = UserCommand(tuple(target), str(run_dir), args.python or sys.executable, launcher=launcher, usage=usage)
+    return command, run_dir, None
 
 
 def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConfig | None, list[Plan]]:
     from diffscale.cluster.flags import check_numbers, plan_options
     from diffscale.cluster.planning.plan import make_plan
-    from diffscale.cluster.planning.shape import Shape, parse_race, race_count
+    from diffscale.cluster.planning.shape import Shape, check_job_size, parse_race, race_count
     from diffscale.cluster.planning.workload import DiffscaleRun
     from diffscale.cluster.profiles.loading import load_profile
     from diffscale.cluster.scripts.jobspec import RaceSpec, job_name
@@ -157,6 +159,9 @@ def _plans(args: argparse.Namespace) -> tuple[ClusterProfile, str, Path, RunConf
     options = plan_options(args, diffscale_run=isinstance(workload, DiffscaleRun))
     part = profile.partition(args.partition)
     per_node = next((n for n in (args.gpus_per_node, args.procs_per_node, part.gpus_per_node) if n), 1)
+    for nodes, g in shapes or []:
+        check_job_size(nodes, g, gpus=args.procs_per_node is None, nodes_flag="--race", per_node_flag="--race")
+    _refuse_oversized(part, [shape(nodes, g) for nodes, g in shapes or [(args.nodes, per_node)]], args.force)
     plans = []
     for nodes, g in shapes or [(args.nodes, per_node)]:
         label = f"{nodes}x{g}"
@@ -201,6 +206,18 @@ def _lead_checked(args: argparse.Namespace, plan: Plan) -> Plan:
     if args.signal_lead is not None:
         check_signal_lead(args.signal_lead, plan.spec.time_s, plan.spec.signal)
     return plan
+
+
+def _refuse_oversized(part: Partition, shapes: list[Shape], force: bool) -> None:
+    """A shape larger than the profile's nodes hold is refused before its rank table is laid out."""
+    from diffscale.cluster.planning.preflight import shape_checks
+
+    failed = [(shape, c) for shape in shapes for c in shape_checks(part, shape) if c.ok is False]
+    if failed and not force:
+        shape, first = failed[0]
+        where = f"shape {shape.label}: " if len(shapes) > 1 else ""
+        raise UserError(f"preflight check '{first.name}' failed: {where}{first.detail}",
+                        f"{first.fix}; or pass --force to go ahead anyway")
 
 
 def _refuse_failed(plans: list[Plan], force: bool) -> None:

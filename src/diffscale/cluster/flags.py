@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 import signal as signals
-import sys
 from typing import TYPE_CHECKING
 
+from diffscale.cluster.planning.shape import at_least, at_most, check_job_size
 from diffscale.errors import UserError, closest
 from diffscale.runtime.signals import STOP_SIGNALS
 
@@ -22,16 +22,16 @@ if TYPE_CHECKING:
 
 MAX_SIGNAL_LEAD_S = 65535
 """SLURM's --signal=...@LEAD takes at most 65535 seconds."""
+MAX_CPUS_PER_TASK = 1024
+"""More cores than any node has."""
+MAX_MEM_GB = 65536
+"""More host memory (GB) than any node has."""
+MAX_RESTARTS = 10000
 TRAINER_SIGNALS = tuple(s.name.removeprefix("SIG") for s in STOP_SIGNALS)
 """Signals a diffscale run checkpoints on."""
 COMMAND_SIGNALS = tuple(name for name in ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "CONT", "URG", "XCPU",
                                           "WINCH") if hasattr(signals, f"SIG{name}"))
 """Signals a user command may trap (KILL and STOP cannot be caught: no warning at all)."""
-
-
-def _at_least(value: int | float | None, least: int | float, flag: str, what: str) -> None:
-    if value is not None and value < least:
-        raise UserError(f"{flag} {value:g} is out of range: {what}", f"pass {flag} {least:g} or more")
 
 
 def check_numbers(args: argparse.Namespace) -> None:
@@ -40,16 +40,16 @@ def check_numbers(args: argparse.Namespace) -> None:
     from diffscale.cluster.scripts.values import check_job_flags
 
     check_job_flags(args)
-    _at_least(args.nodes, 1, "--nodes", "a job needs at least 1 node")
-    _at_least(args.gpus_per_node, 1, "--gpus-per-node",
-              "at least 1 GPU (rank) per node; leave it out for all of a node's")
-    _at_least(args.procs_per_node, 1, "--procs-per-node", "at least 1 process per node")
-    _at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
-    if args.mem is not None and not (args.mem > 0 and math.isfinite(args.mem)):
-        raise UserError(f"--mem {args.mem:g} is out of range: host memory per node is a positive number of GB",
-                        "pass e.g. --mem 64, or leave --mem out for the estimate")
-    _at_least(args.global_batch, 1, "--global-batch", "a batch of at least 1 example")
-    _at_least(args.max_restarts, 0, "--max-restarts", "0 (never requeue) or more requeues")
+    check_job_size(args.nodes, args.gpus_per_node, gpus=True)
+    check_job_size(args.nodes, args.procs_per_node, gpus=False)
+    at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
+    at_most(args.cpus_per_task, MAX_CPUS_PER_TASK, "--cpus-per-task", "more cores per rank than any node has")
+    if args.mem is not None and not (0 < args.mem <= MAX_MEM_GB and math.isfinite(args.mem)):
+        raise UserError(f"--mem {args.mem:g} is out of range: host memory per node is a positive number of GB, "
+                        f"at most {MAX_MEM_GB}", "pass e.g. --mem 64, or leave --mem out for the estimate")
+    at_least(args.global_batch, 1, "--global-batch", "a batch of at least 1 example")
+    at_least(args.max_restarts, 0, "--max-restarts", "0 (never requeue) or more requeues")
+    at_most(args.max_restarts, MAX_RESTARTS, "--max-restarts", "requeues of one run")
     lead = args.signal_lead
     if lead is not None and not 1 <= lead <= MAX_SIGNAL_LEAD_S:
         raise UserError(f"--signal-lead {lead} is out of range: the warning comes 1 to {MAX_SIGNAL_LEAD_S} s before "
@@ -67,7 +67,8 @@ def plan_options(args: argparse.Namespace, *, diffscale_run: bool) -> PlanOption
 
     return PlanOptions(account=args.account, qos=args.qos, max_restarts=args.max_restarts,
                        signal_lead_s=args.signal_lead, chain=not args.no_chain, global_batch=args.global_batch,
-                       setup=tuple(args.setup), signal=warning_signal(args.signal, diffscale_run=diffscale_run))
+                       setup=tuple(args.setup), signal=warning_signal(args.signal, diffscale_run=diffscale_run),
+                       python_asked=args.python is not None)
 
 
 def warning_signal(text: str | None, *, diffscale_run: bool) -> str | None:
@@ -125,7 +126,8 @@ def add_job_arguments(p: argparse.ArgumentParser, *, race: bool) -> None:
     p.add_argument("--signal-lead", type=int, help="seconds of warning before the time limit (default 120)")
     p.add_argument("--no-chain", action="store_true",
                    help="for runs longer than the limit: one self-requeueing job instead of a chain of segments")
-    p.add_argument("--python", default=sys.executable, help="interpreter on the nodes (default: this one)")
+    p.add_argument("--python", help="interpreter on the nodes (default: `python` of the environment a set-up line "
+                                     "activates, else this one)")
     p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
     from diffscale.cluster.probe.cli import add_command_arguments
 

@@ -58,7 +58,12 @@ def print_plan(plan: Plan, *, time_asked: bool) -> None:
     table = Table(show_lines=False)
     for col in ("rank", "node", "local rank", "device", "started by", "master address : port (source)"):
         table.add_column(col)
-    for r in plan.ranks:
+    shown = plan.shown_ranks()
+    for r in shown:
+        if r is None:
+            between = plan.spec.world_size - len(shown) + 1
+            table.add_row("...", f"({between} ranks between, laid out alike)", "", "", "", "")
+            continue
         table.add_row(str(r.rank), r.host, str(r.local_rank), r.device, r.started_by, r.master)
     console.print(table)
     if plan.segments:
@@ -68,12 +73,26 @@ def print_plan(plan: Plan, *, time_asked: bool) -> None:
         for s in plan.segments:
             seg.add_row(str(s.index), hms(s.time_s), s.steps)
         console.print(seg)
-    print_checks(plan, time_asked=time_asked)
+    print_checks(plan, time_asked=time_asked, summary=False)
     for note in plan.notes:
         console.print(f"note: {note}", markup=False)
+    console.print(checks_summary(plan), markup=False)
 
 
-def print_checks(plan: Plan, *, time_asked: bool) -> None:
+def checks_summary(plan: Plan) -> str:
+    """How many checks passed, failed and could not be made, and why not: an "unknown" row
+    is no pass, and a plan that passed only the checks it could make says so."""
+    counts = {status: sum(c.status == status for c in plan.checks) for status in ("pass", "FAIL", "unknown")}
+    line = (f"preflight ({plan.label}): {counts['pass']} of {len(plan.checks)} checks passed"
+            + (f", {counts['FAIL']} failed" if counts["FAIL"] else ""))
+    unknown = [c for c in plan.checks if c.ok is None]
+    if not unknown:
+        return line
+    why = "; ".join(f"{c.name}: {c.detail.rpartition('; ')[2]}" for c in unknown)
+    return f"{line}; {len(unknown)} not made, so the job may still fail on them ({why})"
+
+
+def print_checks(plan: Plan, *, time_asked: bool, summary: bool = True) -> None:
     console = _console()
     table = Table(title=f"preflight: {plan.profile.name} / {plan.partition.name}, "
                         f"{plan.role + ' job, ' if plan.role else ''}shape {plan.shape.label}")
@@ -84,6 +103,8 @@ def print_checks(plan: Plan, *, time_asked: bool) -> None:
         table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
     console.print(table)
     console.print(f"time limit ({plan.label}): {time_limit(plan, time_asked)}", markup=False)
+    if summary:
+        console.print(checks_summary(plan), markup=False)
 
 
 def _shape(job: JobRecord) -> str:

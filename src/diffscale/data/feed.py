@@ -1,6 +1,7 @@
 """How a training loop draws a task's data: the ``Batcher`` protocol (the indices of each global
 batch and where the stream stands), the ``Feed`` a batcher of streamed data gets from the loop,
-and ``StopWaiting``, raised by a batcher waiting for data when a stop is requested.
+``StopWaiting``, raised by a batcher waiting for data when a stop is requested, and ``DataEnded``,
+raised once the data's source has ended.
 
 Task-independent: the loop, the spool follower (follow.py) and every task's batcher share them."""
 
@@ -52,3 +53,14 @@ class Feed:
 class StopWaiting(Exception):
     """A batcher waiting for data was asked to stop: the loop checkpoints and ends as it does
     for any stop request, without an optimizer step."""
+
+
+class DataEnded(Exception):
+    """The source of a streamed run's data has ended (a coupled simulation wrote its end marker)
+    and what it wrote has been trained on: the loop checkpoints and ends. ``status`` is the
+    source's exit status; ``ok`` False (a failed source, or too little data to train on) ends
+    the run with an error naming it."""
+
+    def __init__(self, message: str, *, ok: bool) -> None:
+        super().__init__(message)
+        self.ok = ok

@@ -13,12 +13,19 @@ the buffer is first full, as ``OnlineTrainer`` does.
   a shared file system shows a new file to one node before another. The ranks agree every
   ``SHARE_EVERY`` batches (one small broadcast, a host synchronisation) and at every poll
   while waiting.
+* The end: rank 0 looks for the simulation's end marker (``ended.json``, data/spool.py) before
+  each listing, so once it is there the listing holds every file the simulation wrote. A
+  failed simulation (non-zero status), or one that ended before the buffer filled, ends the run
+  with an error naming it; after a successful one the run trains one more pass over the final
+  buffer (its size in samples, drawn as batches) and ends, checkpointed, however far its
+  ``train.steps`` target is -- no requeue waits for data that will never come.
 * Resume: the buffer's contents, counters and the spool cursor are task state and the batch
   position is checkpointed, so a resumed run reads on from the first file it had not read.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -26,8 +33,8 @@ import torch
 
 from diffscale.data.buffer import BufferBatcher, ReplayBuffer
 from diffscale.data.device_loader import DataPosition
-from diffscale.data.feed import Feed, StopWaiting
-from diffscale.data.spool import SpoolChunk, SpoolReader
+from diffscale.data.feed import DataEnded, Feed, StopWaiting
+from diffscale.data.spool import SpoolChunk, SpoolReader, read_end
 
 POLL_S = 1.0
 """Least time between two listings of the spool directory."""
@@ -35,6 +42,10 @@ SHARE_EVERY = 100
 """With several ranks: batches between two agreements on new data."""
 REPORT_EVERY_S = 60.0
 """While waiting, the log says so again after this long even when nothing arrived."""
+_RUNNING = -(2**62)
+"""The end status rank 0 shares while the simulation has not ended."""
+Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One spool file's (cond, x, sim_time) rows."""
 
 
 class SpoolBatcher(BufferBatcher):
@@ -53,10 +64,17 @@ class SpoolBatcher(BufferBatcher):
         self._next_poll = 0.0
         self._said_ready = False
         self.dropped_rows = 0
+        self.source_status: int | None = None
+        """The simulation's exit status once its end marker was read; None while it runs."""
+        self._end_at: int | None = None
+        """The batch count at which the run ends, once the simulation has ended."""
 
     def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.feed.world_size == 1 or self.position.offset % SHARE_EVERY == 0:
             self.ingest()
+        if self._end_at is not None and self.position.offset >= self._end_at:
+            raise DataEnded(f"the simulation writing {self.reader.directory} has ended and its last spool file was "
+                            f"trained on ({self.buffer.pushes} files)", ok=True)
         if self.buffer.size < self.ready_at:
             self._wait()
         return super().next_indices(out)
@@ -64,11 +82,17 @@ class SpoolBatcher(BufferBatcher):
     def ingest(self) -> None:
         """Add what rank 0 found in the spool (if its poll is due) to the buffer of every rank."""
         mine: list[SpoolChunk] = []
-        if self.feed.rank == 0 and time.monotonic() >= self._next_poll:
+        status = _RUNNING
+        if self.feed.rank == 0 and time.monotonic() >= self._next_poll and self.source_status is None:
             self._next_poll = time.monotonic() + POLL_S
+            ended = read_end(self.reader.directory)  # before listing: then the listing holds every file
+            status = _RUNNING if ended is None else ended
             mine = self._poll()
-        for cond, x, times in self._shared(mine):
+        chunks, status = self._shared(mine, status)
+        for cond, x, times in chunks:
             self.buffer.add(cond, x, times)
+        if status != _RUNNING:
+            self._source_ended(status)
         if self.buffer.size >= self.ready_at:
             if not self._said_ready:
                 self._said_ready = True
@@ -77,6 +101,23 @@ class SpoolBatcher(BufferBatcher):
                                  {"kind": "ready", "buffer": self.buffer.size, "files": self.buffer.pushes,
                                   "time": time.time()})
             self.on_ready()
+
+    def _source_ended(self, status: int) -> None:
+        """The simulation's end marker was read, with every file before it: end the run now (a
+        failure, or a buffer it never filled), or after one more pass over the buffer."""
+        self.source_status = status
+        where = f"the simulation writing {self.reader.directory}"
+        if status != 0:
+            raise DataEnded(f"{where} failed (exit status {status}) after {self.buffer.pushes} spool files", ok=False)
+        if self.buffer.size < self.ready_at:
+            raise DataEnded(f"{where} ended (exit status 0) after {self.buffer.size} samples in {self.buffer.pushes} "
+                            f"spool files, fewer than the {self.ready_at} the buffer waits for", ok=False)
+        passes = math.ceil(self.buffer.size / self.global_batch)
+        self._end_at = self.position.offset + passes
+        self.feed.report(f"{where} ended (exit status 0) after {self.buffer.pushes} spool files: training "
+                         f"{passes} more steps (one pass over the final buffer of {self.buffer.size} samples), then "
+                         "ending", {"kind": "source_ended", "exit_status": status, "files": self.buffer.pushes,
+                                    "end_after_steps": passes, "time": time.time()})
 
     def _poll(self) -> list[SpoolChunk]:
         skipped = len(self.reader.skipped)
@@ -91,17 +132,17 @@ class SpoolBatcher(BufferBatcher):
                              {"kind": "spool", "dropped_rows": self.dropped_rows, "time": time.time()})
         return [c for c in chunks if len(c.cond)]  # a file of only NaN rows adds nothing
 
-    def _shared(self, chunks: list[SpoolChunk]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Rank 0's chunks on every rank, and its spool cursor in the buffer (checkpointed)."""
+    def _shared(self, chunks: list[SpoolChunk], status: int) -> tuple[list[Chunk], int]:
+        """Rank 0's chunks and end status on every rank, and its spool cursor in the buffer (checkpointed)."""
         if self.feed.world_size == 1:
             self.buffer.cursor = self.reader.next
-            return [(c.cond, c.x, c.sim_time) for c in chunks]
+            return [(c.cond, c.x, c.sim_time) for c in chunks], status
         share = self.feed.share
-        header = share(torch.tensor([len(chunks), self.reader.next], dtype=torch.int64))
-        count, self.buffer.cursor = (int(v) for v in header.tolist())
+        header = share(torch.tensor([len(chunks), self.reader.next, status], dtype=torch.int64))
+        count, self.buffer.cursor, status = (int(v) for v in header.tolist())
         self.reader.next = self.buffer.cursor
         if count == 0:
-            return []
+            return [], status
         lengths = share(torch.tensor([len(c.cond) for c in chunks] or [0] * count, dtype=torch.int64))
         rows, x_shape = int(lengths.sum()), tuple(self.buffer.x.shape[1:])
         if chunks:
@@ -112,7 +153,7 @@ class SpoolBatcher(BufferBatcher):
             times = torch.empty(rows, dtype=torch.float64)
         cond, x, times = share(cond), share(x), share(times)
         splits = lengths.tolist()
-        return list(zip(cond.split(splits), x.split(splits), times.split(splits), strict=True))
+        return list(zip(cond.split(splits), x.split(splits), times.split(splits), strict=True)), status
 
     def _wait(self) -> None:
         """Poll until the buffer holds ``ready_at`` samples; say so, and stop when asked."""

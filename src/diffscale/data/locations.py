@@ -49,6 +49,10 @@ DEFAULT_CAPACITY = 3840
 """Samples the buffer of ``spool:DIR`` holds without ``:N`` (the users' 48 output steps of 80 cells)."""
 
 
+SPOOL_END_NAME = "ended.json"
+"""A spool's end marker (data/spool.py): written once the simulation has ended, after its last file."""
+
+
 @dataclass(frozen=True)
 class SpoolSpec:
     """``spool:DIR[:N]``: follow DIR into a FIFO buffer of the newest N samples."""

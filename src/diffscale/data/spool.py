@@ -24,12 +24,18 @@ cannot be read as an archive is read again at the next poll while it is the newe
 younger than ``UNREADABLE_GRACE_S`` (a writer that does not rename may still be writing it),
 and skipped like a misfit once a later file exists or it has stayed unreadable that long.
 
+* the end: once the simulation is done, ``ended.json`` (``{"exit_status": N}``) appears in the
+  directory, written after its last spool file (a coupled simulation's job script writes it when
+  the command ends, with the command's exit status; ``SpoolWriter.end`` writes it too). A reader
+  that finds it before listing the directory has then seen every file the simulation wrote.
+
 ``diffscale train --data spool:DIR[:N]`` follows a spool into a FIFO buffer of the newest N
 samples (``SpoolSpec``; the trainer is ``data/follow.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -42,11 +48,13 @@ import numpy as np
 import torch
 
 from diffscale.data.buffer import MisfitArrays, as_chunk
+from diffscale.data.locations import SPOOL_END_NAME
 from diffscale.errors import UserError
 
 NAME = re.compile(r"^(\d{10})\.npz$")
 ZIP_MAGIC = b"PK\x03\x04"
 """How every .npz archive (a zip file) begins."""
+END_NAME = SPOOL_END_NAME
 UNREADABLE_GRACE_S = 60.0
 """How long the newest file may stay unreadable (still being written) before it is skipped."""
 
@@ -105,6 +113,37 @@ class SpoolWriter:
                                 "GPFS, NFS): several writers claim file numbers with them") from exc
             self.next += 1
             return final
+
+
+    def end(self, exit_status: int = 0) -> Path:
+        """Mark the spool as complete: the trainer following it stops once it has read every
+        file written before this (the job script of a coupled simulation does it for you)."""
+        return write_end(self.directory, exit_status)
+
+
+def write_end(directory: str | Path, exit_status: int) -> Path:
+    """``ended.json`` in ``directory``, atomically (a reader never sees half of it)."""
+    final = Path(directory) / END_NAME
+    tmp = final.with_name(f".{END_NAME}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"exit_status": int(exit_status)}) + "\n")
+    os.replace(tmp, final)
+    return final
+
+
+def read_end(directory: Path) -> int | None:
+    """The exit status in ``directory``'s end marker; None while the simulation runs. A marker
+    that cannot be read as one counts as a failed end (status -1): nothing follows it either."""
+    try:
+        text = (directory / END_NAME).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return -1
+    try:
+        status = json.loads(text)["exit_status"]
+    except (ValueError, KeyError, TypeError):
+        return -1
+    return status if isinstance(status, int) and not isinstance(status, bool) else -1
 
 
 @dataclass

@@ -8,7 +8,11 @@ and prints each cause with its fix. Exit 0 when something was recognised, 1 when
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import time
+from pathlib import Path
 
+from diffscale.doctor.rules_lightning import silent_hang
 from diffscale.doctor.signatures import EVERY_RULES, Finding, match_records, match_text
 from diffscale.doctor.sources import Evidence, gather
 
@@ -22,12 +26,46 @@ def diagnose(ev: Evidence) -> list[Finding]:
     found: list[Finding] = []
     for origin, text in ev.texts:
         found += match_text(origin, text)
+        silent = _silent_s(origin)
+        hang = silent_hang(origin, text, silent) if silent is not None else None
+        if hang is not None and not any(f.rule == hang.rule and f.origin == origin for f in found):
+            found.append(hang)
     for origin, records in ev.records:
         found += match_records(origin, records)
     first: dict[tuple[str, str], Finding] = {}
     for f in found:
         first.setdefault((f.rule, f.cause if f.rule in EVERY_RULES else ""), f)
-    return list(first.values())
+    return _limits_after_a_hang(list(first.values()))
+
+
+def _silent_s(origin: str) -> float | None:
+    """How long the log file ``origin`` has not changed (None: not a file)."""
+    try:
+        return time.time() - Path(origin).stat().st_mtime
+    except (OSError, ValueError):
+        return None
+
+
+HANG_RULES = frozenset({"lightning-rendezvous-hang", "nccl-timeout"})
+"""Findings of a job that stopped making progress: a time limit that ended it followed from them."""
+TIME_LIMIT_RULES = frozenset({"slurm-time-limit", "sge-h-rt", "sacct-limit", "qacct-limit"})
+
+
+def _limits_after_a_hang(findings: list[Finding]) -> list[Finding]:
+    """A time limit that ended a hung job is the hang's consequence, not a cause of its own:
+    more --time or a requeue would only hang again, so its advice is replaced by the hang's."""
+    hangs = [f for f in findings if f.rule in HANG_RULES]
+    if not hangs:
+        return findings
+    out = []
+    for f in findings:
+        if f.rule in TIME_LIMIT_RULES and (f.rule not in ("sacct-limit", "qacct-limit") or "time limit" in f.cause):
+            f = dataclasses.replace(
+                f, title=f"{f.title} (a consequence of the hang)",
+                cause=f"the job hung ({hangs[0].title}) and sat idle until its time limit ended it",
+                fix="no more time and no requeue: they would hang the same way; fix the hang above")
+        out.append(f)
+    return out
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -18,6 +18,11 @@ from typing import Any
 # Launchers prefix each line of a rank: torchrun "[rank3]:" / "[default0]:", srun --label "3: ".
 RANK_PREFIX = re.compile(r"^(?:\[(?:default|rank)?\d+\]: ?|\d+: )")
 
+DIFFSCALE_RUN = re.compile(r"^(?:\S+: ?)?diffscale \| |/diffscale/(?:tasks|training|runtime)/|-m diffscale train\b",
+                           re.M)
+"""Lines only a diffscale run's log has (its banner, its source files in a traceback, its command):
+without them the log is of a user's own trainer, whose fix cannot name diffscale's flags."""
+
 Derive = Callable[[Mapping[str, str], Sequence[str], int], Mapping[str, str] | None]
 """(named groups, the text's lines, index of the matching line) -> more template values, or
 None when the whole text shows the match is not the signature (all ranks joined after all)."""
@@ -67,6 +72,9 @@ class TextRule:
     by_pattern: bool = False
     """The patterns go from most to least telling: the first pattern that matches anywhere in the
     text wins over a less telling one on an earlier line."""
+    user_fix: str | None = None
+    """The fix for a user's own trainer (no diffscale run in the text), where ``fix`` names
+    diffscale's settings; None: ``fix`` applies to both."""
     _compiled: tuple[re.Pattern, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +84,7 @@ class TextRule:
         if any(not re.search(r, text, self.flags | re.M) for r in self.requires):
             return []
         lines = text.splitlines()
+        fix = self.fix if self.user_fix is None or DIFFSCALE_RUN.search(text) else self.user_fix
         found: dict[str, Finding] = {}
         for index, m in self._matches([strip_rank_prefix(line) for line in lines]):
             raw = lines[index]
@@ -85,13 +94,12 @@ class TextRule:
                 if more is None:
                     continue
                 values.update(more)
-            finding = Finding(self.name, self.title, fill(self.cause, values), fill(self.fix, values), origin,
+            finding = Finding(self.name, self.title, fill(self.cause, values), fill(fix, values), origin,
                               raw.strip()[:300], index)
             found.setdefault(finding.cause, finding)
             if not self.every:
                 break
         return list(found.values())
-
 
     def _matches(self, lines: Sequence[str]) -> Iterator[tuple[int, re.Match]]:
         """(line index, match) in the order the rule reports them."""

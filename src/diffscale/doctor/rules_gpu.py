@@ -98,6 +98,8 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "the GPU ran out of memory (tried to allocate {size})",
         "lower train.batch_per_gpu and raise train.grad_accum to keep the effective batch "
         "(e.g. --set train.batch_per_gpu=32 --set train.grad_accum=2), or use --precision bf16",
+        user_fix="lower the batch size per GPU in your script and accumulate gradients over more steps to keep "
+                 "the effective batch, or train in bf16 (torch.autocast(\"cuda\", dtype=torch.bfloat16))",
     ),
     TextRule(
         "network-transport", "network error between the ranks (InfiniBand / sockets)",
@@ -160,6 +162,9 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "rerun with CUDA_LAUNCH_BLOCKING=1 to see the failing call; rule out compiled kernels with "
         "--set runtime.compile=off; if the same node also logs a hardware Xid (79, 48, 94, 95), treat it "
         "as a GPU fault and exclude the node",
+        user_fix="rerun with CUDA_LAUNCH_BLOCKING=1 to see the failing call; rule out compiled kernels by running "
+                 "without torch.compile; if the same node also logs a hardware Xid (79, 48, 94, 95), treat it as a "
+                 "GPU fault and exclude the node",
     ),
     TextRule(
         "cuda-driver-too-old", "the NVIDIA driver is too old for this PyTorch",

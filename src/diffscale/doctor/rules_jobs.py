@@ -61,6 +61,9 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "ask for more host memory (diffscale submit --mem GiB, or #SBATCH --mem), or use less of it: fewer "
         "ranks per node (--gpus-per-node, with more --nodes; each rank holds its own copy of the data), fewer "
         "images (--set data.max_items=N), or a smaller preset or train.batch_per_gpu",
+        user_fix="ask for more host memory (#SBATCH --mem, or diffscale submit --mem GiB), or use less of it: fewer "
+                 "ranks per node, fewer DataLoader workers (num_workers; each holds its own copy of what the "
+                 "dataset loaded) or a smaller batch; `diffscale probe -- COMMAND` measures one rank",
     ),
     TextRule(
         "dataloader-killed", "a data-loader worker was killed",
@@ -146,6 +149,9 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "kept (--set train.keep_checkpoints=1), caches off a small $HOME (TRITON_CACHE_DIR, "
         "TORCHINDUCTOR_CACHE_DIR, HF_HOME in the profile's env:), TMPDIR on scratch when /tmp is full; "
         "the site's quota tool (quota -s, myquota) shows what is left",
+        user_fix="free space, or write elsewhere: checkpoints and logs on scratch, fewer checkpoints kept, caches "
+                 "off a small $HOME (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, HF_HOME), TMPDIR on scratch when "
+                 "/tmp is full; the site's quota tool (quota -s, myquota) shows what is left",
         derive=_disk, by_pattern=True,
     ),
     TextRule(
@@ -177,5 +183,16 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "module) is not present or not loaded on the compute node",
         "load it in the profile's setup: (e.g. `module load cuda/12.4`), or install wheels that bundle their "
         "CUDA libraries (pip's torch does); `ldd` on the failing extension shows what it needs",
+    ),
+    TextRule(
+        "segfault", "a process crashed in native code (segmentation fault)",
+        (r"Fatal Python error: Segmentation fault", r"Segmentation fault", r"\bSIGSEGV\b",
+         r"(?:signal|Signals\.SIG)(?: |SEGV)?\b11\b|exit(?:ed with exit)? code:? 139\b|exitcode\s*:\s*-11\b"),
+        "a process died of signal 11 (segmentation fault): a crash in compiled code -- a CUDA/NCCL library, an "
+        "extension built for another torch or CUDA, or a data library -- not a Python error, so no traceback",
+        "run again with PYTHONFAULTHANDLER=1 (or python -X faulthandler) to print the Python stack at the crash; "
+        "check that torch, CUDA and compiled extensions come from one environment on every node (pip list / conda "
+        "list on a compute node); with several ranks, the first rank that crashed is the one to read",
+        by_pattern=True,
     ),
 )

@@ -80,13 +80,16 @@ class HostMemory:
         return int(limit_bytes // (self.per_rank_bytes + self.workers * self.per_worker_bytes))
 
     def describe(self) -> str:
-        """``4 ranks x ~9.0 GiB = 36 GiB``, with the workers' term when there are workers."""
+        """``4 ranks x ~9.0 GiB = 36 GiB``, with the workers' term when there are workers. The total
+        is the product of the terms as printed, so the line's arithmetic holds (``node_bytes`` is
+        the exact figure the checks use)."""
+        rank, worker = round(gib(self.per_rank_bytes), 1), round(gib(self.per_worker_bytes), 1)
         if self.workers:
-            each = (f"(1 rank ~{gib(self.per_rank_bytes):.1f} GiB + {self.workers} loader workers "
-                    f"x ~{gib(self.per_worker_bytes):.1f} GiB)")
+            each = f"(1 rank ~{rank:.1f} GiB + {self.workers} loader workers x ~{worker:.1f} GiB)"
         else:
-            each = f"~{gib(self.per_rank_bytes):.1f} GiB"
-        return f"{self.ranks} ranks x {each} = {gib(self.node_bytes):.0f} GiB"
+            each = f"~{rank:.1f} GiB"
+        total = f"{self.ranks * (rank + self.workers * worker):.1f}".removesuffix(".0")
+        return f"{self.ranks} ranks x {each} = {total} GiB"
 
 
 def host_memory(ranks: int, *, workers: int = 0, data_bytes: int = 0, rank_bytes: int | None = None,

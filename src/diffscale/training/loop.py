@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 
 from diffscale.config import RunConfig, write_yaml
-from diffscale.data.feed import Feed, StopWaiting
+from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.data.locations import with_absolute_path
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
@@ -54,10 +54,12 @@ class TrainOutcome:
     stopped_by: str | None = None
     """Signal name when a stop request ended this invocation early."""
     samples: list[Path] = field(default_factory=list)
+    data_ended: str = ""
+    """Why the run ended before its step target: its data's source ended (empty: it did not)."""
 
     @property
     def finished(self) -> bool:
-        return self.step >= self.target
+        return self.step >= self.target or bool(self.data_ended)
 
     @property
     def exit_code(self) -> int:
@@ -255,13 +257,14 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             stopped_by, samples = _loop(run_state, runner, telemetry, stop, stop_at, say, traced)
             if stopped_by is None:
                 samples += _preview(run_state, ctx, run_dir, f"step{run_state.step:08d}", say, telemetry)
-                if run_state.step >= target:
+                if run_state.step >= target or run_state.data_ended:
                     say(f"done: {run_state.step} steps; samples in {run_dir / 'samples'}")
                 else:
                     say(f"stopped at step {run_state.step} of {target} (--max-steps); continue with --resume auto")
         finally:
             telemetry.close()
-    return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples)
+    return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
+                        data_ended=run_state.data_ended)
 
 
 def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -> Feed:
@@ -291,6 +294,9 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
             lr = runner.step()
         except StopWaiting as waiting:  # a stop while the task's batcher waited for data
             return _stop(run_state, runner, stop, f"{waiting}", say), samples
+        except DataEnded as ended:  # the data's source (a coupled simulation) ended: no more will come
+            _data_ended(run_state, runner, ended, say)
+            return None, samples
         traced.save_once()
         meter.add(runner.effective)
         if run_state.step % t.log_every == 0 or run_state.step == stop_at:
@@ -305,6 +311,16 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
         if t.sample_every and run_state.step % t.sample_every == 0 and run_state.step != stop_at:
             samples += _preview(run_state, ctx, run_state.run_dir, f"step{run_state.step:08d}", say, telemetry)
     return None, samples
+
+
+def _data_ended(run_state: RunState, runner: StepRunner, ended: DataEnded, say: Say) -> None:
+    """Checkpoint the run whose data source ended; a failed source ends it with an error."""
+    run_state.save(runner.batcher)
+    run_state.data_ended = str(ended)
+    if not ended.ok:
+        raise UserError(f"{ended}; checkpointed at step {run_state.step}",
+                        "see the simulation's log (diffscale logs RUN_DIR), fix it and submit again")
+    say(f"{ended}: checkpointed at step {run_state.step}")
 
 
 def _stop(run_state: RunState, runner: StepRunner, stop: StopFlag, where: str, say: Say) -> str:

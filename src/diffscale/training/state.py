@@ -67,6 +67,8 @@ class RunState:
         self.rollbacks = 0
         self.nonfinite_total = 0
         self.feed = Feed()
+        self.data_ended = ""
+        """Set when the data's source ended the run before its step target (the reason)."""
         """How the task's batcher reaches the other ranks and the log (the loop sets it)."""
 
     def restore(self, state: ckpt.TrainingState) -> None:

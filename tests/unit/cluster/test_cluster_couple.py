@@ -37,9 +37,11 @@ def test_the_trainers_time_limit_says_it_follows_the_simulation_and_when_each_jo
             "command's time; pass --time)") in out
     assert ("time limit (trainer 1x1): 08:00:00: the simulation's wall time (its partition's maximum), so the trainer "
             "can follow it to the end") in out and "rounded up to 15 min" not in out
-    assert ("note: the trainer stops once it has trained train.steps=100 steps (estimated 3 min of training), while "
-            "the simulation writes to the spool for up to its wall time, 08:00:00: what it writes after that is not "
-            "trained on -- raise train.steps to train for longer") in out
+    assert ("note: the trainer stops once it has trained train.steps=100 steps (estimated 3 min of training), or once "
+            "the simulation has ended (up to its wall time, 08:00:00; its script then writes ended.json into the spool "
+            "with its exit status) and one more pass over the final buffer is trained; a failed simulation stops the "
+            "trainer with its status. What the simulation writes after train.steps is not trained on -- raise "
+            "train.steps to train for longer") in out
     assert main([*argv, "--sim-time", "02:00:00", str(config), "--", "./icon.exe"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "time limit (trainer 1x1): 02:00:00: the simulation's wall time (--sim-time)" in out
@@ -69,7 +71,7 @@ def test_grid_engine_submits_the_trainer_on_its_own(tmp_path, capsys):
     (["--couple", "/s", "--preset", "field-icon", "--race", "1x1,1x2", "--", "./sim"],
      "--race and --couple cannot be combined"),
     (["--couple", "/s", "--preset", "field-icon", "--sim-procs-per-node", "0", "--", "./sim"],
-     "--sim-procs-per-node 0 is out of range: the simulation needs at least 1"),
+     "--sim-procs-per-node 0 is out of range: at least 1 process per node -- pass --sim-procs-per-node 1"),
     (["--couple", "/s:0", "--preset", "field-icon", "--", "./sim"],
      "--couple '/s:0' is not a spool directory -- write --couple SPOOL_DIR or SPOOL_DIR:N"),
 ])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -147,3 +148,79 @@ def test_a_presets_stated_network_cost_is_the_counted_one(name):
     wider = replace(cfg, model=replace(cfg.model, **{"hidden" if name.startswith("field") else "down_dims":
                                                      512 if name.startswith("field") else (64, 128)}))
     assert estimates.cost_of(wider) == estimates.network_cost(wider) != estimates.PRESET_NETWORK_COSTS[name]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nodes", "1000000000"], "error: --nodes 1000000000 is out of range: more nodes than any partition diffscale "
+                                "plans for holds (at most 4096) -- pass --nodes 4096 or less"),
+    (["--nodes", "1000000", "--force"], "error: --nodes 1000000 is out of range"),
+    (["--gpus-per-node", "20000"], "error: --gpus-per-node 20000 is out of range: more GPUs per node than any node "
+                                   "holds (at most 64) -- pass --gpus-per-node 64 or less"),
+    # the profile knows the nodes: refused before a rank is laid out, the script not printed
+    (["--gpus-per-node", "8"], "error: preflight check 'GPUs per node' failed: 8 GPUs per node asked, but "
+                               "'a100-80gb' nodes have 4 -- use --gpus-per-node 4 (or fewer) and more --nodes; "
+                               "or pass --force to go ahead anyway"),
+])
+def test_absurd_sizes_are_refused_before_any_table(flags, message, capsys, tmp_path):
+    from diffscale.cli import main
+
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--preset", "tiny", "--out", str(tmp_path / "r"),
+                 *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == message or captured.err.startswith(message)
+    assert captured.out == ""  # no script, no rank table
+
+
+def test_the_profile_s_node_count_is_checked_before_the_table(tmp_path, capsys):
+    from diffscale.cli import main
+
+    argv = ["plan", "--cluster", str(fixture_profile("lab-l40s-h200").source), "--preset", "tiny",
+            "--out", str(tmp_path / "r"), "--nodes", "5"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("error: preflight check 'nodes' failed: 5 nodes > the partition's maximum 4 "
+                                       "-- use --nodes 4 or fewer; or pass --force to go ahead anyway\n")
+    assert main([*argv, "--force"]) == 0  # a profile may be out of date: --force still goes ahead
+    assert "nodes" in capsys.readouterr().out
+
+
+def test_a_large_job_prints_its_first_and_last_node():
+    plan = make_plan(load_profile("purdue-gilbreth"), Shape(4096, 4), _run())
+    shown = plan.shown_ranks()
+    assert len(shown) == 4 + 1 + 4 and shown[4] is None
+    assert [r.rank for r in shown if r is not None] == [0, 1, 2, 3, 16380, 16381, 16382, 16383]
+    assert shown[-1].host == "node 4095 of SLURM_JOB_NODELIST"
+    small = make_plan(load_profile("purdue-gilbreth"), Shape(2, 4), _run())
+    assert small.shown_ranks() == list(small.ranks)
+
+
+@pytest.mark.parametrize("line, activates", [
+    ("conda activate dp", True), ("mamba activate /scratch/envs/dp", True), ("micromamba activate dp", True),
+    ("source /scratch/venv/bin/activate", True), (". ~/venvs/dp/bin/activate", True),
+    ("module load python/3.11", True), ("module load miniconda", True), ("ml load anaconda3/2024", True),
+    ("module load cuda/12.4", False), ("export NCCL_DEBUG=INFO", False), ("cd /scratch", False),
+])
+def test_set_up_lines_that_choose_the_python(line, activates):
+    from diffscale.cluster.planning.plan import job_python
+
+    run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/home/me/.venv/bin/python")
+    chosen, note = job_python(run, (line,), asked=False)
+    assert chosen.python == ("python" if activates else "/home/me/.venv/bin/python")
+    assert (note is not None) == activates
+    assert job_python(run, (line,), asked=True)[0].python == "/home/me/.venv/bin/python"  # --python wins
+
+
+def test_conda_activate_runs_the_environment_s_python(tmp_path, capsys):
+    from diffscale.cli import main
+
+    base = ["plan", "--cluster", "bu-scc", "--account", "mylab", "--preset", "policy", "--gpus-per-node", "1",
+            "--setup", "module load miniconda", "--setup", "conda activate dp", "--out", str(tmp_path / "r")]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "\npython -m torch.distributed.run --standalone" in out
+    assert " ".join(out.split()).count(
+        "note: the job runs `python` from the environment its set-up activates (conda activate dp), not this host's "
+        f"{sys.executable}; pass --python PATH to run another interpreter") == 1
+    assert main([*base, "--python", "/opt/envs/dp/bin/python"]) == 0
+    out = capsys.readouterr().out
+    assert "\n/opt/envs/dp/bin/python -m torch.distributed.run --standalone" in out
+    assert "from the environment" not in out

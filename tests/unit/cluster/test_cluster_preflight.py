@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from diffscale.cluster.planning.plan import PlanOptions, make_plan
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
 from diffscale.cluster.profiles.loading import load_profile
+from diffscale.cluster.scripts.timefmt import hms
 from diffscale.config import merge, presets
 from diffscale.runtime.resources import GIB
 
@@ -66,7 +69,7 @@ def test_diffscale_train_counts_no_loader_workers():
     # the device and starts none, so 4 ranks with a 6 GB data set each need 4 x (3 + 5.6) GiB
     plan = make_plan(load_profile("nyu-torch"), Shape(1, 4), _run(data_bytes=6_000_000_000))
     c = _check(plan, "host RAM per node")
-    assert (c.ok, c.detail) == (True, "4 ranks x ~8.6 GiB = 34 GiB (estimated) of 256 GiB")
+    assert (c.ok, c.detail) == (True, "4 ranks x ~8.6 GiB = 34.4 GiB (estimated) of 256 GiB")
     assert plan.spec.mem_per_node_gb == 43  # 34.4 GiB x 1.25 headroom, in the scheduler's G (GiB)
 
 
@@ -210,3 +213,41 @@ def test_slurm_refuses_an_executable_path_with_a_space():
     run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/opt/my env/bin/python")
     c = _check(make_plan(load_profile("purdue-gilbreth"), Shape(1, 4), run), "task executable")
     assert c.ok is False and c.fix == "use an interpreter/command path without spaces (--python, or a symlink to it)"
+
+
+def test_a_limit_shorter_than_start_up_and_one_checkpoint_fails():
+    from diffscale.cluster.planning import estimates
+
+    run = DiffscaleRun(config=presets.get_preset("medium"), run_dir="/runs/r", python="python3")
+    profile = load_profile("purdue-gilbreth")
+    estimate = make_plan(profile, Shape(1, 4), run).estimate_s
+    need, step_s = estimates.first_checkpoint_s(run.config, estimate)
+    assert need == estimates.STARTUP_S + math.ceil(run.config.train.checkpoint_every * step_s)
+    c = _check(make_plan(profile, Shape(1, 4, time_s=60), run), "wall time")
+    assert c.ok is False
+    assert c.detail.startswith("--time 00:01:00 ends before the run's first checkpoint: start-up ~3 min + "
+                               f"{run.config.train.checkpoint_every} steps to a checkpoint")
+    assert c.fix.startswith(f"pass --time {hms(math.ceil(need / 60) * 60)} or more")
+    # a limit that reaches the first checkpoint passes; one between start-up and it names a cadence that fits
+    assert _check(make_plan(profile, Shape(1, 4, time_s=need + 60), run), "wall time").ok is True
+    assert need - estimates.STARTUP_S > 120  # medium on A100s: minutes between checkpoints
+    middle = _check(make_plan(profile, Shape(1, 4, time_s=estimates.STARTUP_S + 60), run), "wall time")
+    assert middle.ok is False
+    assert middle.fix.endswith(f"or checkpoint more often (--set train.checkpoint_every={int(60 / step_s)})")
+
+
+def test_plan_ends_with_the_checks_it_could_not_make(tmp_path, capsys):
+    from diffscale.cli import main
+
+    assert main(["plan", "--cluster", "bu-scc", "--preset", "tiny", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    last = " ".join(out[out.rindex("preflight (1x1):"):].split())  # rich wraps the line at the console width
+    assert last == ("preflight (1x1): 5 of 9 checks passed; 4 not made, so the job may still fail on them (GPUs per "
+                    "node: the profile does not say how many GPUs a 'any-gpu' node has; CPUs per node: the profile "
+                    "does not say how many cores a 'any-gpu' node has; host RAM per node: the profile does not say "
+                    "how much memory a 'any-gpu' node has; GPU memory: the profile does not say how much memory a "
+                    "'any-gpu' GPU has)")
+    assert main(["plan", "--cluster", "purdue-gilbreth", "--account", "lab", "--mem", "64", "--preset", "tiny",
+                 "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("preflight (1x4): 8 of 8 checks passed")

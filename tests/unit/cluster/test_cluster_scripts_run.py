@@ -177,3 +177,33 @@ def test_warning_signal_reaches_the_ranks_and_requeues(tmp_path, stubs):
     assert "rank got USR2" in log, out + err
     assert "scontrol requeue 123457" in log
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("profile_name", ["slurm-test", "sge-two-host"])
+@pytest.mark.parametrize("rc", [0, 3])
+def test_a_coupled_simulation_marks_its_spool_ended_with_its_status(profile_name, rc, hostile_dir, stubs):
+    """The simulation's script writes the spool's end marker once its command ended, with the
+    command's exit status: what ends the trainer following the spool (data/follow.py)."""
+    import json
+
+    from diffscale.cluster.planning.couple import coupled_plans
+    from diffscale.config import merge
+    from diffscale.data.locations import SPOOL_END_NAME, SpoolSpec
+    from diffscale.data.spool import read_end
+
+    spool = SpoolSpec(hostile_dir / "spool $x", 240)
+    cfg = merge(presets.get_preset("field-icon"), {"data": {"source": spool.source}})
+    profile = fixture_profile(profile_name)
+    sim, _ = coupled_plans(profile, cfg, spool, (stubs["python"], "sim.py"), run_dir=str(hostile_dir),
+                           python=stubs["python"], sim=Shape(1, 1, partition=profile.partitions[0].name,
+                                                             use_gpus=False, time_s=600),
+                           trainer=Shape(1, 1), options=PlanOptions())
+    script = hostile_dir / "sim.sh"
+    script.write_text(sim.script())
+    spool.directory.mkdir()
+    assert read_end(spool.directory) is None
+    done = _run(script, stubs, FAKE_RC=str(rc), JOB_ID="77", SGE_TASK_ID="undefined", NSLOTS="1")
+    assert done.returncode == rc, done.stderr
+    assert json.loads((spool.directory / SPOOL_END_NAME).read_text()) == {"exit_status": rc}
+    assert read_end(spool.directory) == rc
+    assert [p.name for p in spool.directory.iterdir()] == [SPOOL_END_NAME]  # no temporary file left

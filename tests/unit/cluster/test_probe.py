@@ -102,3 +102,34 @@ def test_the_probe_file_must_be_readable(tmp_path, capsys):
 
 def test_probe_json_path_is_in_the_run_dir(tmp_path):
     assert not (Path(tmp_path) / "probe.json").exists()
+
+
+def _fake_process(proc, pid: int, ppid: int, rss_kib: int, pss_kib: int | None) -> None:
+    base = proc / str(pid)
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "status").write_text(f"Name:\tpython\nPPid:\t{ppid}\nVmRSS:\t{rss_kib} kB\nThreads:\t2\n")
+    (base / "cmdline").write_bytes(b"python\0train.py\0")
+    (base / "stat").write_text(f"{pid} (python) S {ppid} 1 1 0\n")
+    rollup = base / "smaps_rollup"
+    if pss_kib is None:
+        rollup.unlink(missing_ok=True)
+    else:
+        rollup.write_text(f"Rss:\t{rss_kib} kB\nPss:\t{pss_kib} kB\nPrivate_Clean:\t0 kB\nPrivate_Dirty:\t10 kB\n")
+
+
+def test_a_worker_exiting_mid_sample_does_not_flip_the_memory_measure(tmp_path):
+    from diffscale.cluster.probe.procfs import MEASURE_PSS, TreeWatch
+
+    proc = tmp_path / "proc"
+    _fake_process(proc, 100, 1, rss_kib=900_000, pss_kib=500_000)
+    _fake_process(proc, 101, 100, rss_kib=800_000, pss_kib=200_000)
+    watch = TreeWatch(100, proc)
+    watch.sample()
+    _fake_process(proc, 101, 100, rss_kib=800_000, pss_kib=None)  # exiting: status still there, smaps_rollup gone
+    watch.sample()
+    assert watch.measure == MEASURE_PSS
+    assert watch.peaks[101].memory == 200_000 * 1024  # its RSS never mixed in
+    assert watch.tree_peak == 700_000 * 1024
+    rss_only = TreeWatch(101, proc)  # a kernel without smaps_rollup: RSS throughout
+    rss_only.sample()
+    assert rss_only.measure.startswith("RSS") and rss_only.peaks[101].memory == 800_000 * 1024

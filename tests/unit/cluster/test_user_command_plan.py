@@ -48,7 +48,7 @@ def test_a_probe_in_the_run_dir_is_used_and_a_stated_worker_count_wins(tmp_path,
     assert main(["plan", "--cluster", LAB, "--nodes", "4", "--gpus-per-node", "4", "--out", str(run), "--",
                  "python", "train.py"]) == 0
     out = capsys.readouterr().out
-    assert "4 ranks x (1 rank ~5.1 GiB + 2 loader workers x ~7.3 GiB) = 79 GiB (measured by the probe" in out
+    assert "4 ranks x (1 rank ~5.1 GiB + 2 loader workers x ~7.3 GiB) = 78.8 GiB (measured by the probe" in out
     assert "#SBATCH --mem=99G" in out  # asked from the measured need, a quarter above it
     assert main(["plan", "--cluster", LAB, "--nodes", "4", "--gpus-per-node", "4", "--workers-per-rank", "8",
                  "--out", str(run), "--", "python", "train.py"]) == 2
@@ -208,3 +208,26 @@ def test_a_relative_script_path_that_the_job_would_not_find_fails_preflight(tmp_
             f"paths, e.g. {tmp_path / 'train.py'}") in err
     assert main([*args, str(tmp_path / "train.py"), "--lr", "1e-4"]) == 0
     assert "command paths" not in capsys.readouterr().out
+
+
+def test_plan_says_when_the_probe_measured_another_command_or_no_training_step(tmp_path, capsys):
+    import json
+
+    run = tmp_path / "r"
+    run.mkdir()
+    probe = probe_file(run / "probe.json", main_gib=5.1, workers=2, worker_gib=7.3, gpu="NVIDIA L40S",
+                       steps_per_s=8.7)
+    argv = ["plan", "--cluster", LAB, "--gpus-per-node", "4", "--out", str(run), "--", "python", "train.py"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "measured `" not in out and "saw no training step" not in out  # the planned command, trained
+    assert main([*argv, "--num-workers", "8"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"note: the probe {probe} measured `python train.py`, not the planned `python train.py --num-workers 8`: "
+            "its figures hold only as far as the two run alike") in out
+    record = json.loads(probe.read_text())
+    probe.write_text(json.dumps(dict(record, steps_per_s=None, progress_line=None)))
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"note: the probe {probe} saw no training step (no progress line): its memory figures may be start-up's "
+            "(imports, data loading, compiling), not training's steady state") in out

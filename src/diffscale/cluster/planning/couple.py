@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from diffscale.cluster.planning.plan import Plan, PlanOptions, make_plan
-from diffscale.cluster.planning.shape import Shape
+from diffscale.cluster.planning.shape import Shape, check_job_size
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
 from diffscale.cluster.profiles.types import ClusterProfile, SchedulerKind
 from diffscale.cluster.scripts.timefmt import hms, human
 from diffscale.config import ConfigSources, RunConfig, resolve_config
-from diffscale.data.locations import SpoolSpec, parse_spool_spec
+from diffscale.data.locations import SPOOL_END_NAME, SpoolSpec, parse_spool_spec
 from diffscale.errors import UserError
 
 SPOOL_ENV = "DIFFSCALE_SPOOL"
@@ -99,15 +100,13 @@ def from_args(profile: ClusterProfile, args: argparse.Namespace, run_dir: Path, 
               sim_time_s: int | None, options: PlanOptions) -> tuple[list[Plan], RunConfig, str]:
     """The coupled plans of ``plan/submit --couple``, the trainer's config and what runs (one line)."""
     config_file, command = split_targets(args)
-    for flag, value in (("--sim-nodes", args.sim_nodes), ("--sim-procs-per-node", args.sim_procs_per_node)):
-        if value < 1:
-            raise UserError(f"{flag} {value} is out of range: the simulation needs at least 1",
-                            f"pass {flag} 1 or more")
+    check_job_size(args.sim_nodes, args.sim_procs_per_node, gpus=False, nodes_flag="--sim-nodes",
+                   per_node_flag="--sim-procs-per-node")
     cfg, spool = trainer_config(args, config_file)
     sim = Shape(nodes=args.sim_nodes, ranks_per_node=args.sim_procs_per_node,
                 partition=_sim_partition(profile, args.sim_partition), time_s=sim_time_s, use_gpus=False)
-    plans = coupled_plans(profile, cfg, spool, command, run_dir=str(run_dir), python=args.python, sim=sim,
-                          trainer=trainer, options=options)
+    plans = coupled_plans(profile, cfg, spool, command, run_dir=str(run_dir), python=args.python or sys.executable,
+                          sim=sim, trainer=trainer, options=options)
     return plans, cfg, f"simulation ({' '.join(command)}) -> spool {spool.directory} -> {plans[1].workload.title}"
 
 
@@ -117,7 +116,8 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
     source follows ``spool``) trained on ``trainer``, by default as long as the simulation may run."""
     # --signal is the trainer's (it checkpoints on it); the simulation's job traps none.
     sim_plan = make_plan(profile, sim, UserCommand(command, run_dir, python, env=((SPOOL_ENV, str(spool.directory)),)),
-                         dataclasses.replace(options, role="simulation", signal="auto"))
+                         dataclasses.replace(options, role="simulation", signal="auto",
+                                             end_marker_dir=str(spool.directory)))
     source = ""
     if trainer.time_s is None and sim_plan.spec.time_s is not None:
         sim_time, limit = sim_plan.spec.time_s, profile.partition(trainer.partition).max_time_s
@@ -144,9 +144,11 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
 
 
 def _stops(cfg: RunConfig, estimate_s: int | None, sim_time_s: int | None) -> str:
-    """When each job ends: the trainer after train.steps, whatever the simulation still writes."""
+    """When each job ends: the trainer after train.steps, or once the simulation has ended."""
     took = f" (estimated {human(estimate_s)} of training)" if estimate_s else ""
     writes = f"up to its wall time, {hms(sim_time_s)}" if sim_time_s else "until it ends"
-    return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, while the simulation "
-            f"writes to the spool for {writes}: what it writes after that is not trained on -- raise train.steps to "
+    return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, or once the "
+            f"simulation has ended ({writes}; its script then writes {SPOOL_END_NAME} into the spool with its exit "
+            "status) and one more pass over the final buffer is trained; a failed simulation stops the trainer with "
+            "its status. What the simulation writes after train.steps is not trained on -- raise train.steps to "
             "train for longer")

@@ -312,3 +312,12 @@ def train_seconds(cfg: RunConfig, world_size: int, per_rank: float) -> int:
     samples = cfg.train.steps * cfg.train.batch_per_gpu * cfg.train.grad_accum * world_size
     efficiency = ASSUMED_SCALING_EFFICIENCY if world_size > 1 else 1.0
     return int(math.ceil(samples / (per_rank * world_size * efficiency))) + STARTUP_S
+
+
+def first_checkpoint_s(cfg: RunConfig, estimate_s: int) -> tuple[int, float]:
+    """(seconds from a job's start to its first checkpoint, seconds per optimizer step), from a
+    run's training estimate: start-up, then ``checkpoint_every`` steps (or the whole run, if
+    shorter). A job limited to less never saves its work."""
+    steps = max(cfg.train.steps, 1)
+    step_s = max(estimate_s - STARTUP_S, 0) / steps
+    return STARTUP_S + int(math.ceil(min(cfg.train.checkpoint_every, steps) * step_s)), step_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from diffscale.cluster.planning import estimates, preflight
@@ -24,6 +25,8 @@ SEGMENT_MARGIN_S = 600
 """Time kept free in every segment besides start-up: checkpoint, final sampling, slack."""
 DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_CPUS_PER_RANK_CAP = 8
+SHOWN_RANKS = 64
+"""Rank rows a plan prints; a larger job shows its first and last node's."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class PlanOptions:
     setup: tuple[str, ...] = ()
     """Shell lines the job runs before the command, after the profile's ``setup`` (``module
     load``, ``conda activate``: one user's environment on a shared profile)."""
+    python_asked: bool = False
+    """True when the user chose the interpreter (--python): set-up lines that activate an
+    environment then do not replace it with that environment's ``python``."""
+    end_marker_dir: str | None = None
+    """A coupled simulation's spool: its script marks the spool ended when the command ends."""
     role: str = ""
     """What this job is in a layout of several (``simulation``, ``trainer``): it names the job,
     its script and its title line. Empty: the run's only job (or one shape of a race)."""
@@ -75,7 +83,6 @@ class Plan:
     shape: Shape
     workload: Workload
     spec: JobSpec
-    ranks: tuple[RankRow, ...]
     checks: tuple[Check, ...]
     segments: tuple[Segment, ...]
     estimate_s: int | None
@@ -90,6 +97,22 @@ class Plan:
     def label(self) -> str:
         """``simulation 2x128`` for a job with a role, else the shape (``1x4``)."""
         return f"{self.role} {self.shape.label}" if self.role else self.shape.label
+
+    @property
+    def ranks(self) -> tuple[RankRow, ...]:
+        """Every rank: where it runs and how it finds the others."""
+        return tuple(rank_rows(self.spec, range(self.spec.world_size)))
+
+    def shown_ranks(self, most: int = SHOWN_RANKS) -> list[RankRow | None]:
+        """The ranks a plan prints: all of them up to ``most``, else the first node's and the
+        last node's with None (an ellipsis) between, so a large job prints in no time."""
+        spec = self.spec
+        if spec.world_size <= most:
+            return list(rank_rows(spec, range(spec.world_size)))
+        g = spec.ranks_per_node
+        head = range(min(g, most // 2))
+        tail = range(max(spec.world_size - min(g, most // 2), len(head)), spec.world_size)
+        return [*rank_rows(spec, head), None, *rank_rows(spec, tail)]
 
     @property
     def ok(self) -> bool:
@@ -131,12 +154,34 @@ def _title(profile: ClusterProfile, part: Partition, shape: Shape, workload: Wor
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
 
 
+ACTIVATES_PYTHON = re.compile(
+    r"\b(?:conda|mamba|micromamba)\s+activate\b|(?:^|[\s;&|])(?:source|\.)\s+\S*activate\b"
+    r"|\bpyenv\s+(?:activate|shell)\b|\bspack\s+(?:load|env\s+activate)\b"
+    r"|\b(?:module|ml)\s+(?:load|add)\s+.*\b(?:python|anaconda|miniconda|miniforge|mambaforge|conda|pytorch)",
+    re.IGNORECASE)
+"""A set-up line that changes which ``python`` a job finds (conda/mamba activate, a venv's
+activate, a Python module): the job's interpreter is then that environment's."""
+
+
+def job_python(workload: Workload, setup: tuple[str, ...], asked: bool) -> tuple[Workload, str | None]:
+    """(the workload with the interpreter the job runs, a note saying why) -- the interpreter
+    of the environment the set-up lines activate, unless --python chose one: the path of the
+    host that plans the job would bypass that environment."""
+    activating = [line for line in setup if ACTIVATES_PYTHON.search(line)]
+    if asked or not activating or workload.python == "python":
+        return workload, None
+    note = (f"the job runs `python` from the environment its set-up activates ({activating[-1]}), not this "
+            f"host's {workload.python}; pass --python PATH to run another interpreter")
+    return replace(workload, python="python"), note
+
+
 def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options: PlanOptions = PlanOptions()) -> Plan:
     part = profile.partition(shape.partition)
     g = shape.ranks_per_node
     gpu_ranks = part.has_gpus and shape.use_gpus
     cpus = shape.cpus_per_rank or _default_cpus(part, g)
-    notes: list[str] = list(workload.notes)
+    workload, python_note = job_python(workload, profile.setup + options.setup, options.python_asked)
+    notes: list[str] = list(workload.notes) + ([python_note] if python_note else [])
     estimate_s, mem_gb = _estimate(part, shape, workload, cpus, gpu_ranks, notes)
     time_s, lead, segments = _wall_time(part, shape, workload, options, estimate_s, notes)
     n_segments = max(1, len(segments))
@@ -184,10 +229,11 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         sge=profile.sge,
         title=_title(profile, part, shape, workload, options.role, gpu_ranks),
         launcher=workload.launcher if isinstance(workload, UserCommand) else Launcher.PLAIN,
+        end_marker_dir=options.end_marker_dir,
     )
     check_spec(spec)
     return Plan(profile=profile, partition=part, shape=shape.with_time(time_s), workload=workload, spec=spec,
-                ranks=tuple(rank_table(spec, part)), checks=tuple(checks), segments=tuple(segments),
+                checks=tuple(checks), segments=tuple(segments),
                 estimate_s=estimate_s, notes=tuple(notes), role=options.role)
 
 
@@ -269,11 +315,11 @@ def _wall_time(part: Partition, shape: Shape, workload: Workload, options: PlanO
     return time_s, lead, segments
 
 
-def rank_table(spec: JobSpec, part: Partition) -> list[RankRow]:
-    """Where every rank runs and how it finds the others."""
+def rank_rows(spec: JobSpec, ranks: Iterable[int]) -> list[RankRow]:
+    """Where each of ``ranks`` runs and how it finds the others."""
     rows = []
     g = spec.ranks_per_node
-    for rank in range(spec.world_size):
+    for rank in ranks:
         node, local = divmod(rank, g)
         device = f"cuda:{local}" if spec.gpus_per_node else "cpu"
         if spec.scheduler is SchedulerKind.SLURM:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diffscale.cluster.planning import estimates
+from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.usage import MEASURED_SHARE, RankUsage
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
 from diffscale.cluster.profiles.types import ClusterProfile, Fact, Partition, SchedulerKind
@@ -169,6 +170,9 @@ def wall_time(part: Partition, r: Resolved, workload: Workload, estimate_s: int 
                    if workload.resumable
                    else f"ask --time {hms(limit)} or less and make the command resume from its checkpoints")
             return Check(name, False, f"--time {hms(r.time_s)} > the partition's maximum {hms(limit)}", fix)
+    short = _shorter_than_a_checkpoint(r, workload, estimate_s)
+    if short is not None:
+        return short
     est = f"; training estimated at {human(estimate_s)}" if estimate_s else ""
     if segments > 1:
         most = hms(limit) if limit else "unlimited"
@@ -176,6 +180,26 @@ def wall_time(part: Partition, r: Resolved, workload: Workload, estimate_s: int 
     if limit is None:
         return Check(name, True, f"{hms(r.time_s)} (the profile documents no maximum){est}")
     return Check(name, True, f"{hms(r.time_s)} of at most {hms(limit)}{est}")
+
+
+def _shorter_than_a_checkpoint(r: Resolved, workload: Workload, estimate_s: int | None) -> Check | None:
+    """A diffscale run whose limit ends before start-up and one checkpoint interval: every job
+    would be killed before it saves anything, so requeues and segments never advance."""
+    if not isinstance(workload, DiffscaleRun) or estimate_s is None or r.time_s is None:
+        return None
+    need_s, step_s = estimates.first_checkpoint_s(workload.config, estimate_s)
+    if r.time_s >= need_s:
+        return None
+    every = workload.config.train.checkpoint_every
+    least = hms(int(math.ceil(need_s / 60)) * 60)
+    fix = f"pass --time {least} or more"
+    fit = int((r.time_s - estimates.STARTUP_S) / step_s) if step_s > 0 else 0
+    if 1 <= fit < every:
+        fix += f", or checkpoint more often (--set train.checkpoint_every={fit})"
+    startup, steps = estimates.STARTUP_S, min(every, workload.config.train.steps)
+    return Check("wall time", False,
+                 f"--time {hms(r.time_s)} ends before the run's first checkpoint: start-up ~{human(startup)} + "
+                 f"{steps} steps to a checkpoint ~{human(need_s - startup)} (estimated) = {human(need_s)}", fix)
 
 
 def gpu_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
@@ -311,6 +335,15 @@ def command_paths(workload: Workload) -> Check | None:
                  f"the job runs the command in its run directory {run_dir}, where {', '.join(map(repr, lost))} "
                  f"(relative, found here in {Path.cwd()}) does not exist",
                  f"give absolute paths, e.g. {Path(lost[0]).absolute()}")
+
+
+def shape_checks(part: Partition, shape: Shape) -> list[Check]:
+    """The checks of a shape against the nodes the profile knows (GPUs and cores per node, nodes
+    per partition): cheap, so plan makes them before it lays out a single rank."""
+    r = Resolved(nodes=shape.nodes, ranks_per_node=shape.ranks_per_node, use_gpus=part.has_gpus and shape.use_gpus,
+                 cpus_per_rank=shape.cpus_per_rank or 1, cpus_per_rank_asked=shape.cpus_per_rank is not None,
+                 mem_per_node_gb=None, mem_asked=False, time_s=None, time_asked=False)
+    return [gpus_per_node(part, r), cpus_per_node(part, r), nodes_limit(part, r)]
 
 
 def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Workload,

@@ -7,6 +7,41 @@ from dataclasses import dataclass, replace
 
 from diffscale.errors import UserError
 
+MAX_NODES = 4096
+"""More nodes than a partition of any cluster diffscale plans for holds: a larger count is a typo,
+and laying out its ranks would take minutes."""
+MAX_GPUS_PER_NODE = 64
+"""More GPUs than any node holds (8 is common, 16 the most sold)."""
+MAX_PROCS_PER_NODE = 1024
+"""More CPU ranks than any node has cores."""
+
+
+def at_least(value: int | float | None, least: int | float, flag: str, what: str) -> None:
+    if value is not None and value < least:
+        raise UserError(f"{flag} {value:g} is out of range: {what}", f"pass {flag} {least:g} or more")
+
+
+def at_most(value: int | float | None, most: int | float, flag: str, what: str) -> None:
+    if value is not None and value > most:
+        shown = value if isinstance(value, int) else f"{value:g}"  # a 20-digit count as typed, not 1e+20
+        raise UserError(f"{flag} {shown} is out of range: {what} (at most {most:g})",
+                        f"pass {flag} {most:g} or less")
+
+
+def check_job_size(nodes: int | None, per_node: int | None, *, gpus: bool, nodes_flag: str = "--nodes",
+                   per_node_flag: str | None = None) -> None:
+    """Nodes and ranks per node within what any cluster has, checked before anything is laid
+    out (the rank table of a billion nodes would never finish)."""
+    at_least(nodes, 1, nodes_flag, "a job needs at least 1 node")
+    at_most(nodes, MAX_NODES, nodes_flag, "more nodes than any partition diffscale plans for holds")
+    flag = per_node_flag or ("--gpus-per-node" if gpus else "--procs-per-node")
+    if gpus:
+        at_least(per_node, 1, flag, "at least 1 GPU (rank) per node; leave it out for all of a node's")
+        at_most(per_node, MAX_GPUS_PER_NODE, flag, "more GPUs per node than any node holds")
+    else:
+        at_least(per_node, 1, flag, "at least 1 process per node")
+        at_most(per_node, MAX_PROCS_PER_NODE, flag, "more processes per node than any node has cores")
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -34,6 +34,8 @@ class RankUsage:
     """Steps/s of one rank per device it was probed on (``estimates.gpu_key``, or ``cpu``)."""
     source: str = ""
     """Where the figures come from, for the plan (``probe runs/x/probe.json, PSS``, ``stated``)."""
+    notes: tuple[str, ...] = ()
+    """What the plan should say about the figures: a probe of another command, or of no training step."""
 
     def host_memory(self, ranks: int) -> resources.HostMemory | None:
         if self.rank_bytes is None:
@@ -69,7 +71,8 @@ def device_key(probe: ProbeResult) -> str:
 
 
 def rank_usage(probes: list[tuple[ProbeResult, str]], *, mem_per_rank_gb: float | None = None,
-               workers: int | None = None, worker_mem_gb: float | None = None) -> RankUsage | None:
+               workers: int | None = None, worker_mem_gb: float | None = None,
+               planned: tuple[str, ...] | None = None) -> RankUsage | None:
     """The figures plan checks a user command with: the (first) probe's, each replaced by a stated
     one; steps/s of every probe, by the device it ran on."""
     probe, probe_path = probes[0] if probes else (None, "")
@@ -96,7 +99,26 @@ def rank_usage(probes: list[tuple[ProbeResult, str]], *, mem_per_rank_gb: float 
     source = _source(probe, probe_path, stated)
     return RankUsage(rank_bytes=rank_bytes, workers=workers, worker_bytes=worker_bytes,
                      gpu_bytes=probe.gpu_bytes if probe else None, source=source,
-                     rates=tuple((device_key(pr), pr.steps_per_s) for pr, _ in probes if pr.steps_per_s))
+                     rates=tuple((device_key(pr), pr.steps_per_s) for pr, _ in probes if pr.steps_per_s),
+                     notes=_probe_notes(probes, planned))
+
+
+def _probe_notes(probes: list[tuple[ProbeResult, str]], planned: tuple[str, ...] | None) -> tuple[str, ...]:
+    """What a plan says about its probes: one of another command than the planned one (another
+    --num-workers measures other workers), one that saw no training step (start-up, not training)."""
+    import shlex
+
+    notes = []
+    for probe, path in probes:
+        if planned is not None and tuple(probe.command) != tuple(planned):
+            notes.append(f"the probe {path} measured `{shlex.join(probe.command)}`, not the planned "
+                         f"`{shlex.join(planned)}`: its figures hold only as far as the two run alike (loader "
+                         "workers, batch size); probe the planned command to be sure")
+        if probe.steps_per_s is None:
+            notes.append(f"the probe {path} saw no training step (no progress line): its memory figures may be "
+                         "start-up's (imports, data loading, compiling), not training's steady state; probe for "
+                         "longer (--seconds) with progress printed")
+    return tuple(notes)
 
 
 def _source(probe: ProbeResult | None, path: str, stated: list[str]) -> str:

@@ -140,8 +140,10 @@ class UserCommand:
     def notes(self) -> tuple[str, ...]:
         lightning = ("a Lightning command: the Trainer must say devices=<GPUs per node> and num_nodes=<nodes> "
                      "(Lightning checks them against the job's tasks)",) if self.launcher is Launcher.LIGHTNING else ()
-        return lightning + ("the job exports PYTHONUNBUFFERED=1, so what your command prints reaches the job log as "
-                            "it happens (Python block-buffers output to a file); the profile's env: can set it to 0",)
+        probed = self.usage.notes if self.usage is not None else ()
+        return lightning + probed + (
+            "the job exports PYTHONUNBUFFERED=1, so what your command prints reaches the job log as it happens "
+            "(Python block-buffers output to a file); the profile's env: can set it to 0",)
 
     @property
     def title(self) -> str:

@@ -47,7 +47,7 @@ def add_command_arguments(p: argparse.ArgumentParser) -> None:
 def command_facts(args: argparse.Namespace, argv: tuple[str, ...], run_dir: Path) -> tuple[Launcher, RankUsage | None]:
     launcher = resolve(args.launcher, argv)
     usage = rank_usage(probes_for(args.probe, run_dir), mem_per_rank_gb=args.mem_per_rank,
-                       workers=args.workers_per_rank, worker_mem_gb=args.worker_mem)
+                       workers=args.workers_per_rank, worker_mem_gb=args.worker_mem, planned=argv)
     return launcher, usage
 
 

@@ -129,12 +129,16 @@ class TreeWatch:
 
     def sample(self) -> list[ProcSample]:
         got = [s for pid in tree_pids(self.root, self.proc) if (s := read_process(pid, self.proc)) is not None]
+        if any(s.pss is not None for s in got):
+            self.pss_seen = True
+        if self.pss_seen:
+            # The kernel gives PSS: a process without it in this sample was exiting (its smaps_rollup
+            # already gone). Its RSS would mix the two measures and flip the label: left out.
+            got = [s for s in got if s.pss is not None]
+        else:
+            self.rss_only_seen = self.rss_only_seen or bool(got)
         for s in got:
             self.peaks.setdefault(s.pid, ProcPeak(s.pid, s.ppid, s.cmdline)).add(s)
-            if s.pss is None:
-                self.rss_only_seen = True
-            else:
-                self.pss_seen = True
         self.alive.append(frozenset(s.pid for s in got))
         if got:
             self.tree_peak = max(self.tree_peak, sum(s.memory for s in got))
@@ -148,7 +152,8 @@ class TreeWatch:
 
     @property
     def measure(self) -> str:
-        return MEASURE_PSS if self.pss_seen and not self.rss_only_seen else MEASURE_RSS
+        """PSS once any sample had it (the kernel gives smaps_rollup), else RSS."""
+        return MEASURE_PSS if self.pss_seen else MEASURE_RSS
 
 
 def main_process(peaks: dict[int, ProcPeak], root: int) -> int:

@@ -182,7 +182,9 @@ def _result(argv: Sequence[str], seconds: int, ran: float, ended: str, code: int
     at_once = watch.most_at_once(below)
     gpu_note = ("measured through NVML" if gpu.available else f"not measured: {gpu.why_not}")
     if output.progress is None:
-        notes.append("no progress line seen (tqdm / Lightning): steps/s unknown")
+        notes.append("no training step seen (no progress line from tqdm / Lightning): steps/s unknown, and the "
+                     "memory figures may be start-up's (imports, data loading, compiling), not training's steady "
+                     "state; probe for longer (--seconds) with progress printed")
     return ProbeResult(command=tuple(argv), seconds=seconds, ran_s=round(ran, 2), ended=ended, exit_code=code,
                        measure=watch.measure, main=_figure(watch.peaks[main]), workers=workers,
                        workers_at_once=at_once, tree_peak_bytes=watch.tree_peak, threads_peak=watch.threads_peak,

@@ -80,6 +80,9 @@ class JobSpec:
     script_file: str = ""
     """File name of this script in the run directory (Grid Engine continuations submit it again)."""
     launcher: Launcher = Launcher.PLAIN
+    end_marker_dir: str | None = None
+    """A coupled simulation's spool directory: once the command has ended the script writes the
+    end marker there (``ended.json`` with its exit status), which ends the trainer following it."""
     """LIGHTNING: the SLURM script leaves the rendezvous to Lightning's SLURMEnvironment."""
 
     @property

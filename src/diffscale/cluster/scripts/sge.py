@@ -31,7 +31,7 @@ from diffscale.cluster.jobs.records import CONTINUATIONS
 from diffscale.cluster.profiles.types import GpuScope
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, header, preamble, q, wait_for, words
+from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, end_marker, header, preamble, q, wait_for, words
 from diffscale.cluster.scripts.timefmt import hms
 from diffscale.runtime.signals import EXIT_REQUEUE
 
@@ -142,7 +142,7 @@ def render(spec: JobSpec) -> str:
     lines += ["", *start, "", "# Wait for every launcher; the job fails when any fails.", "rc=0",
               "for pid in \"${pids[@]}\"; do", *["    " + w for w in wait_for("pid", "one")],
               "    if [ \"$one\" -ne 0 ] && [ \"$rc\" -eq 0 ]; then rc=$one; fi", "done"]
-    lines += ["", *_exit_handling(spec)]
+    lines += ["", *end_marker(spec.end_marker_dir), *_exit_handling(spec)]
     return "\n".join(lines) + "\n"
 
 

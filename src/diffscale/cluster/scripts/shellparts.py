@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 from diffscale import __version__
 from diffscale.cluster.scripts.jobspec import RaceSpec
+from diffscale.data.locations import SPOOL_END_NAME
 from diffscale.runtime.signals import EXIT_REQUEUE
 
 q = shlex.quote
@@ -110,3 +111,20 @@ def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command:
     if site:
         lines += [""] + site
     return lines
+
+
+def end_marker(directory: str | None) -> list[str]:
+    """Lines that write a spool's end marker (data/spool.py, ``ended.json``) with the command's
+    exit status ``$rc``, atomically: the trainer following the spool then ends once it has read
+    the files before it."""
+    if directory is None:
+        return []
+    final = q(f"{directory.rstrip('/')}/{SPOOL_END_NAME}")
+    tmp = q(f"{directory.rstrip('/')}/.{SPOOL_END_NAME}.tmp")
+    return [
+        "# The simulation has ended: its end marker tells the trainer following the spool to finish",
+        "# with what it has read (or, after a failure, to stop with this status).",
+        f"printf '{{\"exit_status\": %d}}\\n' \"$rc\" > {tmp} && mv -f {tmp} {final} ||",
+        "    echo \"diffscale: could not write the spool's end marker: the trainer will wait\" >&2",
+        "",
+    ]

@@ -19,7 +19,7 @@ from diffscale.cluster.jobs.race import claim_snippet
 from diffscale.cluster.profiles.types import GpuRequest
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, header, preamble, wait_for, words
+from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, end_marker, header, preamble, wait_for, words
 from diffscale.cluster.scripts.timefmt import hms
 from diffscale.runtime.signals import EXIT_REQUEUE
 
@@ -86,7 +86,7 @@ def render(spec: JobSpec) -> str:
     ]
     if not spec.signal:
         lines.append("got_signal=0")
-    lines += ["", *_exit_handling(spec)]
+    lines += ["", *end_marker(spec.end_marker_dir), *_exit_handling(spec)]
     return "\n".join(lines) + "\n"
 
 
