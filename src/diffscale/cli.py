@@ -83,22 +83,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from diffscale.inference.export import export_network
-    from diffscale.inference.modelcard import CARD_NAME, model_card, write_card
-    from diffscale.inference.trained import load_trained
-    from diffscale.tasks.base import count_parameters
+    from diffscale.inference.export import export_run
 
-    folder_target(args.diffusers, "--diffusers")
-    run = load_trained(Path(args.run_dir), "cpu")
-    params = count_parameters(run.network)
-
-    def card(folder: Path, how_to_load: str) -> None:
-        write_card(folder, model_card(run.cfg, run.run_dir, step=run.step, params=params, how_to_load=how_to_load),
-                   run.run_dir)
-
-    how = export_network(run.task, run.network, Path(args.diffusers), card=card)
-    print(f"exported EMA weights of step {run.step} to {args.diffusers} (load with {how}); "
-          f"model card: {Path(args.diffusers) / CARD_NAME}")
+    if not args.diffusers and not args.push_to_hub:
+        raise UserError("export needs a place to write: --diffusers OUT_DIR, --push-to-hub REPO, or both",
+                        f"e.g. diffscale export {args.run_dir} --diffusers exports/{Path(args.run_dir).name}")
+    if args.private and not args.push_to_hub:
+        raise UserError("--private is a setting of the Hub repo, and nothing is pushed",
+                        "add --push-to-hub REPO, or drop --private")
+    out = folder_target(args.diffusers, "--diffusers") if args.diffusers else None
+    for line in export_run(Path(args.run_dir), out, license_id=args.license, repo=args.push_to_hub,
+                           token_file=args.token_file, private=args.private):
+        print(line)
     return 0
 
 
@@ -216,9 +212,16 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sample)
 
     p = verb(sub, "export", "export a run's EMA weights and a model card (images: a diffusers.DDPMPipeline folder)",
-             "diffscale export runs/emnist --diffusers hf/emnist-ddpm")
+             "diffscale export runs/emnist --diffusers hf/emnist-ddpm --license mit --push-to-hub my-lab/emnist-ddpm")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
-    p.add_argument("--diffusers", required=True, metavar="OUT_DIR", help="a new or empty folder")
+    p.add_argument("--diffusers", metavar="OUT_DIR", help="a new or empty folder")
+    p.add_argument("--license", metavar="ID", help="the weights' licence as the Hub names it, e.g. mit or apache-2.0 "
+                   "(default: the card says the licence is not stated)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="also upload the folder to this Hugging Face Hub repo "
+                   "(OWNER/NAME; created if missing); the token: HF_TOKEN, `hf auth login`'s, or --token-file")
+    p.add_argument("--private", action="store_true",
+                   help="create the Hub repo private (a repo that exists keeps its visibility)")
+    p.add_argument("--token-file", metavar="FILE", help="a file holding the Hub token")
     p.set_defaults(func=cmd_export)
 
     p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",

@@ -57,6 +57,23 @@ class ReferenceData:
     image recipe); False: fp32 throughout, as the field and policy reference loops do."""
 
 
+@dataclass(frozen=True)
+class HubListing:
+    """How an exported folder presents itself on a model hub (the model card's front matter) and
+    the Python that loads it."""
+
+    library_name: str
+    """The library that loads the folder (the Hub's ``library_name``)."""
+    pipeline_tag: str | None
+    """The Hub's task category, or None where none of its categories describes the model."""
+    tags: tuple[str, ...]
+    loading_code: str
+    """Python source that loads the folder named by the variable ``folder`` (a path, or a Hub repo
+    id where ``loads_hub_ids``) and samples from it, runnable as written on a CPU."""
+    loads_hub_ids: bool = False
+    """Whether the library takes a Hub repo id for ``folder`` (else it is downloaded first)."""
+
+
 class Task(Protocol):
     name: str
     records_whole_steps: bool
@@ -146,6 +163,10 @@ class Task(Protocol):
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """Write the EMA network in the format the field's tools load; returns how to load it.
         Raises ``UserError`` where the task has no such format."""
+        ...
+
+    def hub_listing(self) -> HubListing:
+        """The model card's library, Hub category and tags, and the code that loads an export."""
         ...
 
     def reference_data(self) -> ReferenceData:

@@ -25,7 +25,7 @@ from diffscale.data.locations import SpoolSpec, parse_spool_spec
 from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_environment
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_environment
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
 
@@ -326,6 +326,18 @@ class FieldTask:
         from diffscale.tasks.fields.export import export_fields
 
         return export_fields(self, network, Path(out_dir))
+
+    def hub_listing(self) -> HubListing:
+        """No Hub pipeline tag: none of the Hub's task categories is conditional generation of
+        vectors or fields, and a wrong one would list the model among unrelated ones."""
+        shape = ", ".join(str(s) for s in self.x_shape)
+        code = ("import numpy as np\n"
+                "from diffscale.tasks.fields.exported import load_export\n\n"
+                "task, net = load_export(folder)\n"
+                f"cond = np.zeros((4, {self.cond_dim}))  # your conditions: N x {self.cond_dim}, in the data's units\n"
+                f"ensembles = task.sample_for(net, cond, members=16, steps={self.cfg.train.sample_steps}, seed=0)"
+                f"  # (N, 16, {shape}) in the data's units\n")
+        return HubListing("diffscale", None, ("diffscale", "diffusion", "ensemble-forecasting", "downscaling"), code)
 
     def reference_data(self) -> ReferenceData:
         data = self.training_data()

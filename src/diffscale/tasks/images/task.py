@@ -13,7 +13,7 @@ from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.sources import describe, load_images
 
@@ -153,6 +153,16 @@ class ImageTask:
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
         export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
         return "diffusers.DDPMPipeline.from_pretrained"
+
+    def hub_listing(self) -> HubListing:
+        steps = min(50, self.diffusion.num_timesteps)
+        code = ("import torch\n"
+                "from diffusers import DDPMPipeline\n\n"
+                "pipe = DDPMPipeline.from_pretrained(folder)\n"
+                f"images = pipe(batch_size=4, num_inference_steps={steps}, "
+                "generator=torch.Generator().manual_seed(0)).images  # PIL images\n")
+        return HubListing("diffusers", "unconditional-image-generation",
+                          ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def reference_data(self) -> ReferenceData:
         return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))

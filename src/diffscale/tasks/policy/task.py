@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from diffscale.config import PolicyModelConfig, RunConfig
+from diffscale.config import PolicyModelConfig, RunConfig, write_yaml
 from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -32,6 +32,8 @@ PREVIEW_OBSERVATIONS = 64
 EVAL_EPISODES = 50
 """Rollouts of ``diffscale eval`` unless ``--count`` says otherwise."""
 EVAL_GIFS = 4
+CONFIG_NAME = "diffscale_config.yaml"
+"""The run's config in an exported folder (``config.json`` holds the diffusion-policy arguments)."""
 """Rollouts of an evaluation written as GIFs."""
 
 
@@ -273,9 +275,24 @@ class PolicyTask:
             "scheduler": self.diffusion.scheduler_kwargs(),
         }
         (out_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        return (f"ConditionalUnet1D(**config['unet']).load_state_dict(safetensors.torch.load_file("
+        # what diffscale's own loader (tasks/policy/exported.py) rebuilds the task from
+        write_yaml(self.cfg, out_dir / CONFIG_NAME)
+        (out_dir / "signature.json").write_text(json.dumps(self.signature(), indent=2))
+        return (f"diffscale.tasks.policy.exported.load_export('{out_dir}'), or "
+                f"ConditionalUnet1D(**config['unet']).load_state_dict(safetensors.torch.load_file("
                 f"'{out_dir / 'unet.safetensors'}')) with diffusion_policy's ConditionalUnet1D "
                 f"(config.json; normalizer.safetensors holds the min/max statistics)")
+
+    def hub_listing(self) -> HubListing:
+        m = self.model
+        code = ("import numpy as np\n"
+                "from diffscale.tasks.policy.exported import load_export\n\n"
+                "task, net = load_export(folder)\n"
+                f"history = np.zeros((1, {m.obs_horizon}, {self.obs_dim}))  # a batch of the last {m.obs_horizon} "
+                f"observations, in the data's units\n"
+                f"actions = task.plan(net, history, steps=10).samples  # (1, {m.pred_horizon}, {self.action_dim}): "
+                f"execute {m.action_horizon} from index {m.obs_horizon - 1}, then plan again\n")
+        return HubListing("diffscale", "robotics", ("diffscale", "diffusion", "diffusion-policy", "robotics"), code)
 
     def reference_data(self) -> ReferenceData:
         obs_norm, action_norm = self._norms()
