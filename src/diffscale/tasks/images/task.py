@@ -141,8 +141,14 @@ class ImageTask:
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         pass
 
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        raise UserError("image runs are sampled without conditions: --cond and --members are for fields runs",
+                        "drop --cond and --members (diffscale sample RUN_DIR --n 64)")
+
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> dict[str, float]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None,
+                 data: str | None = None) -> dict[str, float]:
         raise UserError("image runs have no evaluation in diffscale eval yet",
                         "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
 

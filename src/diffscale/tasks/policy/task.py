@@ -23,7 +23,7 @@ from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_given_data
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -204,6 +204,12 @@ class PolicyTask:
         return self.plan(network, self.preview_obs[which], steps=steps, sampler=sampler, generator=generator,
                          noise=noise, autocast=autocast, trajectory=trajectory)
 
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        raise UserError("policy runs plan from observation histories, not from --cond conditions",
+                        "roll the policy out with diffscale eval RUN_DIR, or plan from Python with "
+                        "task.plan(network, obs_history) (docs/policy.md)")
+
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:
         from diffscale.tasks.policy.views import save_chunk_animation, save_chunks
 
@@ -213,8 +219,8 @@ class PolicyTask:
         return written
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 env: str = "auto", max_episode_steps: int | None = None, sampler: str = "ddpm",
-                 gifs: int = EVAL_GIFS) -> dict[str, float | str]:
+                 env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
+                 sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
         the environment ``env`` (``auto``: the data's own, reach2d for the built-in data; or
@@ -227,6 +233,7 @@ class PolicyTask:
         episode) to ``out_dir``."""
         from diffscale.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
 
+        no_given_data(self.name, data)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
         generator = torch.Generator().manual_seed(seed)
 
