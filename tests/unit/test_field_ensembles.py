@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+import diffscale
 from diffscale.cli import main
-from diffscale.inference.sample import sample_ensembles
 from diffscale.tasks.fields.data import FieldGenerator
 
 SMALL = ["--set", "model.hidden=32", "--set", "model.depth=1", "--set", "model.embed_dim=16", "--set", "train.steps=4",
@@ -46,7 +46,7 @@ def test_sample_cond_writes_ensembles_and_conditions_in_the_data_units(npz_run, 
     assert ensembles.shape == (5, 3, 24) and ensembles.dtype == np.float32
     assert np.allclose(kept, cond) and abs(float(ensembles.mean()) - 10) < 5  # the data's units, not standardised
     # the Python call gives the same ensembles; an .npz with the training data's 'cond' array the same too
-    again = sample_ensembles(npz_run, cond, members=3, steps=3, seed=2)
+    again = diffscale.sample_ensembles(npz_run, cond, members=3, steps=3, seed=2)
     assert np.array_equal(again, ensembles)
     np.savez(tmp_path / "cond.npz", cond=cond, x=np.zeros((5, 24)))
     assert main(["sample", str(npz_run), "--cond", str(tmp_path / "cond.npz"), "--members", "3", "--steps", "3",
