@@ -128,7 +128,8 @@ def test_push_to_hub_uploads_a_folder_that_loads(task, runs, tmp_path):
     assert set(pushed.files) == local  # every file of the export went up
     assert hub.metadata[0]["library_name"] == LISTED[task][0] and hub.metadata[0]["license"] == "mit"
     received = pushed.write_to(tmp_path / "received")
-    _, _, code = _card(received)
+    _, text, code = _card(received)
+    assert str(tmp_path) not in text  # the Hub's card names no local path
     lines = code.splitlines(keepends=True)
     where = "".join(line for line in lines if "folder =" in line or "snapshot_download" in line)
     if LISTED[task][0] == "diffusers":  # diffusers takes the repo id itself

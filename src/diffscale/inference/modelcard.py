@@ -103,8 +103,9 @@ def model_card(cfg: RunConfig, run_dir: Path, *, step: int, params: int, how_to_
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], "",
              "## Metrics", "", *_metrics(run_dir), "",
              "## Loading", "", f"With {_package(facts.listing)} installed, on a CPU or a GPU:", "",
-             "```python", loading_code(facts).rstrip("\n"), "```", "",
-             f"In short: `{how_to_load}`.", ""]
+             "```python", loading_code(facts).rstrip("\n"), "```", ""]
+    if facts.repo is None:  # the short form names the local folder, which a Hub copy does not have
+        lines += [f"In short: `{how_to_load}`.", ""]
     grids = rundir.sample_grids(run_dir)
     if grids:
         lines += ["## Samples", "", f"![preview grid at step {grids[-1][0]}]({SAMPLES_NAME})", ""]
