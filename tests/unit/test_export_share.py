@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -169,3 +170,17 @@ def test_a_push_without_a_token_or_with_a_wrong_one_is_one_clear_error(runs, tmp
     assert done.stderr.strip().startswith("error: the Hub refused the push to 'lab/m' (")
     assert done.stderr.strip().endswith("-- set HF_TOKEN, run `hf auth login`, or pass --token-file FILE (a token "
                                         "with write access)")
+
+
+def test_a_hub_that_cannot_be_reached_is_one_clear_error_and_the_local_export_stays(runs, tmp_path):
+    with socket.socket() as closed:  # a port that nothing listens on once it is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "hf_x"}
+    out = tmp_path / "local"
+    done = run_cli("export", str(runs["fields"]), "--diffusers", str(out), "--push-to-hub", "lab/m", env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("error: the Hub could not be reached to push to 'lab/m' (")
+    assert done.stderr.strip().endswith(f"; the export in '{out}' is complete -- check the network (or HF_ENDPOINT), "
+                                        "then export again")
+    assert (out / "README.md").is_file() and (out / "model.safetensors").is_file()

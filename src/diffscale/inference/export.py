@@ -94,7 +94,12 @@ def export_run(run_dir: Path, out_dir: Path | None, *, license_id: str | None = 
         lines = [f"exported EMA weights of step {run.step}{where} (load with {how}); model card: "
                  f"{out_dir / CARD_NAME if out_dir is not None else CARD_NAME}"]
         if repo is not None and token is not None:
-            url = hub.push_folder(target, repo, token=token, private=private,
-                                  message=f"diffscale export of {run.run_dir.name} at step {run.step}")
+            try:
+                url = hub.push_folder(target, repo, token=token, private=private,
+                                      message=f"diffscale export of {run.run_dir.name} at step {run.step}")
+            except UserError as exc:
+                if out_dir is None:
+                    raise
+                raise UserError(f"{exc.cause}; the export in '{out_dir}' is complete", exc.fix) from exc
             lines.append(f"pushed to {url}")
     return lines

@@ -58,9 +58,10 @@ def find_token(token_file: str | Path | None) -> str:
 
 def push_folder(folder: Path, repo: str, *, token: str, private: bool, message: str) -> str:
     """Create ``repo`` (kept if it exists) and upload ``folder`` as one commit; returns the repo's URL."""
-    import httpx
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+
+    # the HTTP client's own error base, as huggingface_hub imports it (httpx, or httpx2 in 2.x)
+    from huggingface_hub.errors import HfHubHTTPError, HTTPError
 
     api = HfApi(token=token)
     try:
@@ -71,7 +72,7 @@ def push_folder(folder: Path, repo: str, *, token: str, private: bool, message: 
         status = exc.response.status_code if exc.response is not None else None
         fix = _LOGIN if status in (401, 403) else "check the repo id and your access to it, then export again"
         raise UserError(f"the Hub refused the push to '{repo}' ({_first_line(exc)})", fix) from exc
-    except (httpx.HTTPError, OSError) as exc:
+    except (HTTPError, OSError) as exc:
         raise UserError(f"the Hub could not be reached to push to '{repo}' ({_first_line(exc)})",
                         "check the network (or HF_ENDPOINT), then export again") from exc
     return str(url)
