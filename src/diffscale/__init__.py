@@ -6,6 +6,7 @@ From Python (a notebook), the same calls the command line makes::
     cfg = diffscale.get_preset("tiny")                         # or diffscale.resolve_config(...)
     diffscale.train_run(cfg, "runs/tiny", resume="auto")       # a reset runtime continues with the same call
     files = diffscale.sample_run("runs/tiny", n=16, steps=20)  # PNG grid from the EMA weights
+    ens = diffscale.sample_ensembles("runs/fields", cond, members=16)  # a fields run: (N, 16, D) for cond (N, C)
     run = diffscale.load_trained("runs/tiny")                  # config, task and EMA network for your own code
 
 The names load on first use, so ``import diffscale`` stays light (no torch until needed). They
@@ -34,6 +35,7 @@ sets the variable itself (to /tmp/torchinductor_USER) the first time it looks fo
 _EXPORTS = {
     "train_run": ("diffscale.training.loop", "train"),
     "sample_run": ("diffscale.inference.sample", "sample_run"),
+    "sample_ensembles": ("diffscale.inference.sample", "sample_ensembles"),
     "load_trained": ("diffscale.inference.trained", "load_trained"),
     "get_preset": ("diffscale.config.presets", "get_preset"),
     "resolve_config": ("diffscale.config", "resolve_config"),

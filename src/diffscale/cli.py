@@ -70,10 +70,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
     at_least(args.n, 1, "--n", "64")
     at_least(args.steps, 1, "--steps", "50")
+    at_least(args.members, 1, "--members", "16")
+    if args.cond:
+        return sample_ensembles(args)
+    if args.members is not None:
+        raise UserError("--members is the ensemble size for the conditions of --cond",
+                        "add --cond FILE, or drop --members")
     if args.out:
         file_target(args.out, "--out", example="samples.png")
     status = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr: stdout lists the files written
-    written = sample_run(args.run_dir, n=args.n, steps=args.steps, seed=args.seed, sampler=args.sampler,
+    written = sample_run(args.run_dir, n=args.n or 64, steps=args.steps, seed=args.seed, sampler=args.sampler,
                          gif=args.gif, out=args.out, device=args.device, console=status)
     for path in written:
         print(path)
@@ -82,23 +88,37 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def sample_ensembles(args: argparse.Namespace) -> int:
+    """``sample --cond FILE``: ensembles as arrays (fields runs; other tasks refuse)."""
+    from diffscale.inference.sample import write_ensembles
+
+    for flag, given in (("--n", args.n is not None), ("--gif", args.gif)):
+        if given:
+            raise UserError(f"{flag} is for samples drawn as pictures; --cond writes ensembles as arrays",
+                            f"drop {flag} (--members sets the ensemble size per condition)")
+    if args.out:
+        file_target(args.out, "--out", example="ensembles.npz")
+        if not args.out.endswith(".npz"):
+            raise UserError(f"--out '{args.out}' with --cond is written as a NumPy archive", "name it FILE.npz")
+    out = write_ensembles(args.run_dir, args.cond, args.out, members=args.members or 16, steps=args.steps,
+                          seed=args.seed, sampler=args.sampler, device=args.device)
+    print(out)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    from diffscale.inference.export import export_network
-    from diffscale.inference.modelcard import CARD_NAME, model_card, write_card
-    from diffscale.inference.trained import load_trained
-    from diffscale.tasks.base import count_parameters
+    from diffscale.inference.export import export_run
 
-    folder_target(args.diffusers, "--diffusers")
-    run = load_trained(Path(args.run_dir), "cpu")
-    params = count_parameters(run.network)
-
-    def card(folder: Path, how_to_load: str) -> None:
-        write_card(folder, model_card(run.cfg, run.run_dir, step=run.step, params=params, how_to_load=how_to_load),
-                   run.run_dir)
-
-    how = export_network(run.task, run.network, Path(args.diffusers), card=card)
-    print(f"exported EMA weights of step {run.step} to {args.diffusers} (load with {how}); "
-          f"model card: {Path(args.diffusers) / CARD_NAME}")
+    if not args.diffusers and not args.push_to_hub:
+        raise UserError("export needs a place to write: --diffusers OUT_DIR, --push-to-hub REPO, or both",
+                        f"e.g. diffscale export {args.run_dir} --diffusers exports/{Path(args.run_dir).name}")
+    if args.private and not args.push_to_hub:
+        raise UserError("--private is a setting of the Hub repo, and nothing is pushed",
+                        "add --push-to-hub REPO, or drop --private")
+    out = folder_target(args.diffusers, "--diffusers") if args.diffusers else None
+    for line in export_run(Path(args.run_dir), out, license_id=args.license, repo=args.push_to_hub,
+                           token_file=args.token_file, private=args.private):
+        print(line)
     return 0
 
 
@@ -109,7 +129,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     at_least(args.steps, 1, "--steps", "10")
     at_least(args.max_episode_steps, 1, "--max-episode-steps", "50")
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
-                        device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps)
+                        device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps,
+                        data=args.data)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
@@ -203,7 +224,10 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p = verb(sub, "sample", "generate samples from a trained run (EMA weights)",
              "diffscale sample runs/tiny --n 64 --steps 50 --gif")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
-    p.add_argument("--n", type=int, default=64, help="samples to generate (default 64)")
+    p.add_argument("--n", type=int, help="samples to generate (default 64)")
+    p.add_argument("--cond", metavar="FILE", help="fields runs: conditions (N x C, the data's units) in a .npy, or "
+                   "the array 'cond' of a .npz; writes their ensembles and conditions to --out (an .npz)")
+    p.add_argument("--members", type=int, metavar="M", help="ensemble members per condition of --cond (default 16)")
     p.add_argument("--steps", type=int, default=50,
                    help="denoising steps (default 50; at most the run's diffusion.num_train_timesteps, to which "
                         "more are capped)")
@@ -212,14 +236,10 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
                    "imageio-ffmpeg is installed (pip install 'diffscale[video]')")
     _device_flag(p)
-    p.add_argument("--out", help="PNG path (default RUN_DIR/samples/...)")
+    p.add_argument("--out", help="PNG path, or with --cond an .npz (default RUN_DIR/samples/...)")
     p.set_defaults(func=cmd_sample)
 
-    p = verb(sub, "export", "export a run's EMA weights and a model card (images: a diffusers.DDPMPipeline folder)",
-             "diffscale export runs/emnist --diffusers hf/emnist-ddpm")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
-    p.add_argument("--diffusers", required=True, metavar="OUT_DIR", help="a new or empty folder")
-    p.set_defaults(func=cmd_export)
+    _add_export(sub)
 
     p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",
              "diffscale eval runs/pusht --env pusht --count 50 --json")
@@ -230,6 +250,8 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")
     p.add_argument("--env", default="auto", help="where a policy is rolled out: auto (reach2d for the built-in data), "
                    "reach2d, or pusht (gym-pusht's PushT; pip install 'diffscale[pusht]')")
+    p.add_argument("--data", metavar="SPEC", help="fields runs: held-out pairs to score on, e.g. npz:HELDOUT "
+                   "(default: new built-in pairs, or rows of the training data, which eval then says)")
     p.add_argument("--max-episode-steps", type=int, metavar="N",
                    help="cut rollouts off after N environment steps (default: the environment's; pusht 300)")
     _device_flag(p)
@@ -248,6 +270,21 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p = verb(sub, "env", "print a Markdown report of this machine: GPUs, topology, CPU, RAM, job, versions",
              "diffscale env > system.md   # attach it to a question or an issue")
     p.set_defaults(func=cmd_env)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = verb(sub, "export", "export a run's EMA weights and a model card (images: a diffusers.DDPMPipeline folder)",
+             "diffscale export runs/emnist --diffusers hf/emnist-ddpm --license mit --push-to-hub my-lab/emnist-ddpm")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
+    p.add_argument("--diffusers", metavar="OUT_DIR", help="a new or empty folder")
+    p.add_argument("--license", metavar="ID", help="the weights' licence as the Hub names it, e.g. mit or apache-2.0 "
+                   "(default: the card says the licence is not stated)")
+    p.add_argument("--push-to-hub", metavar="REPO", help="also upload the folder to this Hugging Face Hub repo "
+                   "(OWNER/NAME; created if missing); the token: HF_TOKEN, `hf auth login`'s, or --token-file")
+    p.add_argument("--private", action="store_true",
+                   help="create the Hub repo private (a repo that exists keeps its visibility)")
+    p.add_argument("--token-file", metavar="FILE", help="a file holding the Hub token")
+    p.set_defaults(func=cmd_export)
 
 
 def _register_optional(sub: argparse._SubParsersAction) -> None:

@@ -19,7 +19,8 @@ from diffscale.inference.trained import load_trained
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
-                 as_json: bool, env: str = "auto", max_episode_steps: int | None = None) -> int:
+                 as_json: bool, env: str = "auto", max_episode_steps: int | None = None,
+                 data: str | None = None) -> int:
     run = load_trained(run_dir, device)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
@@ -28,12 +29,16 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     network = sampling_network(run.network, run.cfg.runtime)
     try:
         scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,
-                                   max_episode_steps=max_episode_steps)
+                                   max_episode_steps=max_episode_steps, data=data)
     except BaseException:
         if made is not None:  # a task that cannot evaluate (or an interrupted one) leaves no empty folders
             shutil.rmtree(made, ignore_errors=True)
         raise
-    record = {"kind": "eval", "step": run.step, "task": run.cfg.task, "steps": steps, "seed": seed, **scores,
+    if scores.get("held_out") == 0:  # a task that scores pairs says when they were trained on
+        print(f"note: scored on {scores.get('cases', 'some')} rows of the training data (held_out 0): pass "
+              "--data npz:HELDOUT for pairs the model has not seen", file=sys.stderr)
+    record = {"kind": "eval", "step": run.step, "task": run.cfg.task, "steps": steps, "seed": seed,
+              **({"data": data} if data else {}), **scores,
               "time": time.time()}
     (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))
     with open(run.run_dir / "metrics.jsonl", "a") as fh:

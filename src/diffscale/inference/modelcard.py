@@ -1,16 +1,19 @@
 """The model card ``export`` writes beside the weights (``README.md``, the file model hubs
 show): what was trained (task, preset, network), on what data, for how many steps, how it
-did (the last training record and the newest evaluation) and how to load it."""
+did (the last training record and the newest evaluation), under which licence, and the Python
+that loads it; its YAML front matter is what the Hugging Face Hub lists the model by."""
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from diffscale import __version__
 from diffscale.config import RunConfig
 from diffscale.io import rundir
+from diffscale.tasks.base import HubListing
 
 CARD_NAME = "README.md"
 SAMPLES_NAME = "samples.png"
@@ -47,7 +50,42 @@ def _metrics(run_dir: Path) -> list[str]:
     return lines or ["No training records were found (metrics.jsonl)."]
 
 
-def model_card(cfg: RunConfig, run_dir: Path, *, step: int, params: int, how_to_load: str) -> str:
+@dataclass(frozen=True)
+class CardFacts:
+    """What a card says beyond the run: how the folder is listed and loaded, where it is
+    published and under which licence."""
+
+    listing: HubListing
+    folder: Path
+    """The exported folder (the loading code names it where the card is not for the Hub)."""
+    repo: str | None = None
+    """The Hub repo the folder is pushed to."""
+    license: str | None = None
+    """The Hub's licence identifier (e.g. ``mit``); None: not stated."""
+
+
+def front_matter(facts: CardFacts) -> str:
+    """The card's YAML metadata, as the Hub reads it (huggingface_hub's own writer)."""
+    from huggingface_hub import ModelCardData
+
+    data = ModelCardData(library_name=facts.listing.library_name, pipeline_tag=facts.listing.pipeline_tag,
+                         license=facts.license, tags=list(facts.listing.tags))
+    return f"---\n{data.to_yaml()}\n---"
+
+
+def loading_code(facts: CardFacts) -> str:
+    """The card's Python: where the folder comes from, then the task's own loading code."""
+    if facts.repo is None:
+        source = f"folder = {str(facts.folder.resolve())!r}\n"
+    elif facts.listing.loads_hub_ids:
+        source = f"folder = {facts.repo!r}  # or the path of a downloaded copy\n"
+    else:
+        source = f"from huggingface_hub import snapshot_download\n\nfolder = snapshot_download({facts.repo!r})\n"
+    return source + facts.listing.loading_code
+
+
+def model_card(cfg: RunConfig, run_dir: Path, *, step: int, params: int, how_to_load: str,
+               facts: CardFacts) -> str:
     """The card's Markdown."""
     run_dir = Path(run_dir)
     d, o, t = cfg.diffusion, cfg.optim, cfg.train
@@ -56,17 +94,27 @@ def model_card(cfg: RunConfig, run_dir: Path, *, step: int, params: int, how_to_
             ("data", f"`{cfg.data.source}`"), ("steps", f"{step} of {t.steps} (EMA weights, decay {t.ema_decay})"),
             ("batch", f"{t.batch_per_gpu} per process x {t.grad_accum} accumulation x the world size"),
             ("optimizer", f"AdamW, lr {o.lr:g}"), ("diffusion", ", ".join(f"{k} {v}" for k, v in _plain(d).items())),
-            ("seed", str(t.seed))]
-    lines = ["---", "tags: [diffscale, diffusion]", "---", "",
+            ("seed", str(t.seed)),
+            ("licence", facts.license or "licence not stated: ask the authors before reusing the weights")]
+    lines = [front_matter(facts), "",
              f"# {run_dir.name}: a diffscale {cfg.task} diffusion model", "",
              f"Trained with diffscale {__version__}; exported {datetime.date.today().isoformat()} from "
-             f"`{run_dir.name}` (its `config.yaml` is the full resolved config).", "",
+             f"`{run_dir.name}` (`diffscale_config.yaml` is its full resolved config).", "",
              "| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], "",
-             "## Metrics", "", *_metrics(run_dir), "", "## Loading", "", f"Load this folder with `{how_to_load}`.", ""]
+             "## Metrics", "", *_metrics(run_dir), "",
+             "## Loading", "", f"With {_package(facts.listing)} installed, on a CPU or a GPU:", "",
+             "```python", loading_code(facts).rstrip("\n"), "```", ""]
+    if facts.repo is None:  # the short form names the local folder, which a Hub copy does not have
+        lines += [f"In short: `{how_to_load}`.", ""]
     grids = rundir.sample_grids(run_dir)
     if grids:
         lines += ["## Samples", "", f"![preview grid at step {grids[-1][0]}]({SAMPLES_NAME})", ""]
     return "\n".join(lines)
+
+
+def _package(listing: HubListing) -> str:
+    """What to install for the loading code (diffusers brings huggingface_hub and torch)."""
+    return "diffusers (`pip install diffusers torch`)" if listing.library_name == "diffusers" else "diffscale"
 
 
 def _plain(section: Any) -> dict[str, Any]:

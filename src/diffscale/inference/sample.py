@@ -4,10 +4,14 @@ a log)."""
 
 from __future__ import annotations
 
+import os
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -20,6 +24,7 @@ from rich.progress import (
 )
 
 from diffscale.diffusion.sampler import SamplerKind, SamplingProgress
+from diffscale.errors import UserError
 
 
 class LogProgress:
@@ -106,3 +111,70 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     with reporting(progress_for(status)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
                        seed=seed, sampler=sampler, trajectory=gif)
+
+
+def read_conditions(path: Path | str) -> np.ndarray:
+    """The conditions of ``--cond FILE``: a ``.npy`` array, or the array ``cond`` of a ``.npz``
+    archive (as training data stores it), (N, C) numbers without NaN or infinities."""
+    path = Path(path)
+    fix = "save them with numpy.save(FILE.npy, cond) or numpy.savez(FILE.npz, cond=cond), cond N x C"
+    if path.suffix not in (".npy", ".npz"):
+        raise UserError(f"--cond '{path}' is neither a .npy nor a .npz file", fix)
+    if not path.is_file():
+        raise UserError(f"--cond '{path}' does not exist", "check the path")
+    try:
+        with open(path, "rb") as fid:
+            loaded = np.load(fid, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                cond = loaded
+            else:
+                with loaded:
+                    if "cond" not in loaded.files:
+                        held = ", ".join(loaded.files) or "nothing"
+                        raise UserError(f"--cond '{path}' has no array 'cond' (it holds: {held})", fix)
+                    cond = loaded["cond"]
+    except UserError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"cannot read --cond '{path}' ({exc})", fix) from exc
+    if cond.ndim != 2 or cond.shape[0] == 0 or cond.dtype.kind not in "iuf":
+        raise UserError(f"--cond '{path}' holds an array of shape {cond.shape} ({cond.dtype})", fix)
+    if not np.isfinite(cond).all():
+        rows = np.flatnonzero(~np.isfinite(cond).all(axis=1))
+        raise UserError(f"--cond '{path}' holds NaN or infinite values in {len(rows)} rows (first: row {rows[0]})",
+                        "drop or fill those rows")
+    return cond.astype(np.float32)
+
+
+def sample_ensembles(run_dir: Path | str, cond: Any, *, members: int = 16, steps: int = 50, seed: int = 0,
+                     sampler: str = "ddim", device: str | None = None) -> np.ndarray:
+    """Ensembles of a trained run for your own conditions (``diffscale sample --cond``, from
+    Python): cond (N, C) in the data's units -> (N, members, *x_shape) float32 in the data's
+    units, from the run's EMA weights. The same seed gives the same ensembles."""
+    from diffscale.diffusion.inference import sampling_network
+    from diffscale.inference.trained import load_trained
+
+    run = load_trained(Path(run_dir), device)
+    steps = min(steps, run.cfg.diffusion.num_train_timesteps)
+    network = sampling_network(run.network, run.cfg.runtime)
+    return run.task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler).numpy()
+
+
+def write_ensembles(run_dir: Path | str, cond_file: Path | str, out: Path | str | None, *, members: int, steps: int,
+                    seed: int, sampler: str, device: str | None) -> Path:
+    """``diffscale sample RUN --cond FILE``: ``out`` (default ``RUN_DIR/samples/ensembles_...npz``)
+    holding ``ensembles`` (N, members, *x_shape) and ``cond`` (N, C), in the data's units; written
+    to a temporary file and renamed, so it is complete or absent."""
+    cond = read_conditions(cond_file)
+    ensembles = sample_ensembles(run_dir, cond, members=members, steps=steps, seed=seed, sampler=sampler,
+                                 device=device)
+    target = Path(out) if out else Path(run_dir) / "samples" / f"ensembles_{Path(cond_file).stem}_seed{seed}.npz"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:
+        with open(partial, "wb") as fh:
+            np.savez(fh, ensembles=ensembles, cond=cond)
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target

@@ -105,3 +105,28 @@ def check_export_dir(out_dir: Path) -> Path:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"export folder '{out_dir}' is not empty", "pass a new or empty folder to --diffusers")
     return out_dir
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask (read from /proc on Linux, where setting it to read
+    it back would race with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_default_modes(folder: Path) -> None:
+    """Give every file and folder under ``folder`` (and ``folder`` itself) the mode the umask
+    gives new ones. safetensors writes through a temporary file that is created 0600 and renamed,
+    so a weights file would otherwise stay private to its owner while the rest of a folder shared
+    with a group is readable."""
+    mask = current_umask()
+    for path in (Path(folder), *Path(folder).rglob("*")):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)

@@ -57,6 +57,23 @@ class ReferenceData:
     image recipe); False: fp32 throughout, as the field and policy reference loops do."""
 
 
+@dataclass(frozen=True)
+class HubListing:
+    """How an exported folder presents itself on a model hub (the model card's front matter) and
+    the Python that loads it."""
+
+    library_name: str
+    """The library that loads the folder (the Hub's ``library_name``)."""
+    pipeline_tag: str | None
+    """The Hub's task category, or None where none of its categories describes the model."""
+    tags: tuple[str, ...]
+    loading_code: str
+    """Python source that loads the folder named by the variable ``folder`` (a path, or a Hub repo
+    id where ``loads_hub_ids``) and samples from it, runnable as written on a CPU."""
+    loads_hub_ids: bool = False
+    """Whether the library takes a Hub repo id for ``folder`` (else it is downloaded first)."""
+
+
 class Task(Protocol):
     name: str
     records_whole_steps: bool
@@ -120,6 +137,13 @@ class Task(Protocol):
         (ranks sharing the work together produce exactly the single-process samples)."""
         ...
 
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        """An ensemble for each given condition (``diffscale sample --cond``): cond (N, C) in the
+        data's units, a tensor or a NumPy array -> (N, members, *sample shape) on the CPU, in the
+        data's units. Raises ``UserError`` where the task samples from no conditions a user gives."""
+        ...
+
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:
         """Write what a preview shows of ``generated`` to ``path`` (a ``.png``); returns the files."""
         ...
@@ -134,18 +158,25 @@ class Task(Protocol):
         ...
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> Mapping[str, float | str]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None,
+                 data: str | None = None) -> Mapping[str, float | str]:
         """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
         it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
         the task's default), ``steps`` denoising steps each; a task that rolls out in an
         environment runs it in ``env`` (``auto``: the data's own), episodes cut off after
         ``max_episode_steps`` (None: the environment's limit), and the others refuse those
-        (``no_environment``). Raises ``UserError`` where the task has no evaluation."""
+        (``no_environment``); ``data``: a data spec of held-out pairs to score on, for a task
+        that scores pairs (the others refuse it). Raises ``UserError`` where the task has no
+        evaluation."""
         ...
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """Write the EMA network in the format the field's tools load; returns how to load it.
         Raises ``UserError`` where the task has no such format."""
+        ...
+
+    def hub_listing(self) -> HubListing:
+        """The model card's library, Hub category and tags, and the code that loads an export."""
         ...
 
     def reference_data(self) -> ReferenceData:
@@ -177,6 +208,12 @@ def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
     if env != "auto" or max_episode_steps is not None:
         raise UserError(f"{task} runs are evaluated without an environment: --env and --max-episode-steps are for "
                         "policy runs", "drop --env and --max-episode-steps")
+
+
+def no_given_data(task: str, data: str | None) -> None:
+    """Refuse held-out data in the evaluation of a task that scores no pairs."""
+    if data is not None:
+        raise UserError(f"{task} runs are not scored on given pairs: --data is for fields runs", "drop --data")
 
 
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,

@@ -2,8 +2,9 @@
 MLP of the same size trained on the same data, and (for the built-in generator) the ideal forecast.
 
 Scores are in the data's own units, averaged over every case and value (see probabilistic.py).
-On built-in data the cases are held out (drawn from the generator with another seed) and the
-ideal forecast is known; on files they are rows of the training data (``held_out`` 0).
+Given held-out pairs (``diffscale eval --data npz:HELDOUT``) the cases are theirs; else on
+built-in data they are held out (drawn from the generator with another seed) and the ideal
+forecast is known; on files they are rows of the training data (``held_out`` 0, and eval says so).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from diffscale.evaluation import probabilistic as P
-from diffscale.tasks.fields.data import HELD_OUT_SEED
+from diffscale.tasks.fields.data import HELD_OUT_SEED, FieldData
 
 if TYPE_CHECKING:
     from diffscale.tasks.fields.task import FieldTask
@@ -44,19 +45,27 @@ class Forecasts:
     """Mean and std (N, *F) of the ideal Gaussian forecast, where known."""
 
 
-def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int, seed: int,
-                    cases: int) -> dict[str, float]:
-    """Sample, score and plot (``out_dir/evaluation.png``); returns the scores."""
-    data = task.training_data()
-    cases = min(cases, len(data.cond))
-    held_out = data.generator is not None
-    ideal = None
-    if data.generator is not None:
+def _cases(data: FieldData, held_out: FieldData | None, cases: int,
+           seed: int) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, bool]:
+    """(cond, truth, the ideal forecast where known, whether the pairs are held out): ``cases`` rows
+    of the given held-out pairs; else new pairs of the built-in generator; else training rows."""
+    if held_out is None and data.generator is not None:
         cond, truth = data.generator.sample(cases, HELD_OUT_SEED)
-        ideal = data.generator.ideal(cond)
-    else:
-        rows = torch.randperm(len(data.cond), generator=torch.Generator().manual_seed(seed))[:cases]
-        cond, truth = data.cond[rows], data.x[rows]
+        return cond, truth, data.generator.ideal(cond), True
+    source = held_out if held_out is not None else data
+    rows = torch.randperm(len(source.cond), generator=torch.Generator().manual_seed(seed))[:cases]
+    cond, truth = source.cond[rows], source.x[rows]
+    ideal = source.generator.ideal(cond) if source.generator is not None else None
+    return cond, truth, ideal, held_out is not None
+
+
+def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int, seed: int,
+                    cases: int, held_out: FieldData | None = None) -> dict[str, float]:
+    """Sample, score and plot (``out_dir/evaluation.png``); returns the scores. ``held_out``: the
+    pairs to score on (default: new pairs of the built-in generator, else rows of the training data)."""
+    data = task.training_data()
+    cases = min(cases, len(held_out.cond if held_out is not None else data.cond))
+    cond, truth, ideal, is_held_out = _cases(data, held_out, cases, seed)
     ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed)
     picks = torch.randint(0, len(data.x), (cases * members,), generator=torch.Generator().manual_seed(seed + 1))
     climatology = data.x[picks].view(cases, members, *task.x_shape)
@@ -64,7 +73,7 @@ def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *,
     forecasts = Forecasts(cond, truth, ensemble, climatology, predict(task, baseline, cond), ideal)
     scores = score(forecasts, task.model_cfg.coarse_index)
     # counts stay whole numbers in eval's JSON and table
-    scores.update(held_out=float(held_out), cases=cases, members=members, sampling_steps=steps,
+    scores.update(held_out=float(is_held_out), cases=cases, members=members, sampling_steps=steps,
                   baseline_steps=baseline_steps)
     from diffscale.tasks.fields.plots import plot_evaluation
 

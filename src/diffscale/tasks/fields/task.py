@@ -25,7 +25,7 @@ from diffscale.data.locations import SpoolSpec, parse_spool_spec
 from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_environment
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_environment
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
 
@@ -257,8 +257,8 @@ class FieldTask:
         (N, members, *x_shape) on the CPU."""
         cond = torch.as_tensor(cond)
         if cond.dim() != 2 or cond.shape[1] != self.cond_dim:
-            raise UserError(f"conditions of shape {tuple(cond.shape)} do not fit this model",
-                            f"pass an N x {self.cond_dim} array")
+            raise UserError(f"conditions of shape {tuple(cond.shape)} do not fit this model, which takes N x "
+                            f"{self.cond_dim}", f"pass an N x {self.cond_dim} array of conditions in the data's units")
         generator = torch.Generator().manual_seed(seed)
         rows = cond.to(self.device).float().repeat_interleave(members, dim=0)
         start = torch.randn((rows.shape[0], *self.x_shape), generator=generator)
@@ -286,10 +286,12 @@ class FieldTask:
         return [plot_preview(generated.samples, self.preview_x[:groups].cpu(), path)]
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 env: str = "auto", max_episode_steps: int | None = None, cases: int = EVAL_CASES) -> dict[str, float]:
-        """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions,
-        against climatology and a deterministic MLP trained here on the same data; writes
-        ``out_dir/evaluation.png``. ``network`` runs as given (``sampling_network`` applies precision)."""
+                 env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
+                 cases: int = EVAL_CASES) -> dict[str, float]:
+        """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions
+        (held-out pairs of ``data``, a field data spec, where given), against climatology and a
+        deterministic MLP trained here on the same data; writes ``out_dir/evaluation.png``.
+        ``network`` runs as given (``sampling_network`` applies precision)."""
         from diffscale.tasks.fields.evaluation import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
@@ -297,8 +299,22 @@ class FieldTask:
             raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "
                             "rank histogram need at least 2 members",
                             f"pass --count 2 or more (default {EVAL_MEMBERS})")
+        held_out = self.held_out_data(data) if data is not None else None
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
-                               cases=cases)
+                               cases=cases, held_out=held_out)
+
+    def held_out_data(self, spec: str) -> FieldData:
+        """Pairs of ``spec`` to score on, checked against the run's sizes."""
+        data = load_fields(spec)
+        found = (data.cond.shape[1], data.x.shape[1], data.x.shape[2] if data.x.dim() == 3 else 1)
+        wanted = (self.cond_dim, self.x_dim, self.fields)
+        if found != wanted:
+            raise UserError(f"{data.label} holds cond {found[0]} -> x {found[1]} x {found[2]} but this run was trained "
+                            f"for cond {wanted[0]} -> x {wanted[1]} x {wanted[2]}",
+                            "pass held-out pairs of the sizes of the run's training data")
+        if data.x.dim() == 3 and self.fields == 1:
+            data.x = data.x[..., 0]
+        return data
 
     # -- protocol: state, export, reference loop ---------------------------------------------
     def state_tensors(self) -> dict[str, torch.Tensor]:
@@ -326,6 +342,18 @@ class FieldTask:
         from diffscale.tasks.fields.export import export_fields
 
         return export_fields(self, network, Path(out_dir))
+
+    def hub_listing(self) -> HubListing:
+        """No Hub pipeline tag: none of the Hub's task categories is conditional generation of
+        vectors or fields, and a wrong one would list the model among unrelated ones."""
+        shape = ", ".join(str(s) for s in self.x_shape)
+        code = ("import numpy as np\n"
+                "from diffscale.tasks.fields.exported import load_export\n\n"
+                "task, net = load_export(folder)\n"
+                f"cond = np.zeros((4, {self.cond_dim}))  # your conditions: N x {self.cond_dim}, in the data's units\n"
+                f"ensembles = task.sample_for(net, cond, members=16, steps={self.cfg.train.sample_steps}, seed=0)"
+                f"  # (N, 16, {shape}) in the data's units\n")
+        return HubListing("diffscale", None, ("diffscale", "diffusion", "ensemble-forecasting", "downscaling"), code)
 
     def reference_data(self) -> ReferenceData:
         data = self.training_data()

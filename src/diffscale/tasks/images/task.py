@@ -13,7 +13,7 @@ from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.sources import describe, load_images
 
@@ -141,8 +141,14 @@ class ImageTask:
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         pass
 
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        raise UserError("image runs are sampled without conditions: --cond and --members are for fields runs",
+                        "drop --cond and --members (diffscale sample RUN_DIR --n 64)")
+
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> dict[str, float]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None,
+                 data: str | None = None) -> dict[str, float]:
         raise UserError("image runs have no evaluation in diffscale eval yet",
                         "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
 
@@ -153,6 +159,16 @@ class ImageTask:
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
         export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
         return "diffusers.DDPMPipeline.from_pretrained"
+
+    def hub_listing(self) -> HubListing:
+        steps = min(50, self.diffusion.num_timesteps)
+        code = ("import torch\n"
+                "from diffusers import DDPMPipeline\n\n"
+                "pipe = DDPMPipeline.from_pretrained(folder)\n"
+                f"images = pipe(batch_size=4, num_inference_steps={steps}, "
+                "generator=torch.Generator().manual_seed(0)).images  # PIL images\n")
+        return HubListing("diffusers", "unconditional-image-generation",
+                          ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def reference_data(self) -> ReferenceData:
         return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from diffscale.config import PolicyModelConfig, RunConfig
+from diffscale.config import PolicyModelConfig, RunConfig, write_yaml
 from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_given_data
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -32,6 +32,8 @@ PREVIEW_OBSERVATIONS = 64
 EVAL_EPISODES = 50
 """Rollouts of ``diffscale eval`` unless ``--count`` says otherwise."""
 EVAL_GIFS = 4
+CONFIG_NAME = "diffscale_config.yaml"
+"""The run's config in an exported folder (``config.json`` holds the diffusion-policy arguments)."""
 """Rollouts of an evaluation written as GIFs."""
 
 
@@ -202,6 +204,12 @@ class PolicyTask:
         return self.plan(network, self.preview_obs[which], steps=steps, sampler=sampler, generator=generator,
                          noise=noise, autocast=autocast, trajectory=trajectory)
 
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim", autocast: Autocast | None = None) -> torch.Tensor:
+        raise UserError("policy runs plan from observation histories, not from --cond conditions",
+                        "roll the policy out with diffscale eval RUN_DIR, or plan from Python with "
+                        "task.plan(network, obs_history) (docs/policy.md)")
+
     def write_samples(self, generated: Generated, path: Path) -> list[Path]:
         from diffscale.tasks.policy.views import save_chunk_animation, save_chunks
 
@@ -211,8 +219,8 @@ class PolicyTask:
         return written
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 env: str = "auto", max_episode_steps: int | None = None, sampler: str = "ddpm",
-                 gifs: int = EVAL_GIFS) -> dict[str, float | str]:
+                 env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
+                 sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
         the environment ``env`` (``auto``: the data's own, reach2d for the built-in data; or
@@ -225,6 +233,7 @@ class PolicyTask:
         episode) to ``out_dir``."""
         from diffscale.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
 
+        no_given_data(self.name, data)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
         generator = torch.Generator().manual_seed(seed)
 
@@ -273,9 +282,24 @@ class PolicyTask:
             "scheduler": self.diffusion.scheduler_kwargs(),
         }
         (out_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        return (f"ConditionalUnet1D(**config['unet']).load_state_dict(safetensors.torch.load_file("
+        # what diffscale's own loader (tasks/policy/exported.py) rebuilds the task from
+        write_yaml(self.cfg, out_dir / CONFIG_NAME)
+        (out_dir / "signature.json").write_text(json.dumps(self.signature(), indent=2))
+        return (f"diffscale.tasks.policy.exported.load_export('{out_dir}'), or "
+                f"ConditionalUnet1D(**config['unet']).load_state_dict(safetensors.torch.load_file("
                 f"'{out_dir / 'unet.safetensors'}')) with diffusion_policy's ConditionalUnet1D "
                 f"(config.json; normalizer.safetensors holds the min/max statistics)")
+
+    def hub_listing(self) -> HubListing:
+        m = self.model
+        code = ("import numpy as np\n"
+                "from diffscale.tasks.policy.exported import load_export\n\n"
+                "task, net = load_export(folder)\n"
+                f"history = np.zeros((1, {m.obs_horizon}, {self.obs_dim}))  # a batch of the last {m.obs_horizon} "
+                f"observations, in the data's units\n"
+                f"actions = task.plan(net, history, steps=10).samples  # (1, {m.pred_horizon}, {self.action_dim}): "
+                f"execute {m.action_horizon} from index {m.obs_horizon - 1}, then plan again\n")
+        return HubListing("diffscale", "robotics", ("diffscale", "diffusion", "diffusion-policy", "robotics"), code)
 
     def reference_data(self) -> ReferenceData:
         obs_norm, action_norm = self._norms()
