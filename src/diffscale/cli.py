@@ -204,7 +204,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="start from a preset (see `diffscale presets`)")
     p.add_argument("--data", help="data spec: images builtin[:glyphs|numerals|digits|mix], imagefolder:PATH, npz:PATH, "
                    "emnist:ROOT[:split], mnist:ROOT; fields builtin:fields, npz:PATH, spool:DIR[:N]; "
-                   "policy builtin:reach2d, npz:PATH, zarr:PATH, lerobot:PATH")
+                   "policy builtin:reach2d[-routes], npz:PATH, zarr:PATH, lerobot:PATH")
     p.add_argument("--out", help="run directory (default runs/PRESET)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=500")
     p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint (auto) or a given one")
@@ -248,8 +248,9 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int,
                    help="denoising steps per generated sample (default: the run's train.sample_steps)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")
-    p.add_argument("--env", default="auto", help="where a policy is rolled out: auto (reach2d for the built-in data), "
-                   "reach2d, or pusht (gym-pusht's PushT; pip install 'diffscale[pusht]')")
+    p.add_argument("--env", default="auto",
+                   help="where a policy is rolled out: auto (reach2d or reach2d-routes for the built-in data), "
+                   "reach2d, reach2d-routes, or pusht (gym-pusht's PushT; pip install 'diffscale[pusht]')")
     p.add_argument("--data", metavar="SPEC", help="fields runs: held-out pairs to score on, e.g. npz:HELDOUT "
                    "(default: new built-in pairs, or rows of the training data, which eval then says)")
     p.add_argument("--max-episode-steps", type=int, metavar="N",

@@ -41,6 +41,16 @@ def test_compare_loop_times_per_call_graphs_beside_and_both_give_the_same_sample
     assert record["per_call_graphs"]["p50_ms"] > 0 and record["max_abs_diff"] == 0.0
 
 
+def test_controller_mode_times_replanning_and_pop_only_steps_apart(tmp_path):
+    out = tmp_path / "controller.json"
+    assert latency.main(["--preset", "policy-tiny", "--controller", "--count", "3", "--steps", "2", "--repeats", "3",
+                         "--warmup", "1", "--sampler", "ddpm", "--device", "cpu", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["mode"] == "controller" and record["batch"] == 3 and record["action_horizon"] == 8
+    assert record["replans"] == 3 and 0 < record["replan"]["p50_ms"] <= record["replan"]["p99_ms"]
+    assert 0 < record["pop"]["p50_ms"] < record["replan"]["p50_ms"] and record["loop_graph"] is False
+
+
 def test_sampling_graph_on_without_a_gpu_is_one_clear_error():
     import pytest
     import torch

@@ -17,7 +17,7 @@ from rich.console import Console
 from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.config.presets import get_preset
-from diffscale.envs.reach2d import MODES, Reach2D, demonstrations
+from diffscale.envs.reach2d import MODES, TWO_WAYS, Reach2D, demonstrations
 from diffscale.envs.rollout import rollouts, summarize
 from diffscale.errors import UserError
 from diffscale.inference.trained import load_trained
@@ -25,6 +25,7 @@ from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
 from diffscale.tasks.base import count_parameters
+from diffscale.tasks.policy.controller import Controller
 from diffscale.tasks.policy.network import ConditionalUnet1D
 from diffscale.tasks.registry import build_task
 from diffscale.training.loop import train
@@ -302,9 +303,17 @@ class RegressionTask:
         return torch.nn.functional.mse_loss(self.predict(network, ex["obs"]), ex["action"])
 
 
-def _regression_baseline(cfg, run_dir: Path) -> dict[str, float]:
+class RegressionController(Controller):
+    """The controller's history, queue and schedule around a regression network's one chunk."""
+
+    def plan(self, history: torch.Tensor) -> torch.Tensor:
+        obs = self.obs_norm.normalize(history).flatten(1)
+        return self.action_norm.unnormalize(self.task.predict(self.network, obs))
+
+
+def regression_baseline(cfg, run_dir: Path, layout=TWO_WAYS, episodes: int = 100) -> dict[str, float]:
     """Train ``RegressionTask`` with the loop's own optimizer step (AdamW, schedule, clipping, EMA)
-    on policy-tiny's data for as many steps, and roll out its EMA network as the policy is."""
+    on ``cfg``'s data for as many steps, and roll out its EMA network as the policy is."""
     device = torch.device("cpu")
     trainer = RunState(cfg, run_dir, DistContext(LaunchInfo(launcher="single"), device),
                       resolve_policy(cfg.runtime, device), Console(quiet=True))
@@ -313,13 +322,10 @@ def _regression_baseline(cfg, run_dir: Path) -> dict[str, float]:
     for _ in range(cfg.train.steps):
         runner.step()
 
-    @torch.no_grad()
-    def policy(history: np.ndarray) -> np.ndarray:
-        obs = task.obs_norm.normalize(torch.from_numpy(history)).flatten(1)
-        return task.action_norm.unnormalize(task.predict(trainer.ema, obs)).numpy()
-
-    return summarize(rollouts(Reach2D, policy, episodes=100, seed=1000, obs_horizon=cfg.model.obs_horizon,
-                              action_horizon=cfg.model.action_horizon))
+    controller = RegressionController(task, trainer.ema)
+    with torch.no_grad():
+        results = rollouts(lambda: Reach2D(layout=layout), controller, episodes=episodes, seed=1000)
+    return summarize(results, layout)
 
 
 def test_policy_tiny_passes_on_both_sides_where_regression_crashes(tmp_path, one_thread):
@@ -333,7 +339,7 @@ def test_policy_tiny_passes_on_both_sides_where_regression_crashes(tmp_path, one
     run = load_trained(tmp_path / "run", "cpu")
     metrics = run.task.evaluate(run.network, tmp_path / "eval", count=100, steps=10, seed=1000, gifs=2)
     evaluated = time.perf_counter()
-    baseline = _regression_baseline(cfg, tmp_path / "regression")
+    baseline = regression_baseline(cfg, tmp_path / "regression")
     print(f"\npolicy-tiny {cfg.train.steps} steps: trained in {trained - start:.1f} s, evaluated in "
           f"{evaluated - trained:.1f} s: {metrics}; regression baseline {baseline}; "
           f"total {time.perf_counter() - start:.1f} s ({time.process_time() - cpu:.1f} s of CPU)")

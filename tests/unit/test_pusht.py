@@ -171,7 +171,8 @@ def test_pusht_refuses_other_sizes_and_unknown_environments(tmp_path, capsys):
             "block x, y, block angle; the agent's target x, y) -- evaluate a policy trained on the PushT zarr's "
             "state (--data zarr:PATH reads data/state); keypoint observations") in said
     said = _refused(["eval", str(run), "--env", "pushtt"], run, capsys)
-    assert "unknown environment 'pushtt' (did you mean 'pusht'?) -- use one of: auto, reach2d, pusht" in said
+    assert ("unknown environment 'pushtt' (did you mean 'pusht'?) -- use one of: auto, reach2d, reach2d-routes, "
+            "pusht") in said
     with pytest.raises(UserError, match="fields runs are evaluated without an environment"):
         no_environment("fields", "pusht", None)
     no_environment("fields", "auto", None)

@@ -5,6 +5,11 @@ runs it (compiled with CUDA graphs on CUDA), timed call by call.
 prints and writes p50 / p99 / mean milliseconds per call (a policy's action chunk at batch 1,
 a field ensemble of ``count`` samples, an image grid). Weights are freshly initialised:
 latency does not depend on their values.
+
+``--controller`` times a policy's ``Controller.select_action`` instead, step by step for a
+batch of ``count`` environments: the steps that re-plan (one in ``action_horizon``: the
+denoising loop, replayed as one CUDA graph on CUDA) and the steps that only pop the queue,
+each as p50 / p99 / mean milliseconds (``--repeats`` re-plans).
 """
 
 from __future__ import annotations
@@ -36,8 +41,7 @@ def _timed(call: Callable[[int], object], device: torch.device, warmup: int, rep
         call(seed)
         synchronize(device)
         times.append(time.perf_counter() - start)
-    ms = np.array(times) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+    return _percentiles(times)
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -72,6 +76,68 @@ def measure(args: argparse.Namespace) -> dict:
     return record
 
 
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean())}
+
+
+def measure_controller(args: argparse.Namespace) -> dict:
+    """``select_action`` of a policy ``Controller`` on the network as ``diffscale sample`` runs it,
+    fed the same observations (B, O) every step: re-planning steps and pop-only steps apart."""
+    from diffscale.tasks.policy.controller import Controller
+
+    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
+    device = pick_device(cfg.runtime.device)
+    task = build_task(cfg, device)
+    torch.manual_seed(cfg.train.seed)
+    net = task.build_network().to(device)
+    network = sampling_network(net, cfg.runtime)
+    controller = Controller(task, network, sampler=args.sampler, steps=args.steps)
+    preview = getattr(task, "preview_obs", None)
+    assert preview is not None  # Controller refused anything but a policy
+    obs = preview[torch.arange(args.count) % len(preview), -1].numpy()
+    controller.reset(0)
+    replan: list[float] = []
+    pop: list[float] = []
+    replan_cpu: list[float] = []
+    for i in range((args.warmup + args.repeats) * controller.action_horizon):
+        start, cpu = time.perf_counter(), time.process_time()
+        controller.select_action(obs)
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        if i >= args.warmup * controller.action_horizon:  # compilation and graph recording are in the warm-up
+            (replan if controller.queued == 1 else pop).append(elapsed)
+            if controller.queued == 1:
+                replan_cpu.append(time.process_time() - cpu)
+    return {"preset": args.preset, "task": cfg.task, "mode": "controller", "batch": args.count, "steps": args.steps,
+            "sampler": args.sampler, "action_horizon": controller.action_horizon,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            "threads": torch.get_num_threads(), "compiled": network.policy.compile,
+            "loop_graph": network.loops is not None, "replans": len(replan), "replan": _percentiles(replan),
+            # this process's CPU time per re-plan: the host's work, apart from waiting for a busy machine's cores
+            "replan_process_cpu": _percentiles(replan_cpu),
+            "pop": _percentiles(pop), "torch": torch.__version__, **_compare_loop(args, cfg, task, net, controller)}
+
+
+def _compare_loop(args: argparse.Namespace, cfg: C.RunConfig, task: object, net: torch.nn.Module,
+                  controller: object) -> dict:
+    """With ``--compare-loop``: how far one seeded plan of the controller is from the same plan
+    with ``runtime.sampling_graph off`` (the loop in Python, a graph per network call)."""
+    if not args.compare_loop:
+        return {}
+    from diffscale.tasks.policy.controller import Controller
+
+    assert isinstance(controller, Controller)
+    per_call = sampling_network(copy.deepcopy(net), dataclasses.replace(cfg.runtime, sampling_graph=C.Toggle.OFF))
+    other = Controller(task, per_call, sampler=args.sampler, steps=args.steps)
+    history = controller.task.preview_obs[: args.count]
+    plans = []
+    for each in (controller, other):
+        each.reset(1)
+        plans.append(each.plan(history))
+    return {"max_abs_diff": float((plans[0] - plans[1]).abs().max())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diffscale.bench.latency")
     parser.add_argument("--preset", required=True)
@@ -87,12 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile N calls: GPU kernel time per call by kind, the top kernels")
     parser.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
+    parser.add_argument("--controller", action="store_true",
+                        help="time a policy Controller's select_action: re-planning and pop-only steps apart")
     parser.add_argument("--json", help="also write the record here")
     args = parser.parse_args(argv)
     for name in ("count", "steps", "repeats", "warmup"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    record = measure(args)
+    record = measure_controller(args) if args.controller else measure(args)
     print(json.dumps(record))
     if args.profile:
         from diffscale.bench.profile import render_profile

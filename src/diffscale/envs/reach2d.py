@@ -11,6 +11,12 @@ environment tests.
 Coordinates lie in the square [-1, 1]^2. An observation is (robot x, robot y, goal x,
 goal y); an action is the position the robot should move to next (absolute, as the
 reference diffusion policies command), reached at most ``MAX_STEP`` per step.
+
+``reach2d-routes`` (``ROUTES``) is the harder variant: two obstacles of unequal size leave
+three routes of unequal width (left wide, middle narrow, right medium), and the scripted
+demonstrations take them in known shares (``ROUTES.shares``). A straight line and the
+shares' mean both run into the larger obstacle, so a policy reaches the goal only by
+committing to one route, and keeps every mode only if it takes each in its share.
 """
 
 from __future__ import annotations
@@ -38,6 +44,42 @@ MODES = ("left", "right")
 """The two ways round the obstacle, as ``Reach2D.mode`` reports them."""
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Obstacles (round) and the named routes between them, crossed at the obstacles' height.
+
+    ``route_x``: where demonstrations cross (x at the obstacles' height), jittered by up to
+    ``route_jitter``; ``shares``: the fraction of demonstrations on each route. The route an
+    episode took is the gap between obstacle centres its path crossed (``modes`` left to right)."""
+
+    name: str
+    centres: tuple[tuple[float, float], ...]
+    radii: tuple[float, ...]
+    modes: tuple[str, ...]
+    route_x: tuple[float, ...]
+    route_jitter: tuple[float, ...]
+    shares: tuple[float, ...]
+
+    def hits(self, a: np.ndarray, b: np.ndarray) -> bool:
+        """Whether the step a -> b touches any obstacle."""
+        return any(_segment_hits_circle(a, b, np.asarray(c), r) for c, r in zip(self.centres, self.radii, strict=True))
+
+    def mode_at(self, x: float) -> str:
+        """The route of a path crossing the obstacles' height at ``x``."""
+        return self.modes[int(np.searchsorted(np.array([c[0] for c in self.centres]), x, side="right"))]
+
+
+TWO_WAYS = Layout("reach2d", ((0.0, 0.0),), (RADIUS,), MODES, (-RADIUS - 0.16, RADIUS + 0.16), (0.04, 0.04),
+                  (0.5, 0.5))
+"""The original task: one obstacle, left or right, half the demonstrations each."""
+ROUTES = Layout("reach2d-routes", ((-0.15, 0.0), (0.55, 0.0)), (0.3, 0.15), ("left", "middle", "right"),
+                (-0.725, 0.275, 0.85), (0.1, 0.03, 0.05), (0.5, 0.3, 0.2))
+"""Three routes: left of the large obstacle (0.55 wide), between the two (0.25), right of the
+small one (0.3); demonstrated 50 / 30 / 20 %. The shares' mean crossing (x -0.05) and the
+straight line (x 0) both hit the large obstacle."""
+LAYOUTS = {layout.name: layout for layout in (TWO_WAYS, ROUTES)}
+
+
 def _segment_hits_circle(a: np.ndarray, b: np.ndarray, centre: np.ndarray, radius: float) -> bool:
     """Whether the segment a -> b passes within ``radius`` of ``centre`` (a whole step is checked,
     so a fast step cannot jump through the obstacle)."""
@@ -55,6 +97,8 @@ class Reach2D:
 
     max_steps: int = MAX_STEPS
     """Steps before the episode is truncated."""
+    layout: Layout = TWO_WAYS
+    """The obstacles and the routes between them."""
     position: np.ndarray = field(default_factory=lambda: np.zeros(2))
     goal: np.ndarray = field(default_factory=lambda: np.zeros(2))
     path: list[np.ndarray] = field(default_factory=list)
@@ -62,7 +106,8 @@ class Reach2D:
     crashed: bool = False
     success: bool = False
     mode: str | None = None
-    """``left`` or ``right``: the side of the obstacle on which the robot first passed its centre height."""
+    """The route (``layout.modes``: ``left`` or ``right`` round one obstacle) on which the robot first
+    passed the obstacles' centre height."""
 
     def reset(self, seed: int | None = None) -> np.ndarray:
         """Start a new episode (start and goal jittered by ``seed``); returns the first observation (4,)."""
@@ -83,12 +128,12 @@ class Reach2D:
         if distance > MAX_STEP:
             delta *= MAX_STEP / distance
         before, after = self.position, np.clip(self.position + delta, -1.0, 1.0)
-        self.crashed = _segment_hits_circle(before, after, OBSTACLE, RADIUS)
+        self.crashed = self.layout.hits(before, after)
         self.position = after
         self.path.append(after.copy())
         self.steps += 1
         if self.mode is None and before[1] < OBSTACLE[1] <= after[1]:
-            self.mode = MODES[int(after[0] >= OBSTACLE[0])]
+            self.mode = self.layout.mode_at(float(after[0]))
         self.success = not self.crashed and float(np.linalg.norm(self.goal - after)) < GOAL_TOLERANCE
         terminated = self.crashed or self.success
         truncated = not terminated and self.steps >= self.max_steps
@@ -104,7 +149,8 @@ class Reach2D:
         def disk(centre: np.ndarray, radius: float, colour: tuple[int, int, int]) -> None:
             image[(x - centre[0]) ** 2 + (y - centre[1]) ** 2 <= radius**2] = colour
 
-        disk(OBSTACLE, RADIUS, (150, 150, 150))
+        for centre, radius in zip(self.layout.centres, self.layout.radii, strict=True):
+            disk(np.asarray(centre), radius, (150, 150, 150))
         disk(self.goal, GOAL_TOLERANCE, (60, 180, 75))
         dot = 1.5 * 2.0 / size
         for point in self.path[:-1]:
@@ -113,21 +159,23 @@ class Reach2D:
         return image
 
 
-def demonstration(rng: np.random.Generator, side: int, start_seed: int) -> tuple[np.ndarray, np.ndarray]:
+def demonstration(rng: np.random.Generator, side: int, start_seed: int,
+                  route_x: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One scripted episode from the start and goal of ``reset(start_seed)``, passing the obstacle
-    on ``side`` (-1 left, +1 right).
+    on ``side`` (-1 left, +1 right), or, with ``route_x``, crossing the obstacles' height near
+    that x (``ROUTES``).
 
     The robot follows start -> two jittered waypoints beside the obstacle -> goal at a
     jittered constant speed; each action is the next position on that path. Returns
     obs (T, 4) and action (T, 2), float32.
     """
-    env = Reach2D()
+    env = Reach2D(layout=TWO_WAYS if route_x is None else ROUTES)
     env.reset(start_seed)
-    clearance = RADIUS + rng.uniform(0.12, 0.2)
+    x = side * (RADIUS + rng.uniform(0.12, 0.2)) if route_x is None else route_x
     waypoints = np.array([
         env.position,
-        [side * clearance, -0.1 + rng.uniform(-0.05, 0.05)],
-        [side * clearance, 0.25 + rng.uniform(-0.05, 0.05)],
+        [x, -0.1 + rng.uniform(-0.05, 0.05)],
+        [x, 0.25 + rng.uniform(-0.05, 0.05)],
         env.goal,
     ])
     lengths = np.linalg.norm(np.diff(waypoints, axis=0), axis=1)
@@ -156,4 +204,19 @@ def demonstrations(count: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarr
         start_seed = int(rng.integers(2**31))
         for side in rng.permutation([-1, 1])[: count - len(episodes)]:
             episodes.append(demonstration(rng, int(side), start_seed))
+    return episodes
+
+
+def route_demonstrations(count: int, seed: int = 0, layout: Layout = ROUTES) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``count`` scripted episodes (seeded) of ``layout``, each from its own start, taking the
+    routes in ``layout.shares`` exactly (rounded), in a seeded order: the start does not tell
+    which route a demonstrator took."""
+    rng = np.random.default_rng(seed)
+    counts = np.floor(np.asarray(layout.shares) * count).astype(int)
+    counts[: count - counts.sum()] += 1  # rounding's remainder to the first routes
+    routes = rng.permutation(np.repeat(np.arange(len(layout.modes)), counts))
+    episodes = []
+    for route in routes.tolist():
+        x = layout.route_x[route] + rng.uniform(-1.0, 1.0) * layout.route_jitter[route]
+        episodes.append(demonstration(rng, 0, int(rng.integers(2**31)), route_x=x))
     return episodes

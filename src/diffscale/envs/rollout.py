@@ -1,18 +1,20 @@
-"""Closed-loop rollouts of a policy with a receding horizon, their summary and their GIFs.
+"""Closed-loop rollouts of a policy controller, their summary and their GIFs.
 
-Every episode plans from its last ``obs_horizon`` observations (the first one repeated at
-the start, as training windows are padded), executes ``action_horizon`` actions of the
-chunk starting at the current step (index ``obs_horizon - 1``, the step the newest
-observation belongs to), and plans again. All episodes plan in one batch.
+All episodes run as one batch of environments through one controller (the policy's
+``Controller``: it keeps each episode's observation history and queue of planned actions,
+and plans again every ``action_horizon`` steps); a step passes every episode's newest
+observation and executes one action each. Episodes that ended keep passing their last
+observation, so the batch keeps its shape (a compiled network records its graphs once) and
+an episode's noise does not depend on when the others end.
 
-The environment is named, never guessed from a file name: ``auto`` is reach2d for the
-built-in data and nothing otherwise; ``reach2d`` and ``pusht`` (gym-pusht) are the others.
+The environment is named, never guessed from a file name: ``auto`` is reach2d (or
+reach2d-routes) for the built-in data and nothing otherwise; ``reach2d``,
+``reach2d-routes`` and ``pusht`` (gym-pusht) are the others.
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +24,21 @@ import numpy as np
 import numpy.typing as npt
 
 from diffscale.envs import pusht
-from diffscale.envs.reach2d import ACTION_DIM, MAX_STEPS, MODES, OBS_DIM, Reach2D
+from diffscale.envs.reach2d import ACTION_DIM, LAYOUTS, MAX_STEPS, OBS_DIM, TWO_WAYS, Layout, Reach2D
 from diffscale.errors import UserError, closest
 
-Policy = Callable[[np.ndarray], np.ndarray]
-"""Observation histories (B, To, O) -> action chunks (B, T, A), in the data's units."""
-ENVIRONMENTS = ("auto", "reach2d", "pusht")
+ENVIRONMENTS = ("auto", "reach2d", "reach2d-routes", "pusht")
 """The names ``diffscale eval --env`` takes."""
+
+
+class ActionController(Protocol):
+    """What ``rollouts`` drives (the policy's ``Controller``): ``reset(seed)`` before an episode
+    batch, then one ``select_action`` per control step, observations (B, O) -> actions (B, A)
+    in the data's units."""
+
+    def reset(self, seed: int | None = None) -> None: ...
+
+    def select_action(self, obs: np.ndarray) -> np.ndarray: ...
 
 
 class RolloutEnv(Protocol):
@@ -52,7 +62,7 @@ class Rollout:
 
     success: bool
     mode: str | None
-    """``left``/``right`` (the side the robot passed the obstacle on), or None."""
+    """The route the robot took (reach2d: ``left``/``right``; reach2d-routes: also ``middle``), or None."""
     length: int
     """Environment steps taken."""
     frames: list[np.ndarray] = field(default_factory=list)
@@ -85,16 +95,18 @@ def environment_for(source: str, obs_dim: int, action_dim: int, env: str = "auto
     environment's own limit)."""
     name = env.strip().lower()
     if name == "auto":
-        if source.strip().lower() not in ("builtin", "builtin:reach2d"):
+        builtin = {"builtin": "reach2d", "builtin:reach2d": "reach2d", "builtin:reach2d-routes": "reach2d-routes"}
+        if source.strip().lower() not in builtin:
             raise UserError(f"no environment to roll out a policy trained on '{source}'",
                             "name one with --env (pusht: gym-pusht's PushT, for policies trained on the PushT "
-                            "zarr's state), or run the policy in your own environment (task.plan gives action chunks)")
-        name = "reach2d"
-    if name == "reach2d":
+                            "zarr's state), or run the policy in your own environment (diffscale.policy.Controller "
+                            "gives an action per step)")
+        name = builtin[source.strip().lower()]
+    if name in LAYOUTS:
         _check_sizes(name, obs_dim, action_dim, (OBS_DIM, ACTION_DIM), "robot x, y, goal x, y; the target x, y",
-                     "evaluate a policy trained on builtin:reach2d")
-        reach_steps = max_episode_steps or MAX_STEPS
-        return Environment(name, lambda: Reach2D(max_steps=reach_steps), summarize)
+                     f"evaluate a policy trained on builtin:{name}")
+        reach_steps, layout = max_episode_steps or MAX_STEPS, LAYOUTS[name]
+        return Environment(name, lambda: Reach2D(max_steps=reach_steps, layout=layout), route_summary(layout))
     if name == "pusht":
         _check_sizes(name, obs_dim, action_dim, (pusht.OBS_DIM, pusht.ACTION_DIM),
                      "agent x, y, block x, y, block angle; the agent's target x, y",
@@ -108,47 +120,46 @@ def environment_for(source: str, obs_dim: int, action_dim: int, env: str = "auto
                     f"use one of: {', '.join(ENVIRONMENTS)}")
 
 
-def rollouts(make_env: Callable[[], RolloutEnv], policy: Policy, *, episodes: int, seed: int, obs_horizon: int,
-             action_horizon: int, record: int = 0) -> list[Rollout]:
-    """Run ``episodes`` episodes (episode i reset with seed ``seed + i``) to their end; the first
-    ``record`` are rendered every step."""
+def rollouts(make_env: Callable[[], RolloutEnv], controller: ActionController, *, episodes: int, seed: int,
+             record: int = 0) -> list[Rollout]:
+    """Run ``episodes`` episodes (episode i reset with seed ``seed + i``; the controller reset
+    with ``seed``) to their end as one batch; the first ``record`` are rendered every step."""
     envs = [make_env() for _ in range(episodes)]
-    history = [deque([env.reset(seed + i)] * obs_horizon, maxlen=obs_horizon) for i, env in enumerate(envs)]
+    obs = np.stack([env.reset(seed + i) for i, env in enumerate(envs)])
     frames: list[list[np.ndarray]] = [[env.render()] for env in envs[:record]]
-    running = list(range(episodes))
-    while running:
-        # Ended episodes plan too: one batch shape throughout (a compiled sampling network
-        # records its CUDA graphs once) and the same noise for an episode whichever others end.
-        chunks = policy(np.stack([np.stack(h) for h in history]))
-        still = []
-        for i in running:
-            chunk, ended = chunks[i], False
-            for action in chunk[obs_horizon - 1: obs_horizon - 1 + action_horizon]:
-                obs, _, terminated, truncated, _ = envs[i].step(action)
-                history[i].append(obs)
-                if i < record:
-                    frames[i].append(envs[i].render())
-                ended = terminated or truncated
-                if ended:
-                    break
-            if not ended:
-                still.append(i)
-        running = still
+    running = np.ones(episodes, dtype=bool)
+    controller.reset(seed)
+    while running.any():
+        actions = controller.select_action(obs)
+        for i in np.flatnonzero(running).tolist():
+            obs[i], _, terminated, truncated, _ = envs[i].step(actions[i])
+            if i < record:
+                frames[i].append(envs[i].render())
+            running[i] = not (terminated or truncated)
     # environments that score partial progress (PushT's coverage) say so beside success
     return [Rollout(env.success, env.mode, env.steps, frames[i] if i < record else [],
                     coverage=getattr(env, "coverage", None), score=getattr(env, "score", None))
             for i, env in enumerate(envs)]
 
 
-def summarize(results: list[Rollout]) -> dict[str, float]:
-    """``episodes``, ``success`` (rate), ``mode_<name>`` (share of all episodes passing on that
-    side) and ``length`` (mean environment steps per episode)."""
+def summarize(results: list[Rollout], layout: Layout = TWO_WAYS) -> dict[str, float]:
+    """``episodes``, ``success`` (rate), ``mode_<name>`` (share of all episodes taking that
+    route), ``demo_<name>`` (the demonstrations' share of it), ``mode_gap`` (the largest
+    difference between the two, in shares: 0.1 is 10 points) and ``length`` (mean
+    environment steps per episode)."""
     n = len(results)
     summary: dict[str, float] = {"episodes": n, "success": sum(r.success for r in results) / n}
-    for mode in MODES:
+    for mode, share in zip(layout.modes, layout.shares, strict=True):
         summary[f"mode_{mode}"] = sum(r.mode == mode for r in results) / n
+        summary[f"demo_{mode}"] = share
+    summary["mode_gap"] = max(abs(summary[f"mode_{m}"] - summary[f"demo_{m}"]) for m in layout.modes)
     summary["length"] = float(np.mean([r.length for r in results]))
     return summary
+
+
+def route_summary(layout: Layout) -> Callable[[list[Rollout]], dict[str, float]]:
+    """``summarize`` for the routes of ``layout``."""
+    return lambda results: summarize(results, layout)
 
 
 def summarize_coverage(results: list[Rollout]) -> dict[str, float]:

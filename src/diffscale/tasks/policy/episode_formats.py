@@ -23,11 +23,13 @@ class RawEpisode:
     action: np.ndarray
 
 
-def read_reach2d(count: int) -> list[RawEpisode]:
-    from diffscale.envs.reach2d import demonstrations
+def read_reach2d(count: int, variant: str = "reach2d") -> list[RawEpisode]:
+    """The scripted demonstrations of ``builtin:reach2d`` (left/right in pairs) or
+    ``builtin:reach2d-routes`` (three routes in known shares)."""
+    from diffscale.envs.reach2d import demonstrations, route_demonstrations
 
-    return [RawEpisode(f"builtin:reach2d episode {i}", obs, action)
-            for i, (obs, action) in enumerate(demonstrations(count, seed=0))]
+    made = route_demonstrations(count, seed=0) if variant == "reach2d-routes" else demonstrations(count, seed=0)
+    return [RawEpisode(f"builtin:{variant} episode {i}", obs, action) for i, (obs, action) in enumerate(made)]
 
 
 def _split(where: str, obs: np.ndarray, action: np.ndarray, ends: np.ndarray) -> list[RawEpisode]:

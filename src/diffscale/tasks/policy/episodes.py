@@ -2,7 +2,8 @@
 
 Specs (``data.source``):
 
-* ``builtin`` or ``builtin:reach2d``: scripted two-mode demonstrations of the built-in environment (envs/reach2d.py).
+* ``builtin`` or ``builtin:reach2d``: scripted two-mode demonstrations of the built-in environment (envs/reach2d.py);
+  ``builtin:reach2d-routes``: its three-route variant, demonstrated 50 / 30 / 20 %.
 * ``npz:PATH``: a ``.npz`` file with ``obs`` (N, O), ``action`` (N, A) and optionally
   ``episode_ends`` (E,) (without it, one episode), or a folder of such files.
 * ``zarr:PATH[:KEYS]``: the replay-buffer layout of the diffusion-policy code: ``data/<key>``
@@ -30,10 +31,10 @@ from diffscale.tasks.policy import episode_formats as formats
 from diffscale.tasks.policy.episode_formats import RawEpisode
 
 KINDS = ("builtin", "npz", "zarr", "lerobot")
-BUILTIN = ("reach2d",)
+BUILTIN = ("reach2d", "reach2d-routes")
 BUILTIN_EPISODES = 200
 """Scripted demonstrations in ``builtin:reach2d`` (about 7,000 steps)."""
-SPECS = "builtin[:reach2d], npz:PATH, zarr:PATH[:KEYS] or lerobot:PATH[:COLUMNS]"
+SPECS = "builtin[:reach2d|reach2d-routes], npz:PATH, zarr:PATH[:KEYS] or lerobot:PATH[:COLUMNS]"
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,9 @@ def load_episodes(spec: str, *, min_length: int, max_episodes: int = 0) -> Episo
     if kind == "builtin":
         if path not in BUILTIN:
             raise UserError(f"unknown built-in episodes '{path}'{closest(path, BUILTIN)}",
-                            "for task policy use builtin:reach2d, npz:PATH, zarr:PATH or lerobot:PATH "
-                            "(data.source, or --data)")
-        raw = formats.read_reach2d(BUILTIN_EPISODES)
+                            "for task policy use builtin:reach2d, builtin:reach2d-routes, npz:PATH, zarr:PATH or "
+                            "lerobot:PATH (data.source, or --data)")
+        raw = formats.read_reach2d(BUILTIN_EPISODES, path)
     else:
         where = Path(path).expanduser()
         if not where.exists():

@@ -223,25 +223,22 @@ class PolicyTask:
                  sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
-        the environment ``env`` (``auto``: the data's own, reach2d for the built-in data; or
-        ``reach2d``, ``pusht``), each cut off after ``max_episode_steps`` (None: the
-        environment's limit): plan with ``steps`` denoising steps, execute
-        ``model.action_horizon`` actions, plan again. DDPM by default, as the reference
-        evaluates. Returns ``env`` and the environment's summary (reach2d: success rate, share
-        of episodes in each mode, mean length; pusht: success rate, mean best coverage and
-        score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl`` (one line per
-        episode) to ``out_dir``."""
+        the environment ``env`` (``auto``: the data's own, reach2d or reach2d-routes for the
+        built-in data; or ``reach2d``, ``reach2d-routes``, ``pusht``), each cut off after
+        ``max_episode_steps`` (None: the environment's limit), all through one ``Controller``
+        (reset with ``seed``) that plans with ``steps`` denoising steps of ``sampler`` (DDPM
+        by default, as the reference evaluates) and executes ``model.action_horizon`` actions
+        per plan. Returns ``env`` and the environment's summary (reach2d: success rate, each
+        route's share beside the demonstrations', mean length; pusht: success rate, mean best
+        coverage and score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl``
+        (one line per episode) to ``out_dir``."""
         from diffscale.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
+        from diffscale.tasks.policy.controller import Controller
 
         no_given_data(self.name, data)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
-        generator = torch.Generator().manual_seed(seed)
-
-        def policy(obs_history: np.ndarray) -> np.ndarray:
-            return self.plan(network, obs_history, steps=steps, sampler=sampler, generator=generator).samples.numpy()
-
-        results = rollouts(environment.make, policy, episodes=count or EVAL_EPISODES, seed=seed,
-                           obs_horizon=self.model.obs_horizon, action_horizon=self.model.action_horizon, record=gifs)
+        controller = Controller(self, network, sampler=sampler, steps=steps)
+        results = rollouts(environment.make, controller, episodes=count or EVAL_EPISODES, seed=seed, record=gifs)
         write_gifs(results[:gifs], Path(out_dir))
         write_episodes(results, Path(out_dir) / "rollouts.jsonl", seed=seed)
         return {"env": environment.name, **environment.summarize(results)}

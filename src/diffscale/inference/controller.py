@@ -1,0 +1,34 @@
+"""``Controller.load(RUN)``: a trained policy run as a controller, on the compiled inference
+network ``diffscale sample`` runs (the control loop itself is tasks/policy/controller.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffscale.diffusion.inference import sampling_network
+from diffscale.inference.trained import load_trained
+from diffscale.tasks.policy.controller import DEFAULT_SAMPLER
+from diffscale.tasks.policy.controller import Controller as _Controller
+
+
+class Controller(_Controller):
+    """A policy's control loop: ``reset(seed)`` per episode, ``select_action(obs)`` per step
+    (obs (O,) -> action (A,), or environments (B, O) -> (B, A), in the data's units).
+
+    >>> from diffscale.policy import Controller
+    >>> policy = Controller.load("runs/policy", device="cuda")   # doctest: +SKIP
+    >>> policy.reset(seed=0)                                      # doctest: +SKIP
+    >>> action = policy.select_action(obs)                        # doctest: +SKIP
+    """
+
+    @classmethod
+    def load(cls, run_dir: Path | str, *, device: str | None = None, sampler: str | None = None,
+             steps: int | None = None) -> Controller:
+        """The newest checkpoint of the policy run ``run_dir`` on ``device`` (default: the run's),
+        its EMA weights on the compiled inference network (CUDA graphs and the whole denoising
+        loop recorded as one on CUDA; fp32 eager on a CPU). ``sampler``: ``ddpm`` (default, the
+        process the run trained) or ``ddim``; ``steps``: denoising steps per plan (default: the
+        run's ``train.sample_steps``, as its previews and ``diffscale eval`` sample)."""
+        run = load_trained(Path(run_dir), device)
+        return cls(run.task, sampling_network(run.network, run.cfg.runtime), sampler=sampler or DEFAULT_SAMPLER,
+                   steps=steps or run.cfg.train.sample_steps)
