@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from diffscale import config as C
-from diffscale.diffusion.inference import sampling_network
+from diffscale.diffusion.inference import InferenceNetwork, sampling_network
 from diffscale.runtime.device import pick_device, synchronize
+from diffscale.tasks.base import Task
 from diffscale.tasks.registry import build_task
 
 
@@ -44,16 +45,22 @@ def _timed(call: Callable[[int], object], device: torch.device, warmup: int, rep
     return _percentiles(times)
 
 
-def measure(args: argparse.Namespace) -> dict:
-    """The task's generation as ``diffscale sample`` runs it; with ``--compare-loop`` also with
-    ``runtime.sampling_graph off`` (a graph per network call) side by side, and how far apart
-    the two outputs of one seed are."""
+def _task_and_network(
+        args: argparse.Namespace) -> tuple[C.RunConfig, torch.device, Task, torch.nn.Module, InferenceNetwork]:
+    """The preset's task and a seeded network, eager and as ``diffscale sample`` runs it."""
     cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
     device = pick_device(cfg.runtime.device)
     task = build_task(cfg, device)
     torch.manual_seed(cfg.train.seed)
     net = task.build_network().to(device)
-    network = sampling_network(net, cfg.runtime)
+    return cfg, device, task, net, sampling_network(net, cfg.runtime)
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """The task's generation as ``diffscale sample`` runs it; with ``--compare-loop`` also with
+    ``runtime.sampling_graph off`` (a graph per network call) side by side, and how far apart
+    the two outputs of one seed are."""
+    cfg, device, task, net, network = _task_and_network(args)
 
     def caller(on: torch.nn.Module) -> Callable[[int], torch.Tensor]:
         return lambda seed: task.generate(on, count=args.count, steps=args.steps, seed=seed,
@@ -86,12 +93,7 @@ def measure_controller(args: argparse.Namespace) -> dict:
     fed the same observations (B, O) every step: re-planning steps and pop-only steps apart."""
     from diffscale.tasks.policy.controller import Controller
 
-    cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
-    device = pick_device(cfg.runtime.device)
-    task = build_task(cfg, device)
-    torch.manual_seed(cfg.train.seed)
-    net = task.build_network().to(device)
-    network = sampling_network(net, cfg.runtime)
+    cfg, device, task, net, network = _task_and_network(args)
     controller = Controller(task, network, sampler=args.sampler, steps=args.steps)
     preview = getattr(task, "preview_obs", None)
     assert preview is not None  # Controller refused anything but a policy

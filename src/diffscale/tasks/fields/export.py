@@ -26,9 +26,6 @@ from diffscale.io.paths import check_export_dir
 if TYPE_CHECKING:
     from diffscale.tasks.fields.task import FieldTask
 
-FILES = ("model.safetensors", "state.safetensors", "config.yaml", "signature.json")
-
-
 def export_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path) -> str:
     """Write ``out_dir`` (new or empty); returns how to load it."""
     check_export_dir(out_dir)

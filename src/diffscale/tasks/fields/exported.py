@@ -3,29 +3,17 @@ sampling: ``task, net = load_export(DIR)``, then ``task.sample_for(net, cond, ..
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from diffscale.config import from_dict, load_yaml
-from diffscale.errors import UserError
-from diffscale.tasks.fields.export import FILES
+from diffscale.tasks.exported import ExportFiles, load_exported
 from diffscale.tasks.fields.task import FieldTask
+
+EXPORT = ExportFiles(weights="model.safetensors", state="state.safetensors", config="config.yaml")
 
 
 def load_export(path: str | Path, device: str | torch.device = "cpu") -> tuple[FieldTask, torch.nn.Module]:
     """The task (statistics restored, no data) and the network (eval mode) of an exported folder."""
-    path = Path(path)
-    missing = [name for name in FILES if not (path / name).is_file()]
-    if missing:
-        raise UserError(f"'{path}' is not an exported field model (missing {', '.join(missing)})",
-                        "export one with `diffscale export RUN_DIR` from a fields run")
-    cfg = from_dict(load_yaml(path / "config.yaml"))
-    task = FieldTask(cfg, torch.device(device), load_data=False,
-                     signature=json.loads((path / "signature.json").read_text()))
-    task.load_state_tensors(load_file(str(path / "state.safetensors")))
-    network = task.build_network()
-    network.load_state_dict(load_file(str(path / "model.safetensors")))
-    return task, network.to(task.device).eval()
+    task, network = load_exported(FieldTask, path, EXPORT, what="field model", run_kind="fields", device=device)
+    return task, network
