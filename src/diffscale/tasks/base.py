@@ -134,13 +134,31 @@ class Task(Protocol):
         ...
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
-                 seed: int, env: str = "auto", max_episode_steps: int | None = None) -> Mapping[str, float | str]:
+                 seed: int, env: str = "auto", max_episode_steps: int | None = None,
+                 sampler: str | None = None) -> Mapping[str, float | str]:
         """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
         it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
         the task's default), ``steps`` denoising steps each; a task that rolls out in an
         environment runs it in ``env`` (``auto``: the data's own), episodes cut off after
         ``max_episode_steps`` (None: the environment's limit), and the others refuse those
-        (``no_environment``). Raises ``UserError`` where the task has no evaluation."""
+        (``no_environment``). ``sampler``: the reverse process (None: the task's own choice).
+        Raises ``UserError`` where the task has no evaluation."""
+        ...
+
+    def prepare_quality(self) -> None:
+        """Make ready what ``quality_features``/``quality_scores`` need (a feature network, the
+        data's features) before training starts, on every rank; raises ``UserError`` where the
+        task has no quality metrics (``train.eval_every`` is then refused before the first step)."""
+        ...
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        """Features (rows, D) of ``rows`` of ``count`` samples generated from ``seed`` (as
+        ``generate`` draws them), on the CPU: ranks each compute their rows and gather them."""
+        ...
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        """Quality metrics of all generated samples' features (N, D) against the data's (no collectives)."""
         ...
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
@@ -177,6 +195,12 @@ def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
     if env != "auto" or max_episode_steps is not None:
         raise UserError(f"{task} runs are evaluated without an environment: --env and --max-episode-steps are for "
                         "policy runs", "drop --env and --max-episode-steps")
+
+
+def no_quality(task: str) -> UserError:
+    """The refusal of quality metrics by a task that has none."""
+    return UserError(f"{task} runs have no sample-quality metrics (train.eval_every is for image runs)",
+                     "set train.eval_every to 0 and score the run with diffscale eval RUN_DIR")
 
 
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,

@@ -45,7 +45,7 @@ class Forecasts:
 
 
 def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int, seed: int,
-                    cases: int) -> dict[str, float]:
+                    cases: int, sampler: str = "ddim") -> dict[str, float]:
     """Sample, score and plot (``out_dir/evaluation.png``); returns the scores."""
     data = task.training_data()
     cases = min(cases, len(data.cond))
@@ -57,7 +57,7 @@ def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *,
     else:
         rows = torch.randperm(len(data.cond), generator=torch.Generator().manual_seed(seed))[:cases]
         cond, truth = data.cond[rows], data.x[rows]
-    ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed)
+    ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler)
     picks = torch.randint(0, len(data.x), (cases * members,), generator=torch.Generator().manual_seed(seed + 1))
     climatology = data.x[picks].view(cases, members, *task.x_shape)
     baseline, baseline_steps = train_baseline(task, seed=seed)

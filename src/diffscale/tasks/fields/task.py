@@ -25,7 +25,7 @@ from diffscale.data.locations import SpoolSpec, parse_spool_spec
 from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_environment
+from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_environment, no_quality
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
 
@@ -286,7 +286,8 @@ class FieldTask:
         return [plot_preview(generated.samples, self.preview_x[:groups].cpu(), path)]
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 env: str = "auto", max_episode_steps: int | None = None, cases: int = EVAL_CASES) -> dict[str, float]:
+                 env: str = "auto", max_episode_steps: int | None = None, sampler: str | None = None,
+                 cases: int = EVAL_CASES) -> dict[str, float]:
         """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions,
         against climatology and a deterministic MLP trained here on the same data; writes
         ``out_dir/evaluation.png``. ``network`` runs as given (``sampling_network`` applies precision)."""
@@ -298,6 +299,7 @@ class FieldTask:
                             "rank histogram need at least 2 members",
                             f"pass --count 2 or more (default {EVAL_MEMBERS})")
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
+                               sampler=sampler or "ddim",
                                cases=cases)
 
     # -- protocol: state, export, reference loop ---------------------------------------------
@@ -321,6 +323,16 @@ class FieldTask:
         self.stats_fitted = bool(tensors.get("stats_fitted", torch.ones(1)).item())
         if self.buffer is not None and "buffer_counters" in tensors:
             self.buffer.load_state_tensors(tensors)
+
+    def prepare_quality(self) -> None:
+        raise no_quality(self.name)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        raise no_quality(self.name)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         from diffscale.tasks.fields.export import export_fields

@@ -23,7 +23,7 @@ from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept
+from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_quality
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -211,7 +211,7 @@ class PolicyTask:
         return written
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
-                 env: str = "auto", max_episode_steps: int | None = None, sampler: str = "ddpm",
+                 env: str = "auto", max_episode_steps: int | None = None, sampler: str | None = None,
                  gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
@@ -219,7 +219,7 @@ class PolicyTask:
         ``reach2d``, ``pusht``), each cut off after ``max_episode_steps`` (None: the
         environment's limit): plan with ``steps`` denoising steps, execute
         ``model.action_horizon`` actions, plan again. DDPM by default, as the reference
-        evaluates. Returns ``env`` and the environment's summary (reach2d: success rate, share
+        evaluates (``sampler`` None). Returns ``env`` and the environment's summary (reach2d: success rate, share
         of episodes in each mode, mean length; pusht: success rate, mean best coverage and
         score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl`` (one line per
         episode) to ``out_dir``."""
@@ -229,7 +229,8 @@ class PolicyTask:
         generator = torch.Generator().manual_seed(seed)
 
         def policy(obs_history: np.ndarray) -> np.ndarray:
-            return self.plan(network, obs_history, steps=steps, sampler=sampler, generator=generator).samples.numpy()
+            return self.plan(network, obs_history, steps=steps, sampler=sampler or "ddpm",
+                             generator=generator).samples.numpy()
 
         results = rollouts(environment.make, policy, episodes=count or EVAL_EPISODES, seed=seed,
                            obs_horizon=self.model.obs_horizon, action_horizon=self.model.action_horizon, record=gifs)
@@ -253,6 +254,16 @@ class PolicyTask:
         self.obs_norm = MinMax(tensors["obs_min"].to(self.device), tensors["obs_max"].to(self.device))
         self.action_norm = MinMax(tensors["action_min"].to(self.device), tensors["action_max"].to(self.device))
         self.preview_obs = tensors["preview_obs"].cpu()
+
+    def prepare_quality(self) -> None:
+        raise no_quality(self.name)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        raise no_quality(self.name)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """The reference's format: a ConditionalUnet1D state dict (the names of the
