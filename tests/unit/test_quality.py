@@ -66,6 +66,17 @@ def test_accuracy_counts_rows_whose_top_logit_is_the_label():
     assert math.isnan(accuracy(torch.zeros(0, 2), torch.zeros(0)))
 
 
+def test_class_spread_tells_a_balanced_generator_from_a_collapsed_one():
+    head = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        head.weight.copy_(torch.eye(3))
+        head.bias.zero_()
+    real = torch.eye(3).repeat(10, 1)  # ten rows of each class
+    assert quality.class_spread(head, real, real) == {"classes_covered": 1.0, "class_balance": 1.0}
+    collapsed = quality.class_spread(head, real, torch.eye(3)[:1].repeat(30, 1))
+    assert collapsed["classes_covered"] == pytest.approx(1 / 3) and collapsed["class_balance"] == pytest.approx(1 / 3)
+
+
 def _stripes(n=200, size=8):
     """uint8 images (n, 1, size, size) of two classes: horizontal or vertical stripes, and their labels."""
     labels = torch.arange(n) % 2
@@ -113,6 +124,7 @@ def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path
     assert record["kind"] == "eval" and record["step"] == 4 and record["sampler"] == "dpmsolver"
     assert record["fd"] >= 0 and 0 <= record["precision"] <= 1 and 0 <= record["recall"] <= 1
     assert 0 <= record["feature_net_accuracy"] <= 1 and "classes" in record["features"]  # the glyphs have labels
+    assert 0 < record["classes_covered"] <= 1 and record["class_balance"] > 0
     assert (run / "eval" / "step_00000004" / "samples.png").is_file()
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["fd"] == record["fd"]

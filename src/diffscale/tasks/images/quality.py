@@ -171,5 +171,31 @@ def scores(featurizer: Featurizer, real: torch.Tensor, fake: torch.Tensor) -> di
     result = {"fd": frechet_distance(real, fake), "precision": precision, "recall": recall}
     if featurizer.accuracy == featurizer.accuracy:  # not NaN: diffscale's own network
         result["feature_net_accuracy"] = featurizer.accuracy
+    if featurizer.head is not None:  # a classifier of the data's labels: which classes the samples fall in
+        result.update(class_spread(featurizer.head, real, fake))
     return result
+
+
+@torch.no_grad()
+def class_spread(head: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """How the classifier spreads ``fake`` (M, D) over the classes it finds in ``real`` (N, D):
+    ``classes_covered``, the share of those classes predicted for at least one sample, and
+    ``class_balance``, exp(entropy) of the predicted classes over that of the data's (1: as
+    balanced as the data, lower: a generator that favours some classes)."""
+    device = next(head.parameters()).device
+
+    def predicted(features: torch.Tensor) -> torch.Tensor:
+        return head(features.to(device)).argmax(dim=1).cpu()
+
+    ours, theirs = predicted(fake), predicted(real)
+    size = max(int(ours.max()), int(theirs.max())) + 1
+
+    def perplexity(labels: torch.Tensor) -> float:
+        p = torch.bincount(labels, minlength=size).double() / labels.numel()
+        p = p[p > 0]
+        return float(torch.exp(-(p * p.log()).sum()))
+
+    present = set(theirs.tolist())
+    covered = len(present & set(ours.tolist())) / max(len(present), 1)
+    return {"classes_covered": covered, "class_balance": perplexity(ours) / perplexity(theirs)}
 
