@@ -197,6 +197,13 @@ def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
                         "policy runs", "drop --env and --max-episode-steps")
 
 
+def no_feature_network(task: str, features: str) -> None:
+    """Refuse a feature network (``--features``/``train.eval_features``) in an evaluation that uses none."""
+    if features:
+        raise UserError(f"{task} runs are evaluated without a feature network: --features (train.eval_features) "
+                        "is for image runs", "drop --features")
+
+
 def no_quality(task: str) -> UserError:
     """The refusal of quality metrics by a task that has none."""
     return UserError(f"{task} runs have no sample-quality metrics (train.eval_every is for image runs)",

@@ -25,7 +25,16 @@ from diffscale.data.locations import SpoolSpec, parse_spool_spec
 from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_environment, no_quality
+from diffscale.tasks.base import (
+    Autocast,
+    Generated,
+    ReferenceData,
+    into,
+    kept,
+    no_environment,
+    no_feature_network,
+    no_quality,
+)
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
 
@@ -294,6 +303,7 @@ class FieldTask:
         from diffscale.tasks.fields.evaluation import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
+        no_feature_network(self.name, self.cfg.train.eval_features)
         if count is not None and count < 2:  # refused before sampling: spread and ranks need two members
             raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "
                             "rank histogram need at least 2 members",

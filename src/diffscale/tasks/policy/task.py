@@ -23,7 +23,7 @@ from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_quality
+from diffscale.tasks.base import Autocast, Generated, ReferenceData, into, kept, no_feature_network, no_quality
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -225,6 +225,7 @@ class PolicyTask:
         episode) to ``out_dir``."""
         from diffscale.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
 
+        no_feature_network(self.name, self.cfg.train.eval_features)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
         generator = torch.Generator().manual_seed(seed)
 
