@@ -159,7 +159,8 @@ def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path,
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("kind") == "eval"]
     assert [r["step"] for r in evals] == [2, 4]
-    assert all(r["fd"] >= 0 and 0 <= r["recall"] <= 1 for r in evals)
+    assert all(r["fd"] >= 0 and 0 <= r["recall"] <= 1 and r["sampler"] == "dpmsolver" and r["count"] == 6
+               for r in evals)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tb"))

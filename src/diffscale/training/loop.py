@@ -413,4 +413,6 @@ def _evaluate(run_state: RunState, ctx: DistContext, say: Say, telemetry: Teleme
                                            rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
     features = ctx.gather_rows(mine, share)
     if ctx.is_main:
-        telemetry.evaluation(run_state.task.quality_scores(features), run_state.step)
+        about = {"task": run_state.cfg.task, "steps": t.sample_steps, "sampler": t.sample_sampler.value,
+                 "seed": t.seed + 1, "count": t.eval_count}
+        telemetry.evaluation(run_state.task.quality_scores(features), run_state.step, about)

@@ -143,12 +143,13 @@ class Telemetry:
             for tracker in self._trackers:
                 tracker.image(path, step)
 
-    def evaluation(self, scores: dict[str, float], step: int) -> None:
-        """Quality metrics at ``step``: a ``kind: eval`` line in metrics.jsonl (kept by a resume's
-        clean-up of later training records), ``eval/NAME`` scalars in TensorBoard and the trackers."""
+    def evaluation(self, scores: dict[str, float], step: int, about: dict[str, Any]) -> None:
+        """Quality metrics at ``step``: a ``kind: eval`` line in metrics.jsonl (with ``about``, how
+        the samples were drawn; kept by a resume's clean-up of later training records), ``eval/NAME``
+        scalars in TensorBoard and the trackers."""
         if not self.enabled:
             return
-        self._write_line({"kind": "eval", "step": step, **scores, "time": time.time()})
+        self._write_line({"kind": "eval", "step": step, **about, **scores, "time": time.time()})
         if self._tb is not None:
             for key, value in scores.items():
                 self._tb.add_scalar(f"eval/{key}", value, step)
