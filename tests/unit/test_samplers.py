@@ -35,3 +35,11 @@ def test_each_sampler_reaches_the_data_distribution_as_steps_grow(kind):
 @pytest.mark.parametrize("steps", [10, 50])
 def test_dpmsolver_is_closer_than_ddim_at_the_same_steps(steps):
     assert _std_error(SamplerKind.DPMSOLVER, steps) < _std_error(SamplerKind.DDIM, steps)
+
+
+def test_dpmsolver_clips_each_clean_sample_prediction_where_ddim_does():
+    clipping = GaussianDiffusion(DiffusionConfig(clip_sample=True)).dpmsolver_scheduler()
+    free = GaussianDiffusion(DiffusionConfig(clip_sample=False)).dpmsolver_scheduler()
+    x0 = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 3
+    assert clipping.config.thresholding and not free.config.thresholding
+    assert torch.equal(clipping._threshold_sample(x0), x0.clamp(-1, 1))  # what DDIM's clip_sample does

@@ -48,14 +48,16 @@ class GaussianDiffusion:
         return DDIMScheduler(**self.scheduler_kwargs())
 
     def dpmsolver_scheduler(self) -> DPMSolverMultistepScheduler:
-        """DPM-Solver++ (second order, multistep). It has no ``clip_sample``: it steps on the
-        unclipped prediction, and the sampler bounds the final samples as for DDIM. Imported here:
-        its module imports scipy, which a training start does not need."""
+        """DPM-Solver++ (second order, multistep). It has no ``clip_sample``; with it set, each
+        step's clean-sample prediction is clipped to [-1, 1] as DDIM's is, through its dynamic
+        thresholding with a maximum of 1 (the threshold max(1, quantile) capped at 1 is 1).
+        Imported here: its module imports scipy, which a training start does not need."""
         from diffusers import DPMSolverMultistepScheduler
 
         kwargs = self.scheduler_kwargs()
-        del kwargs["clip_sample"]
-        return DPMSolverMultistepScheduler(**kwargs, algorithm_type="dpmsolver++", solver_order=2)
+        clip = kwargs.pop("clip_sample")
+        return DPMSolverMultistepScheduler(**kwargs, algorithm_type="dpmsolver++", solver_order=2,
+                                           thresholding=bool(clip), sample_max_value=1.0)
 
     def _coefficients(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._cache:
