@@ -188,7 +188,7 @@ class ImageTask:
         assert self._featurizer is not None
         generated = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler)
         save_grid(generated.samples[:64], Path(out_dir) / "samples.png")
-        result: dict[str, float | str] = {"sampler": sampler, "count": float(count),
+        result: dict[str, float | str] = {"sampler": sampler, "count": count,
                                           **self.quality_scores(self._featurizer.features(generated.samples)),
                                           "features": self._featurizer.description}
         return result
