@@ -128,9 +128,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     at_least(args.count, 1, "--count", "50")
     at_least(args.steps, 1, "--steps", "10")
     at_least(args.max_episode_steps, 1, "--max-episode-steps", "50")
+    at_least(args.checkpoint, 0, "--checkpoint", "1000")
+    if args.features is not None and args.features.count(":") != 1:
+        raise UserError(f"--features '{args.features}' is not module:function",
+                        "name a function returning a torch module, e.g. mypackage.features:build")
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
                         device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps,
-                        data=args.data)
+                        sampler=args.sampler, checkpoint=args.checkpoint, features=args.features, data=args.data)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
@@ -231,7 +235,9 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=50,
                    help="denoising steps (default 50; at most the run's diffusion.num_train_timesteps, to which "
                         "more are capped)")
-    p.add_argument("--sampler", choices=["ddim", "ddpm"], default="ddim", help="--steps applies to both (DDPM strided)")
+    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"], default="ddim",
+                   help="ddim, dpmsolver (DPM-Solver++: fewer steps for the same quality) or ddpm; --steps applies "
+                        "to each (DDPM strided)")
     p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
                    "imageio-ffmpeg is installed (pip install 'diffscale[video]')")
@@ -241,10 +247,16 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
 
     _add_export(sub)
 
-    p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores)",
-             "diffscale eval runs/pusht --env pusht --count 50 --json")
+    p = verb(sub, "eval", "evaluate a trained run (policy: closed-loop rollouts; fields: ensemble scores; images: "
+             "Frechet distance, precision/recall)", "diffscale eval runs/pusht --env pusht --count 50 --json")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
-    p.add_argument("--count", type=int, help="rollouts (policy) or ensemble members (fields); default: the task's")
+    p.add_argument("--count", type=int, help="rollouts (policy), ensemble members (fields) or generated images "
+                   "(images); default: the task's (images: train.eval_count)")
+    p.add_argument("--checkpoint", type=int, metavar="STEP", help="the checkpoint of this step (default: the newest)")
+    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"],
+                   help="reverse process (default: images train.sample_sampler, fields ddim, policy ddpm)")
+    p.add_argument("--features", metavar="MODULE:FUNCTION", help="images: a function returning your own feature "
+                   "network (a torch module, images in [-1, 1] -> features) instead of diffscale's per-data-set one")
     p.add_argument("--steps", type=int,
                    help="denoising steps per generated sample (default: the run's train.sample_steps)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")

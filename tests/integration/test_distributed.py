@@ -124,3 +124,21 @@ def test_a_missing_rank_fails_with_a_diagnosis_instead_of_hanging(tmp_path):
     assert "error: only 1 of 2 ranks joined after 3 s" in proc.stderr
     assert "torchrun --nnodes N --node_rank K on each host" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_evaluation_while_training_is_shared_by_the_ranks_and_matches_one_process(tmp_path):
+    """Each rank generates its rows of the seeded sample set (5 samples: 3 and 2) and every rank
+    takes part in the gather; rank 0 alone writes the scores, the same as one process's."""
+    evaluating = ("train.batch_per_gpu=4", "train.eval_every=3", "train.eval_count=5", "train.sample_sampler=dpmsolver")
+    single = tmp_path / "single"
+    proc = run_cli("train", "--out", str(single), *micro_args(*evaluating, "train.grad_accum=2", steps=STEPS))
+    assert proc.returncode == 0, proc.stderr
+    run = tmp_path / "ddp"
+    proc = torchrun("train", "--out", str(run), *micro_args(*evaluating, steps=STEPS), extra=("--standalone",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    one = [m for m in _metrics(single) if m.get("kind") == "eval"]
+    two = [m for m in _metrics(run) if m.get("kind") == "eval"]
+    assert [m["step"] for m in two] == [m["step"] for m in one] == [3, 6]
+    for x, y in zip(one, two, strict=True):
+        assert y["fd"] == pytest.approx(x["fd"], rel=1e-2)
+    assert proc.stdout.count("eval at step 3:") == 1  # printed by rank 0 alone

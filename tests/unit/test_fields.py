@@ -220,6 +220,12 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         "error: --count 1: a fields evaluation scores ensembles, and the spread-skill ratio and rank histogram need "
         "at least 2 members -- pass --count 2 or more (default 16)")
+    assert main(["eval", str(run), "--features", "mine:build"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: fields runs are evaluated without a feature network: --features (train.eval_features) is for image "
+        "runs -- drop --features")
+    assert main(["eval", str(run), "--count", "4", "--steps", "3", "--sampler", "dpmsolver", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["crps"] > 0
     assert (run / "eval" / "step_00000004" / "evaluation.png").is_file()
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["kind"] == "eval"
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0

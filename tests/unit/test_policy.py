@@ -235,6 +235,9 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     assert (run / "samples" / "latest.png").is_file()
     assert main(["sample", str(run), "--n", "4", "--steps", "3", "--out", str(tmp_path / "chunks.png")]) == 0
     assert (tmp_path / "chunks.png").stat().st_size > 1000
+    assert main(["sample", str(run), "--n", "4", "--steps", "3", "--sampler", "dpmsolver",
+                 "--out", str(tmp_path / "fast.png")]) == 0
+    assert (tmp_path / "fast.png").stat().st_size > 1000
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "3", "--steps", "2", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -244,6 +247,7 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     gifs = run / "eval" / "step_00000004"
     assert sorted(p.name[:9] for p in gifs.glob("rollout_*.gif")) == ["rollout_0", "rollout_1", "rollout_2"]
     assert main(["eval", str(run), "--count", "1", "--steps", "2", "--json"]) == 0  # a re-eval with fewer rollouts
+    assert main(["eval", str(run), "--count", "1", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
     assert [p.name[:9] for p in gifs.glob("rollout_*.gif")] == ["rollout_0"]  # the earlier eval's GIFs are gone
     assert main(["export", str(run), "--diffusers", str(tmp_path / "export")]) == 0
     assert (tmp_path / "export" / "unet.safetensors").is_file()

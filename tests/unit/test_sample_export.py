@@ -59,7 +59,7 @@ def test_sample_writes_an_mp4_where_imageio_ffmpeg_is_installed(tmp_path, capsys
     assert out.with_suffix(".mp4").stat().st_size > 0
 
 
-@pytest.mark.parametrize("sampler", ["ddim", "ddpm"])
+@pytest.mark.parametrize("sampler", ["ddim", "dpmsolver", "ddpm"])
 def test_sample_names_its_file_by_the_steps_it_ran_and_says_when_it_capped_them(sampler, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *micro_args("diffusion.num_train_timesteps=20", steps=4)]) == 0

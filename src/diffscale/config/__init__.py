@@ -24,6 +24,7 @@ from diffscale.config.schema import (
     Recipe,
     RunConfig,
     RuntimeConfig,
+    SamplerName,
     Toggle,
     TrainConfig,
 )
@@ -33,7 +34,7 @@ __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",
     "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
-    "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
+    "SamplerName", "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
     "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",
     "parse_overrides", "write_yaml",
 ]

@@ -106,6 +106,14 @@ class LrSchedule(str, enum.Enum):
     COSINE = "cosine"
 
 
+class SamplerName(str, enum.Enum):
+    """A reverse process (diffusion/sampler.py): DDIM, DPM-Solver++ or ancestral DDPM."""
+
+    DDIM = "ddim"
+    DPMSOLVER = "dpmsolver"
+    DDPM = "ddpm"
+
+
 class LrScaling(str, enum.Enum):
     """How the learning rate follows the effective batch (relative to ``optim.base_batch``)."""
 
@@ -233,18 +241,37 @@ class TrainConfig:
     sample_count: int = 64
     """Images in each sample grid."""
     sample_steps: int = 50
-    """DDIM steps for the grids written during training."""
+    """Denoising steps for the grids written during training."""
+    sample_sampler: SamplerName = SamplerName.DDIM
+    """Reverse process of the grids and quality evaluations written during training (``ddim``,
+    ``dpmsolver`` or ``ddpm``)."""
+    eval_every: int = 0
+    """Compute the task's quality metrics (images: Frechet distance, precision/recall in a feature
+    network's space) every N steps into metrics.jsonl and TensorBoard (0: never while training)."""
+    eval_count: int = 256
+    """Samples generated (from a fixed seed, shared over the ranks) for each quality evaluation."""
+    eval_features: str = ""
+    """``module:function`` returning a torch module that maps images (B, C, H, W) in [-1, 1] to
+    features (B, D), used for the quality metrics instead of the classifier diffscale trains per data set."""
     max_nonfinite_steps: int = 3
     """Consecutive non-finite losses tolerated (steps skipped) before rolling back to the last checkpoint."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_per_gpu", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
-                     "sample_count", "sample_steps", "max_nonfinite_steps"):
+                     "sample_count", "sample_steps", "eval_count", "max_nonfinite_steps"):
             if getattr(self, name) < 1:
                 _fail(f"train.{name}", f"must be at least 1 (got {getattr(self, name)})",
                       f"set train.{name} to a positive number")
         if self.sample_every < 0:
             _fail("train.sample_every", "is negative", "use 0 (only at the end) or a step interval")
+        if self.eval_every < 0:
+            _fail("train.eval_every", "is negative", "use 0 (no evaluation while training) or a step interval")
+        if self.eval_every and self.eval_count < 2:
+            _fail("train.eval_count", f"must be at least 2 to fit a covariance (got {self.eval_count})",
+                  "use e.g. 256")
+        if self.eval_features and self.eval_features.count(":") != 1:
+            _fail("train.eval_features", f"'{self.eval_features}' is not module:function",
+                  "name a function returning a torch module, e.g. mypackage.features:build")
         if not 0.0 <= self.ema_decay < 1.0:
             _fail("train.ema_decay", f"{self.ema_decay} is outside [0, 1)", "use e.g. 0.999")
 

@@ -7,10 +7,15 @@ host synchronisation.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from diffscale.config import DiffusionConfig, Prediction
+
+if TYPE_CHECKING:
+    from diffusers import DPMSolverMultistepScheduler
 
 
 class GaussianDiffusion:
@@ -41,6 +46,18 @@ class GaussianDiffusion:
 
     def ddim_scheduler(self) -> DDIMScheduler:
         return DDIMScheduler(**self.scheduler_kwargs())
+
+    def dpmsolver_scheduler(self) -> DPMSolverMultistepScheduler:
+        """DPM-Solver++ (second order, multistep). It has no ``clip_sample``; with it set, each
+        step's clean-sample prediction is clipped to [-1, 1] as DDIM's is, through its dynamic
+        thresholding with a maximum of 1 (the threshold max(1, quantile) capped at 1 is 1).
+        Imported here: its module imports scipy, which a training start does not need."""
+        from diffusers import DPMSolverMultistepScheduler
+
+        kwargs = self.scheduler_kwargs()
+        clip = kwargs.pop("clip_sample")
+        return DPMSolverMultistepScheduler(**kwargs, algorithm_type="dpmsolver++", solver_order=2,
+                                           thresholding=bool(clip), sample_max_value=1.0)
 
     def _coefficients(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._cache:

@@ -1,7 +1,8 @@
 """``diffscale eval RUN_DIR``: the task's own evaluation of a trained run's EMA weights
 (closed-loop rollouts for policies, in the environment ``--env`` names; ensemble scores for
-fields), printed as a table or one JSON line, kept in ``RUN_DIR/eval/step_NNNNNNNN/`` and
-appended to ``metrics.jsonl``."""
+fields; Frechet distance and precision/recall in a feature network's space for images),
+printed as a table or one JSON line, kept in ``RUN_DIR/eval/step_NNNNNNNN/`` and appended to
+``metrics.jsonl``."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from diffscale.inference.trained import load_trained
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
-                 as_json: bool, env: str = "auto", max_episode_steps: int | None = None,
-                 data: str | None = None) -> int:
-    run = load_trained(run_dir, device)
+                 as_json: bool, env: str = "auto", max_episode_steps: int | None = None, sampler: str | None = None,
+                 checkpoint: int | None = None, features: str | None = None, data: str | None = None) -> int:
+    run = load_trained(run_dir, device, step=checkpoint, eval_features=features)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
     made = next((p for p in (*reversed(out_dir.parents), out_dir) if not p.exists()), None)
@@ -29,7 +30,7 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     network = sampling_network(run.network, run.cfg.runtime)
     try:
         scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,
-                                   max_episode_steps=max_episode_steps, data=data)
+                                   max_episode_steps=max_episode_steps, data=data, sampler=sampler)
     except BaseException:
         if made is not None:  # a task that cannot evaluate (or an interrupted one) leaves no empty folders
             shutil.rmtree(made, ignore_errors=True)

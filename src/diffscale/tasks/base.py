@@ -159,15 +159,31 @@ class Task(Protocol):
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
-                 data: str | None = None) -> Mapping[str, float | str]:
+                 data: str | None = None, sampler: str | None = None) -> Mapping[str, float | str]:
         """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
         it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
         the task's default), ``steps`` denoising steps each; a task that rolls out in an
         environment runs it in ``env`` (``auto``: the data's own), episodes cut off after
         ``max_episode_steps`` (None: the environment's limit), and the others refuse those
         (``no_environment``); ``data``: a data spec of held-out pairs to score on, for a task
-        that scores pairs (the others refuse it). Raises ``UserError`` where the task has no
-        evaluation."""
+        that scores pairs (the others refuse it). ``sampler``: the reverse process (None: the
+        task's own choice). Raises ``UserError`` where the task has no evaluation."""
+        ...
+
+    def prepare_quality(self) -> None:
+        """Make ready what ``quality_features``/``quality_scores`` need (a feature network, the
+        data's features) before training starts, on every rank; raises ``UserError`` where the
+        task has no quality metrics (``train.eval_every`` is then refused before the first step)."""
+        ...
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        """Features (rows, D) of ``rows`` of ``count`` samples generated from ``seed`` (as
+        ``generate`` draws them), on the CPU: ranks each compute their rows and gather them."""
+        ...
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        """Quality metrics of all generated samples' features (N, D) against the data's (no collectives)."""
         ...
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
@@ -214,6 +230,19 @@ def no_given_data(task: str, data: str | None) -> None:
     """Refuse held-out data in the evaluation of a task that scores no pairs."""
     if data is not None:
         raise UserError(f"{task} runs are not scored on given pairs: --data is for fields runs", "drop --data")
+
+
+def no_feature_network(task: str, features: str) -> None:
+    """Refuse a feature network (``--features``/``train.eval_features``) in an evaluation that uses none."""
+    if features:
+        raise UserError(f"{task} runs are evaluated without a feature network: --features (train.eval_features) "
+                        "is for image runs", "drop --features")
+
+
+def no_quality(task: str) -> UserError:
+    """The refusal of quality metrics by a task that has none."""
+    return UserError(f"{task} runs have no sample-quality metrics (train.eval_every is for image runs)",
+                     "set train.eval_every to 0 and score the run with diffscale eval RUN_DIR")
 
 
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,

@@ -208,6 +208,9 @@ def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: De
     run_state = RunState(cfg, run_dir, ctx, policy, console)
     records_whole_steps(run_state)  # a runtime.step_graph this run cannot have is refused before anything is written
     run_state.make_batcher()  # so is data smaller than one batch (the loop makes its own batcher later)
+    if cfg.train.eval_every:  # so is a task without quality metrics; the feature network is ready before step 1
+        say("preparing the quality evaluation (train.eval_every): the feature network and the data's features")
+        run_state.task.prepare_quality()
     if state is not None:
         _check_signature(state, run_state.task.signature(), run_dir, str(resume))
         run_state.restore(state)
@@ -310,6 +313,8 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
             run_state.save(runner.batcher)
         if t.sample_every and run_state.step % t.sample_every == 0 and run_state.step != stop_at:
             samples += _preview(run_state, ctx, run_state.run_dir, f"step{run_state.step:08d}", say, telemetry)
+        if t.eval_every and run_state.step % t.eval_every == 0:
+            _evaluate(run_state, ctx, say, telemetry)
     return None, samples
 
 
@@ -398,8 +403,8 @@ def _preview(run_state: RunState, ctx: DistContext, run_dir: Path, name: str, sa
         f"(on {ctx.world_size} process{'es' if ctx.world_size > 1 else ''})")
     share = math.ceil(t.sample_count / ctx.world_size)
     mine = run_state.task.generate(run_state.ema, count=t.sample_count, steps=t.sample_steps, seed=t.seed,
-                                 autocast=run_state.policy.autocast,
-                                 rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
+                                   sampler=t.sample_sampler.value, autocast=run_state.policy.autocast,
+                                   rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
     samples = ctx.gather_rows(mine.samples, share)
     if not ctx.is_main:
         return []
@@ -411,3 +416,19 @@ def _preview(run_state: RunState, ctx: DistContext, run_dir: Path, name: str, sa
     os.replace(tmp, latest)
     telemetry.images(written, run_state.step)
     return written
+
+
+def _evaluate(run_state: RunState, ctx: DistContext, say: Say, telemetry: Telemetry) -> None:
+    """Quality metrics of ``train.eval_count`` samples from the EMA weights (the same seeded draw at
+    every evaluation). Every rank generates its share and takes part in the gather; rank 0 scores."""
+    t = run_state.cfg.train
+    say(f"evaluating: {t.eval_count} samples x {t.sample_steps} {t.sample_sampler.value} steps from the EMA weights")
+    share = math.ceil(t.eval_count / ctx.world_size)
+    mine = run_state.task.quality_features(run_state.ema, count=t.eval_count, steps=t.sample_steps, seed=t.seed + 1,
+                                           sampler=t.sample_sampler.value, autocast=run_state.policy.autocast,
+                                           rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
+    features = ctx.gather_rows(mine, share)
+    if ctx.is_main:
+        about = {"task": run_state.cfg.task, "steps": t.sample_steps, "sampler": t.sample_sampler.value,
+                 "seed": t.seed + 1, "count": t.eval_count}
+        telemetry.evaluation(run_state.task.quality_scores(features), run_state.step, about)

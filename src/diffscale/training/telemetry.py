@@ -143,6 +143,21 @@ class Telemetry:
             for tracker in self._trackers:
                 tracker.image(path, step)
 
+    def evaluation(self, scores: dict[str, float], step: int, about: dict[str, Any]) -> None:
+        """Quality metrics at ``step``: a ``kind: eval`` line in metrics.jsonl (with ``about``, how
+        the samples were drawn; kept by a resume's clean-up of later training records), ``eval/NAME``
+        scalars in TensorBoard and the trackers."""
+        if not self.enabled:
+            return
+        self._write_line({"kind": "eval", "step": step, **about, **scores, "time": time.time()})
+        if self._tb is not None:
+            for key, value in scores.items():
+                self._tb.add_scalar(f"eval/{key}", value, step)
+        for tracker in self._trackers:
+            tracker.log({f"eval/{k}": v for k, v in scores.items()}, step)
+        self.console.print("eval at step " + str(step) + ": " + "  ".join(f"{k} {v:.4g}" for k, v in scores.items()),
+                           highlight=False, markup=False)
+
     def event(self, record: dict[str, Any]) -> None:
         """A record that is not a training report (waiting for data, a skipped file): metrics.jsonl
         only, with a ``kind``, so a resume's clean-up of later training records keeps it."""

@@ -60,13 +60,13 @@ def _cases(data: FieldData, held_out: FieldData | None, cases: int,
 
 
 def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int, seed: int,
-                    cases: int, held_out: FieldData | None = None) -> dict[str, float]:
+                    cases: int, held_out: FieldData | None = None, sampler: str = "ddim") -> dict[str, float]:
     """Sample, score and plot (``out_dir/evaluation.png``); returns the scores. ``held_out``: the
     pairs to score on (default: new pairs of the built-in generator, else rows of the training data)."""
     data = task.training_data()
     cases = min(cases, len(held_out.cond if held_out is not None else data.cond))
     cond, truth, ideal, is_held_out = _cases(data, held_out, cases, seed)
-    ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed)
+    ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler)
     picks = torch.randint(0, len(data.x), (cases * members,), generator=torch.Generator().manual_seed(seed + 1))
     climatology = data.x[picks].view(cases, members, *task.x_shape)
     baseline, baseline_steps = train_baseline(task, seed=seed)

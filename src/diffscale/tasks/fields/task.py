@@ -25,7 +25,17 @@ from diffscale.data.locations import SpoolSpec, parse_spool_spec
 from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_environment
+from diffscale.tasks.base import (
+    Autocast,
+    Generated,
+    HubListing,
+    ReferenceData,
+    into,
+    kept,
+    no_environment,
+    no_feature_network,
+    no_quality,
+)
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
 
@@ -287,7 +297,7 @@ class FieldTask:
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
                  env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
-                 cases: int = EVAL_CASES) -> dict[str, float]:
+                 sampler: str | None = None, cases: int = EVAL_CASES) -> dict[str, float]:
         """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions
         (held-out pairs of ``data``, a field data spec, where given), against climatology and a
         deterministic MLP trained here on the same data; writes ``out_dir/evaluation.png``.
@@ -295,13 +305,14 @@ class FieldTask:
         from diffscale.tasks.fields.evaluation import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
+        no_feature_network(self.name, self.cfg.train.eval_features)
         if count is not None and count < 2:  # refused before sampling: spread and ranks need two members
             raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "
                             "rank histogram need at least 2 members",
                             f"pass --count 2 or more (default {EVAL_MEMBERS})")
         held_out = self.held_out_data(data) if data is not None else None
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
-                               cases=cases, held_out=held_out)
+                               cases=cases, held_out=held_out, sampler=sampler or "ddim")
 
     def held_out_data(self, spec: str) -> FieldData:
         """Pairs of ``spec`` to score on, checked against the run's sizes."""
@@ -337,6 +348,16 @@ class FieldTask:
         self.stats_fitted = bool(tensors.get("stats_fitted", torch.ones(1)).item())
         if self.buffer is not None and "buffer_counters" in tensors:
             self.buffer.load_state_tensors(tensors)
+
+    def prepare_quality(self) -> None:
+        raise no_quality(self.name)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        raise no_quality(self.name)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         from diffscale.tasks.fields.export import export_fields

@@ -146,6 +146,24 @@ def load_builtin(variant: str, size: int) -> torch.Tensor:
     return images
 
 
+def builtin_labels(variant: str, count: int) -> tuple[torch.Tensor, list[str]]:
+    """The class of each of the ``count`` images ``load_builtin(variant, ...)`` returns: (count,)
+    int64 indices into the class names (the characters), in the order the images are rendered
+    (font, character, jittered variant) and, for ``mix``, scikit-learn's digits after the glyphs."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    variant = variant or "glyphs"
+    names = list(string.digits if variant in ("numerals", "digits") else GLYPH_CHARS)
+    digits = torch.from_numpy(sk_digits().target).long() if variant in ("digits", "mix") else torch.zeros(0)
+    if variant == "digits":
+        return digits[:count], names
+    per_glyph = {"glyphs": 6, "numerals": 12, "mix": 20}[variant]
+    rendered = count - (len(digits) if variant == "mix" else 0)
+    fonts = rendered // (len(names) * per_glyph)
+    glyphs = torch.arange(len(names)).repeat_interleave(per_glyph).repeat(fonts)
+    return torch.cat([glyphs, digits.long()])[:count], names
+
+
 def _render_builtin(variant: str, size: int) -> torch.Tensor:
     if variant == "glyphs":
         return render_glyphs(size)

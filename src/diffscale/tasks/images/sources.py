@@ -71,6 +71,25 @@ def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
     return images.contiguous()
 
 
+def load_labels(spec: str, count: int) -> tuple[torch.Tensor, list[str]] | None:
+    """The class of each of the ``count`` images ``load_images(spec, ...)`` returns ((count,) int64
+    indices) and the class names, or None where the source carries no labels (image folders and
+    EMNIST/MNIST files are read without theirs yet)."""
+    parsed = parse_spec(spec)
+    if parsed.kind == "builtin":
+        return builtin.builtin_labels(parsed.option, count)
+    if parsed.kind == "npz":
+        with open(parsed.path, "rb") as fid:
+            archive = np.load(fid, allow_pickle=False)
+            if isinstance(archive, np.ndarray) or "labels" not in archive:
+                return None
+            with archive:
+                raw = np.asarray(archive["labels"])[:count]
+        values, indices = np.unique(raw, return_inverse=True)
+        return torch.from_numpy(indices.reshape(-1)).long(), [str(v) for v in values]
+    return None
+
+
 def resize_square(images: torch.Tensor, size: int) -> torch.Tensor:
     """Resize the shorter side to ``size`` and centre-crop -> float (N, C, size, size) in 0..255."""
     _, _, h, w = images.shape

@@ -13,9 +13,19 @@ from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
-from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
+from diffscale.tasks.base import (
+    Autocast,
+    Generated,
+    HubListing,
+    ReferenceData,
+    into,
+    kept,
+    no_environment,
+    no_given_data,
+)
 from diffscale.tasks.images.network import Denoiser, build_unet
-from diffscale.tasks.images.sources import describe, load_images
+from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
+from diffscale.tasks.images.sources import describe, load_images, load_labels
 
 
 class ImageTask:
@@ -33,13 +43,13 @@ class ImageTask:
         self.images: torch.Tensor | None = None
         channels = int((signature or {}).get("channels", self.model.channels))
         if load_data:
-            images = load_images(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items)
+            images = _load(cfg, self.model.sample_size, channels)
             channels = channels or images.shape[1]
-            if images.shape[1] != channels:
-                images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
             # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
             self.images = images.to(device)
         self.channels = channels or 1
+        self._featurizer: Featurizer | None = None
+        self._real_features: torch.Tensor | None = None
 
     def _data(self) -> torch.Tensor:
         assert self.images is not None, "built with load_data=False"
@@ -146,11 +156,57 @@ class ImageTask:
         raise UserError("image runs are sampled without conditions: --cond and --members are for fields runs",
                         "drop --cond and --members (diffscale sample RUN_DIR --n 64)")
 
+    def prepare_quality(self) -> None:
+        """The feature network (trained once per data set and resolution, then read from the data
+        cache) and the features of a seeded draw of ``train.eval_count`` data images."""
+        if self._real_features is not None:
+            return
+        size = self.model.sample_size
+        images = self.images.cpu() if self.images is not None else _load(self.cfg, size, self.channels)
+        t = self.cfg.train
+        if t.eval_features:
+            self._featurizer = user_features(t.eval_features)
+        else:
+            labelled = load_labels(self.cfg.data.source, images.shape[0])
+            path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
+            self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
+        self._featurizer.network.to(self.device)
+        rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
+        self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        self.prepare_quality()
+        assert self._featurizer is not None
+        generated = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler, rows=rows,
+                                  autocast=autocast)
+        return self._featurizer.features(generated.samples)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        self.prepare_quality()
+        assert self._featurizer is not None and self._real_features is not None
+        return scores(self._featurizer, self._real_features, features)
+
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
-                 data: str | None = None) -> dict[str, float]:
-        raise UserError("image runs have no evaluation in diffscale eval yet",
-                        "look at samples with diffscale sample RUN_DIR (and --gif for the trajectory)")
+                 data: str | None = None, sampler: str | None = None) -> dict[str, float | str]:
+        """Frechet distance and precision/recall of ``count`` samples (None: ``train.eval_count``)
+        against as many data images, in the feature network's space; writes ``out_dir/samples.png``."""
+        no_environment(self.name, env, max_episode_steps)
+        no_given_data(self.name, data)
+        count = count or self.cfg.train.eval_count
+        sampler = sampler or self.cfg.train.sample_sampler.value
+        if count < 2:
+            raise UserError(f"--count {count}: a Frechet distance needs at least 2 samples",
+                            f"pass --count 2 or more (default {self.cfg.train.eval_count})")
+        self.prepare_quality()
+        assert self._featurizer is not None
+        generated = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler)
+        save_grid(generated.samples[:64], Path(out_dir) / "samples.png")
+        result: dict[str, float | str] = {"sampler": sampler, "count": count,
+                                          **self.quality_scores(self._featurizer.features(generated.samples)),
+                                          "features": self._featurizer.description}
+        return result
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         from diffscale.tasks.images.export import export_ddpm_pipeline
@@ -179,6 +235,14 @@ class ImageTask:
         t = torch.randint(0, self.diffusion.num_timesteps, (x0.shape[0],), device=x0.device)
         xt = self.diffusion.q_sample(x0, noise, t)
         return self.diffusion.loss(network(xt, t), x0, noise, t)
+
+
+def _load(cfg: RunConfig, size: int, channels: int) -> torch.Tensor:
+    """The run's images, uint8 (N, channels, size, size) on the CPU (``channels`` 0: as stored)."""
+    images = load_images(cfg.data.source, size, max_items=cfg.data.max_items)
+    if channels and images.shape[1] != channels:
+        images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
+    return images
 
 
 class _ImageRows(torch.utils.data.Dataset):

@@ -23,7 +23,17 @@ from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Feed
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
-from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept, no_given_data
+from diffscale.tasks.base import (
+    Autocast,
+    Generated,
+    HubListing,
+    ReferenceData,
+    into,
+    kept,
+    no_feature_network,
+    no_given_data,
+    no_quality,
+)
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -220,14 +230,14 @@ class PolicyTask:
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
                  env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
-                 sampler: str = "ddpm", gifs: int = EVAL_GIFS) -> dict[str, float | str]:
+                 sampler: str | None = None, gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
         the environment ``env`` (``auto``: the data's own, reach2d or reach2d-routes for the
         built-in data; or ``reach2d``, ``reach2d-routes``, ``pusht``), each cut off after
         ``max_episode_steps`` (None: the environment's limit), all through one ``Controller``
-        (reset with ``seed``) that plans with ``steps`` denoising steps of ``sampler`` (DDPM
-        by default, as the reference evaluates) and executes ``model.action_horizon`` actions
+        (reset with ``seed``) that plans with ``steps`` denoising steps of ``sampler`` (None:
+        DDPM, as the reference evaluates) and executes ``model.action_horizon`` actions
         per plan. Returns ``env`` and the environment's summary (reach2d: success rate, each
         route's share beside the demonstrations', mean length; pusht: success rate, mean best
         coverage and score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl``
@@ -236,8 +246,9 @@ class PolicyTask:
         from diffscale.tasks.policy.controller import Controller
 
         no_given_data(self.name, data)
+        no_feature_network(self.name, self.cfg.train.eval_features)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
-        controller = Controller(self, network, sampler=sampler, steps=steps)
+        controller = Controller(self, network, sampler=sampler or "ddpm", steps=steps)
         results = rollouts(environment.make, controller, episodes=count or EVAL_EPISODES, seed=seed, record=gifs)
         write_gifs(results[:gifs], Path(out_dir))
         write_episodes(results, Path(out_dir) / "rollouts.jsonl", seed=seed)
@@ -259,6 +270,16 @@ class PolicyTask:
         self.obs_norm = MinMax(tensors["obs_min"].to(self.device), tensors["obs_max"].to(self.device))
         self.action_norm = MinMax(tensors["action_min"].to(self.device), tensors["action_max"].to(self.device))
         self.preview_obs = tensors["preview_obs"].cpu()
+
+    def prepare_quality(self) -> None:
+        raise no_quality(self.name)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        raise no_quality(self.name)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """The reference's format: a ConditionalUnet1D state dict (the names of the

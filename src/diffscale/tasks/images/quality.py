@@ -1,0 +1,201 @@
+"""The feature network image quality is measured in, and the metrics on generated images.
+
+No Inception weights can be downloaded, so diffscale trains a small CNN once per data set and
+resolution and keeps it in the data cache (``DIFFSCALE_CACHE_DIR``/quality): a classifier of the
+data's labels where it has them (the built-in glyphs, npz with ``labels``), else a predictor of
+which of four right-angle rotations an image was turned by, a self-supervised target that needs
+no labels (docs/decisions.md, "Image quality in a feature network trained per data set"). Its
+penultimate activations are the features; its held-out accuracy is reported beside the metrics.
+A user's own network (``train.eval_features`` / ``diffscale eval --features``, ``module:function``)
+replaces it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from diffscale.errors import UserError
+from diffscale.tasks.images.builtin import cache_dir
+
+FORMAT = 1
+"""Bump when the network or its training changes: older cached networks are trained again."""
+FEATURES = 128
+TRAIN_STEPS = 400
+BATCH = 128
+TRAININGS = 0
+"""Feature networks trained by this process (tests assert a cached one is not trained again)."""
+
+
+class FeatureNet(torch.nn.Module):
+    """A small CNN: images (B, C, S, S) in [-1, 1] -> ``features`` (B, 128); ``head`` maps those
+    to logits (B, K)."""
+
+    def __init__(self, channels: int, classes: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(channels, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.SiLU(),
+            torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.GroupNorm(8, 64), torch.nn.SiLU(),
+            torch.nn.Conv2d(64, 128, 3, stride=2, padding=1), torch.nn.GroupNorm(8, 128), torch.nn.SiLU(),
+            torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(512, FEATURES), torch.nn.SiLU(),
+        )
+        self.head = torch.nn.Linear(FEATURES, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.body(images)
+
+
+@dataclass
+class Featurizer:
+    """What the metrics are measured with: ``network`` maps images (B, C, S, S) in [-1, 1] to
+    features (B, D); ``head`` (when the network classifies the data's labels) maps them to logits."""
+
+    network: torch.nn.Module
+    description: str
+    accuracy: float = float("nan")
+    head: torch.nn.Module | None = None
+
+    @torch.no_grad()
+    def features(self, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
+        """(N, D) float32 on the CPU of ``images`` (N, C, S, S) in [-1, 1]."""
+        device = next(self.network.parameters()).device
+        parts = [self.network(images[i:i + batch].to(device).float()).float().cpu()
+                 for i in range(0, images.shape[0], batch)]
+        return torch.cat(parts) if parts else torch.zeros(0, FEATURES)
+
+
+def user_features(spec: str) -> Featurizer:
+    """The network ``module:function`` returns (called with no arguments)."""
+    module_name, _, function_name = spec.partition(":")
+    try:
+        build = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot load the feature network '{spec}' ({exc})",
+                        "name an importable module:function returning a torch module") from exc
+    network = build()
+    if not isinstance(network, torch.nn.Module):
+        raise UserError(f"'{spec}' returned {type(network).__name__}, not a torch module",
+                        "return a torch.nn.Module mapping images (B, C, H, W) in [-1, 1] to features (B, D)")
+    return Featurizer(network.eval(), f"user network {spec}")
+
+
+def cache_path(data_spec: str, max_items: int, size: int, channels: int) -> Path:
+    key = hashlib.sha256(repr((FORMAT, data_spec, max_items, size, channels)).encode()).hexdigest()[:16]
+    return cache_dir() / "quality" / f"features-{size}px-{key}.safetensors"
+
+
+def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Path, *, seed: int = 0) -> Featurizer:
+    """The feature network of ``images`` (N, C, S, S) uint8 with ``labels`` (N,) (None: rotation
+    prediction), read from ``path`` or trained and written there."""
+    from safetensors.torch import load_file, safe_open
+
+    target = "classes" if labels is not None else "rotations"
+    classes = int(labels.max()) + 1 if labels is not None else 4
+    network = FeatureNet(images.shape[1], classes)
+    try:
+        with safe_open(str(path), "pt") as handle:
+            meta = handle.metadata()
+        state = load_file(str(path))
+        network.load_state_dict(state)
+        accuracy = float(meta["accuracy"])
+    except (OSError, KeyError, RuntimeError, ValueError):  # not there yet, unreadable or another shape
+        accuracy = _train(network, images, labels, seed)
+        _save(network, path, {"accuracy": repr(accuracy), "target": target})
+    network.eval().requires_grad_(False)
+    held = "held-out accuracy" + ("" if labels is not None else " of rotation prediction")
+    return Featurizer(network, f"diffscale's feature network ({target}; {held} {accuracy:.3f})", accuracy,
+                      network.head if labels is not None else None)
+
+
+def _save(network: FeatureNet, path: Path, meta: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    tmp = None
+    try:  # a cache only: where it cannot be written, the next evaluation trains again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        os.close(handle)
+        save_file({k: v.contiguous() for k, v in network.state_dict().items()}, tmp, metadata=meta)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _examples(images: torch.Tensor, labels: torch.Tensor | None,
+              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float images in [-1, 1] and targets of ``rows``: the labels, or each image turned by a
+    right angle chosen by its row (so the held-out set is fixed)."""
+    x = images[rows].float() / 127.5 - 1.0
+    if labels is not None:
+        return x, labels[rows]
+    turns = rows % 4
+    return torch.stack([torch.rot90(img, int(k), dims=(1, 2)) for img, k in zip(x, turns, strict=True)]), turns
+
+
+def _train(network: FeatureNet, images: torch.Tensor, labels: torch.Tensor | None, seed: int) -> float:
+    """Train on a seeded 90 % of the rows; returns the accuracy on the other 10 %."""
+    global TRAININGS
+    TRAININGS += 1
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(images.shape[0], generator=generator)
+    held = max(1, images.shape[0] // 10)
+    test_rows, train_rows = order[:held], order[held:]
+    optimizer = torch.optim.AdamW(network.parameters(), lr=2e-3, weight_decay=1e-4)
+    network.train()
+    for _ in range(TRAIN_STEPS):
+        rows = train_rows[torch.randint(0, train_rows.shape[0], (BATCH,), generator=generator)]
+        x, y = _examples(images, labels, rows)
+        loss = F.cross_entropy(network.head(network(x)), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    network.eval()
+    with torch.no_grad():
+        x, y = _examples(images, labels, test_rows)
+        return float((network.head(network(x)).argmax(1) == y).float().mean())
+
+
+def scores(featurizer: Featurizer, real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """Frechet distance and k-NN precision/recall of ``fake`` against ``real`` features (N, D)."""
+    from diffscale.evaluation.quality import frechet_distance, precision_recall
+
+    precision, recall = precision_recall(real, fake)
+    result = {"fd": frechet_distance(real, fake), "precision": precision, "recall": recall}
+    if featurizer.accuracy == featurizer.accuracy:  # not NaN: diffscale's own network
+        result["feature_net_accuracy"] = featurizer.accuracy
+    if featurizer.head is not None:  # a classifier of the data's labels: which classes the samples fall in
+        result.update(class_spread(featurizer.head, real, fake))
+    return result
+
+
+@torch.no_grad()
+def class_spread(head: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """How the classifier spreads ``fake`` (M, D) over the classes it finds in ``real`` (N, D):
+    ``classes_covered``, the share of those classes predicted for at least one sample, and
+    ``class_balance``, exp(entropy) of the predicted classes over that of the data's (1: as
+    balanced as the data, lower: a generator that favours some classes)."""
+    device = next(head.parameters()).device
+
+    def predicted(features: torch.Tensor) -> torch.Tensor:
+        return head(features.to(device)).argmax(dim=1).cpu()
+
+    ours, theirs = predicted(fake), predicted(real)
+    size = max(int(ours.max()), int(theirs.max())) + 1
+
+    def perplexity(labels: torch.Tensor) -> float:
+        p = torch.bincount(labels, minlength=size).double() / labels.numel()
+        p = p[p > 0]
+        return float(torch.exp(-(p * p.log()).sum()))
+
+    present = set(theirs.tolist())
+    covered = len(present & set(ours.tolist())) / max(len(present), 1)
+    return {"classes_covered": covered, "class_balance": perplexity(ours) / perplexity(theirs)}
+

@@ -1,0 +1,168 @@
+"""Image quality metrics: the math on known distributions, the per-data-set feature network and
+its cache, a user's own feature network, ``diffscale eval`` on an image run and evaluation while
+training."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from diffscale.cli import main
+from diffscale.evaluation.quality import accuracy, frechet_distance, precision_recall
+from diffscale.tasks.images import quality
+
+from helpers import micro_args
+
+
+@pytest.fixture
+def quick_features(monkeypatch):
+    """The feature network trains a few steps only: its cache and plumbing are under test here."""
+    monkeypatch.setattr(quality, "TRAIN_STEPS", 5)
+
+
+def _gaussian(n, d, *, mean=0.0, std=1.0, seed=0):
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * std + mean
+
+
+def test_frechet_distance_is_zero_for_identical_sets_and_grows_with_a_shift():
+    a = _gaussian(2000, 8)
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-6)
+    distances = [frechet_distance(a, _gaussian(2000, 8, mean=shift, seed=1)) for shift in (0.0, 0.5, 1.0, 2.0)]
+    assert distances == sorted(distances) and distances[0] < 0.05
+    # mean shift m in each of 8 dimensions: |mu_a - mu_b|^2 = 8 m^2
+    assert distances[-1] == pytest.approx(8 * 2.0**2, rel=0.05)
+
+
+def test_frechet_distance_takes_the_matrix_square_root_of_the_covariances():
+    # N(0, I) against N(0, 4 I) in 4 dimensions: tr(I + 4I - 2 (4I)^(1/2)) = 4 (1 + 4 - 4) = 4
+    distance = frechet_distance(_gaussian(20000, 4), _gaussian(20000, 4, std=2.0, seed=1))
+    assert distance == pytest.approx(4.0, rel=0.05)
+    # covariances that do not commute: against scipy's general matrix square root
+    from scipy.linalg import sqrtm
+
+    basis = torch.linalg.qr(_gaussian(4, 4, seed=2))[0]
+    stretched = _gaussian(5000, 4, seed=3) * torch.tensor([3.0, 1.0, 0.5, 0.1], dtype=torch.float64)
+    turned = _gaussian(5000, 4, seed=4) @ basis.T + 0.3
+    cov_a, cov_b = torch.cov(stretched.T).numpy(), torch.cov(turned.T).numpy()
+    mean_gap = float(((stretched.mean(0) - turned.mean(0)) ** 2).sum())
+    expected = mean_gap + np.trace(cov_a + cov_b - 2 * np.real(sqrtm(cov_a @ cov_b)))
+    assert frechet_distance(stretched, turned) == pytest.approx(expected, rel=1e-9)
+
+
+def test_precision_and_recall_of_identical_disjoint_and_collapsed_sets():
+    real = _gaussian(400, 2)
+    assert precision_recall(real, real) == (1.0, 1.0)
+    assert precision_recall(real, real + 100.0) == (0.0, 0.0)
+    left = real[real[:, 0] < 0]  # a generator that found only half the data
+    precision, recall = precision_recall(real, left)
+    assert precision == 1.0 and 0.35 < recall < 0.65
+
+
+def test_accuracy_counts_rows_whose_top_logit_is_the_label():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0], [0.0, 5.0]])
+    assert accuracy(logits, torch.tensor([0, 1, 1, 1])) == 0.75
+    assert math.isnan(accuracy(torch.zeros(0, 2), torch.zeros(0)))
+
+
+def test_class_spread_tells_a_balanced_generator_from_a_collapsed_one():
+    head = torch.nn.Linear(3, 3)
+    with torch.no_grad():
+        head.weight.copy_(torch.eye(3))
+        head.bias.zero_()
+    real = torch.eye(3).repeat(10, 1)  # ten rows of each class
+    assert quality.class_spread(head, real, real) == {"classes_covered": 1.0, "class_balance": 1.0}
+    collapsed = quality.class_spread(head, real, torch.eye(3)[:1].repeat(30, 1))
+    assert collapsed["classes_covered"] == pytest.approx(1 / 3) and collapsed["class_balance"] == pytest.approx(1 / 3)
+
+
+def _stripes(n=200, size=8):
+    """uint8 images (n, 1, size, size) of two classes: horizontal or vertical stripes, and their labels."""
+    labels = torch.arange(n) % 2
+    line = (torch.arange(size) % 2 * 255).to(torch.uint8)
+    rows, cols = line.view(1, size, 1).expand(1, size, size), line.view(1, 1, size).expand(1, size, size)
+    images = torch.stack([rows if k == 0 else cols for k in labels])
+    return images, labels
+
+
+def test_the_feature_network_is_trained_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(quality, "TRAIN_STEPS", 60)
+    images, labels = _stripes()
+    path = tmp_path / "quality" / "features.safetensors"
+    trainings = quality.TRAININGS
+    first = quality.trained_features(images, labels, path)
+    assert path.is_file() and quality.TRAININGS == trainings + 1
+    assert first.accuracy > 0.9 and "held-out accuracy" in first.description  # stripes are easy to tell apart
+    written = path.stat().st_mtime_ns
+    second = quality.trained_features(images, labels, path)
+    assert quality.TRAININGS == trainings + 1 and path.stat().st_mtime_ns == written  # read, not trained again
+    assert second.accuracy == first.accuracy
+    x = images[:16].float() / 127.5 - 1
+    torch.testing.assert_close(first.features(x), second.features(x))
+    assert second.head is not None and accuracy(second.head(second.features(x)), labels[:16]) > 0.9
+
+
+def test_without_labels_the_feature_network_predicts_rotations(tmp_path, quick_features):
+    images, _ = _stripes()
+    featurizer = quality.trained_features(images, None, tmp_path / "f.safetensors")
+    assert featurizer.head is None and "rotation" in featurizer.description
+    assert featurizer.features(images[:3].float()).shape == (3, quality.FEATURES)
+
+
+def _trained(tmp_path, *extra):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *micro_args(*extra, steps=4)]) == 0
+    return run
+
+
+def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path, capsys, quick_features):
+    run = _trained(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["kind"] == "eval" and record["step"] == 4 and record["sampler"] == "dpmsolver"
+    assert record["fd"] >= 0 and 0 <= record["precision"] <= 1 and 0 <= record["recall"] <= 1
+    assert 0 <= record["feature_net_accuracy"] <= 1 and "classes" in record["features"]  # the glyphs have labels
+    assert 0 < record["classes_covered"] <= 1 and record["class_balance"] > 0
+    assert (run / "eval" / "step_00000004" / "samples.png").is_file()
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["fd"] == record["fd"]
+    # the same seed and checkpoint give the same scores; an earlier checkpoint is chosen by its step
+    assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fd"] == record["fd"]
+    assert main(["eval", str(run), "--count", "8", "--steps", "2", "--checkpoint", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sampler"] == "ddim"
+
+
+def test_eval_uses_a_feature_network_of_the_users_own(tmp_path, capsys, monkeypatch, quick_features):
+    (tmp_path / "my_features.py").write_text(
+        "import torch\n"
+        "CALLS = []\n"
+        "def build():\n"
+        "    CALLS.append(1)\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 5))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_features
+
+    run = _trained(tmp_path)
+    trainings = quality.TRAININGS
+    capsys.readouterr()
+    assert main(["eval", str(run), "--count", "6", "--steps", "2", "--features", "my_features:build", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["features"] == "user network my_features:build" and "feature_net_accuracy" not in record
+    assert my_features.CALLS == [1] and quality.TRAININGS == trainings  # no network of diffscale's trained
+
+
+def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path, quick_features):
+    run = _trained(tmp_path, "train.eval_every=2", "train.eval_count=6", "train.sample_sampler=dpmsolver")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    assert [r["step"] for r in evals] == [2, 4]
+    assert all(r["fd"] >= 0 and 0 <= r["recall"] <= 1 and r["sampler"] == "dpmsolver" and r["count"] == 6
+               for r in evals)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/fd")] == [2, 4]

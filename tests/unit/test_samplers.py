@@ -1,0 +1,45 @@
+"""The reverse processes against denoisers known in closed form: Gaussian data N(0, s^2), whose
+exact noise prediction is eps(x_t, t) = x_t sqrt(1 - abar_t) / (abar_t s^2 + 1 - abar_t)."""
+
+import pytest
+import torch
+
+from diffscale.config import DiffusionConfig
+from diffscale.diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
+
+
+def _exact_denoiser(diffusion: GaussianDiffusion, std: float):
+    abar = diffusion.ddpm_scheduler().alphas_cumprod.to(torch.float64)
+
+    def denoise(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        a = abar[t].view(-1, 1).to(x.dtype)
+        return x * (1 - a).sqrt() / (a * std**2 + 1 - a)
+    return denoise
+
+
+def _std_error(kind: SamplerKind, steps: int, std: float = 0.5) -> float:
+    """|std of the samples - the data's std| with the exact denoiser (the mean stays 0 for each)."""
+    diffusion = GaussianDiffusion(DiffusionConfig(clip_sample=False))
+    x, _ = sample(_exact_denoiser(diffusion, std), diffusion, (4000, 4), sampler=Sampler(kind, steps),
+                  generator=torch.Generator().manual_seed(0), device=torch.device("cpu"))
+    assert x.shape == (4000, 4) and abs(float(x.mean())) < 0.01
+    return abs(float(x.std()) - std)
+
+
+@pytest.mark.parametrize("kind", list(SamplerKind))
+def test_each_sampler_reaches_the_data_distribution_as_steps_grow(kind):
+    errors = [_std_error(kind, steps) for steps in (10, 50, 200)]
+    assert errors[0] > max(errors[1:]) and errors[-1] < 0.015  # DPM-Solver++ has converged by 50
+
+
+@pytest.mark.parametrize("steps", [10, 50])
+def test_dpmsolver_is_closer_than_ddim_at_the_same_steps(steps):
+    assert _std_error(SamplerKind.DPMSOLVER, steps) < _std_error(SamplerKind.DDIM, steps)
+
+
+def test_dpmsolver_clips_each_clean_sample_prediction_where_ddim_does():
+    clipping = GaussianDiffusion(DiffusionConfig(clip_sample=True)).dpmsolver_scheduler()
+    free = GaussianDiffusion(DiffusionConfig(clip_sample=False)).dpmsolver_scheduler()
+    x0 = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 3
+    assert clipping.config.thresholding and not free.config.thresholding
+    assert torch.equal(clipping._threshold_sample(x0), x0.clamp(-1, 1))  # what DDIM's clip_sample does
