@@ -58,7 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(why)
     from diffscale.training.loop import train
 
-    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True))
+    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True),
+                    force=args.force)
     return outcome.exit_code
 
 
@@ -195,6 +196,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", choices=["fast", "plain"],
                    help="fast (default: compiled, resident data) or plain (the common recipe, for comparison)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--force", action="store_true",
+                   help="take the run dir's lock from a trainer on another host that has ended (a killed job)")
     p.set_defaults(func=cmd_train)
 
 

@@ -17,6 +17,7 @@ from diffscale.config.errors import fail as _fail
 from diffscale.config.models import MODEL_CONFIGS
 from diffscale.config.schema import RunConfig, Toggle
 from diffscale.errors import UserError, closest
+from diffscale.io.atomic import write_text
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -179,4 +180,4 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def write_yaml(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(cfg.to_yaml())
+    write_text(path, cfg.to_yaml())

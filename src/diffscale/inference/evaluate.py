@@ -16,6 +16,7 @@ from rich.table import Table
 
 from diffscale.diffusion.inference import sampling_network
 from diffscale.inference.trained import load_trained
+from diffscale.io.atomic import write_text
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
@@ -35,7 +36,7 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
         raise
     record = {"kind": "eval", "step": run.step, "task": run.cfg.task, "steps": steps, "seed": seed, **scores,
               "time": time.time()}
-    (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))
+    write_text(out_dir / "metrics.json", json.dumps(record, indent=1))
     with open(run.run_dir / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
     if as_json:

@@ -31,8 +31,10 @@ Or let it train in a background thread between pushes, so the simulation never w
         trainer.push(rng.normal(size=(80, 7)), rng.normal(size=(80, 256)), sim_time=600.0 * step)
     trainer.stop()                               # after the round in progress
 
-A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
-EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
+The run directory is locked while a trainer holds it (``close()`` frees it, as does the end of
+the process); a second trainer there is refused. A new ``OnlineTrainer`` on the same run
+directory resumes from its newest checkpoint: weights, EMA, optimizer, statistics, buffer
+contents and position, RNG states and the simulation time.
 A larger ``capacity`` keeps the buffer's rows and fills up after them. A run directory that
 ``diffscale train`` wrote from other data (a file, a spool) is refused, never rewritten.
 """
@@ -47,6 +49,7 @@ import numbers
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +69,7 @@ from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
 from diffscale.runtime.parallelize import parallelize
+from diffscale.runtime.runlock import RunLock
 from diffscale.tasks.fields.task import FieldTask
 from diffscale.training.online_sampling import EnsembleSampler
 from diffscale.training.state import RunState
@@ -82,11 +86,12 @@ class OnlineTrainer:
     ``policy``/``capacity``: which samples the buffer keeps and how many. ``ready_at``: samples
     the buffer must hold before training starts (default: full; at least one batch); the
     normalisation statistics are taken from the buffer at that moment and kept for the rest of
-    the run.
+    the run. ``force``: take the run directory's lock from a trainer on another host that has ended.
     """
 
     def __init__(self, run_dir: str | Path, cfg: RunConfig, *, policy: str | BufferPolicy = "fifo",
-                 capacity: int = 3840, ready_at: int | None = None, console: Console | None = None) -> None:
+                 capacity: int = 3840, ready_at: int | None = None, console: Console | None = None,
+                 force: bool = False) -> None:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
@@ -124,6 +129,8 @@ class OnlineTrainer:
             self.run_state.restore(state)
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.run_dir, who="OnlineTrainer").acquire(force=force, say=self._say)
+        self._unlock = weakref.finalize(self, self._lock.release)  # also when dropped or at exit
         write_yaml(cfg, self.run_dir / "config.yaml")
         model = parallelize(self.run_state.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say,
                             whole_steps=records_whole_steps(self.run_state))
@@ -346,6 +353,14 @@ class OnlineTrainer:
 
         self._thread = threading.Thread(target=run, name="diffscale-online", daemon=True)
         self._thread.start()
+
+    def close(self) -> None:
+        """Stop background training and free the run directory for another trainer; raises what
+        ended background training early, if anything did."""
+        try:
+            self.stop()
+        finally:
+            self._unlock()
 
     def stop(self) -> None:
         """End background training after its current round; raises what ended it early, if anything."""
