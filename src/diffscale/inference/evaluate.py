@@ -15,12 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from diffscale.diffusion.inference import sampling_network
+from diffscale.errors import check_seed
 from diffscale.inference.trained import load_trained
 from diffscale.io.atomic import write_text
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
                  as_json: bool, env: str = "auto", max_episode_steps: int | None = None) -> int:
+    check_seed(seed, "eval's seed")
     run = load_trained(run_dir, device)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffscale.errors import UserError
+
 GIB = 2**30
 RANK_BASE_BYTES = 3 * GIB
 """Host memory of one training process besides its data: PyTorch, the CUDA context, model
@@ -157,3 +159,30 @@ def worker_budget(requested: int, *, cpus: int, host_bytes: int, ranks_on_host: 
     else:
         reason = f"{workers} of {cpus} CPUs per rank"
     return WorkerBudget(workers=workers, cpus=cpus, memory_bytes=host_bytes // max(ranks_on_host, 1), reason=reason)
+
+
+def memory_free(device: str = "cpu") -> tuple[int, str]:
+    """(bytes, what they are) that an allocation on ``device`` can take now: a GPU's free memory,
+    else the host memory available (psutil's estimate, within the job's cgroup limit)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), f"free on the GPU ({torch.cuda.get_device_name(torch.device(device))})"
+    limit = host_memory_bytes()
+    try:
+        import psutil
+
+        limit = min(limit, int(psutil.virtual_memory().available))
+    except Exception:  # no psutil: the machine's (or the cgroup's) total is the bound
+        pass
+    return limit, "host memory available"
+
+
+def check_fits(need_bytes: float, what: str, fix: str, device: str = "cpu") -> None:
+    """Refuse, before allocating, what cannot fit: one error naming the size and the limit
+    (an absurd size otherwise ends in an allocator's traceback, or in swapping for minutes)."""
+    free, where = memory_free(device)
+    if need_bytes > free:
+        raise UserError(f"{what} needs about {gib(need_bytes):,.1f} GiB, more than the {gib(free):,.1f} GiB {where}",
+                        fix)

@@ -69,6 +69,7 @@ from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
 from diffscale.runtime.parallelize import parallelize
+from diffscale.runtime.resources import check_fits
 from diffscale.runtime.runlock import RunLock
 from diffscale.tasks.fields.task import FieldTask
 from diffscale.training.online_sampling import EnsembleSampler
@@ -165,6 +166,9 @@ class OnlineTrainer:
         except (TypeError, ValueError):
             raise UserError(f"push's sim_time={sim_time!r} is not a number",
                             "pass the simulation time of the output step, e.g. sim_time=600.0") from None
+        if not math.isfinite(time_):
+            raise UserError(f"push's sim_time={sim_time!r} is not a finite number",
+                            "pass the simulation time of the output step, e.g. sim_time=600.0")
         c, v, dropped = as_arrays(cond, x, self.task.cond_dim, self.task.x_shape)
         if dropped:
             self.dropped_rows += dropped
@@ -297,6 +301,9 @@ class OnlineTrainer:
         if not _whole(seed, 0, 2**63 - 1):
             raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
                             "pass seed= an integer in that range, e.g. the output step's number")
+        members = c.shape[0] * int(n_members)
+        check_fits(members * math.prod(self.task.x_shape) * 4 * 2, f"sample's {c.shape[0]} x {n_members} members",
+                   "ask for fewer members per call (n_members=, or fewer cells at a time)")
         with self._turn():  # never the weights of half an optimizer step
             if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
                 network = sampling_network(self.run_state.ema, self.run_state.cfg.runtime, live=True)
