@@ -386,6 +386,16 @@ def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
         trainer.train_for(steps=-5)
     with pytest.raises(UserError, match="push's sim_time=None is not a number -- pass the simulation time"):
         trainer.push(cond, x, sim_time=None)
+    for sim_time in (float("nan"), float("inf"), np.float32("nan")):
+        with pytest.raises(UserError, match=re.escape(f"push's sim_time={sim_time!r} is not a finite number -- pass")):
+            trainer.push(cond, x, sim_time=sim_time)
+    for wrong_x, what in [(x.astype(np.complex64), "complex numbers"), (x.astype(object), "Python objects"),
+                          (x.astype(str), "strings"), (x.astype(bytes), "bytes")]:
+        with pytest.raises(UserError, match=f"pushed x holds {what}.*, not real numbers -- push arrays of real"):
+            trainer.push(cond, wrong_x, 0.0)
+    with pytest.raises(UserError, match="pushed cond holds complex numbers"):
+        trainer.push(cond + 1j, x, 0.0)
+    assert trainer.buffer.size == 0 and len(trainer._pending) == 1  # none of them was taken
     trainer.push(torch.tensor(cond[5:10], requires_grad=True), torch.tensor(x[5:10]), 1.0)  # of an autograd graph
     expected = torch.tensor(x[5:10], dtype=torch.float32)
     assert trainer.ready() and torch.equal(trainer.buffer.x[75:80], expected) and trainer.buffer.size == 80
