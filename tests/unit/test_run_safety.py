@@ -102,17 +102,39 @@ def test_a_lock_left_by_a_dead_process_on_this_host_is_taken_over_and_said(tmp_p
 
 def test_a_lock_of_another_host_is_refused_and_taken_with_force(tmp_path, capsys):
     run = tmp_path / "run"
-    lock = _lock(run, host="gpu-node-17", pid=4242, job="991")
+    lock = _lock(run, host="gpu-node-17", pid=4242)
     before = lock.read_text()
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 2
     line = _error_line(capsys.readouterr().err)
-    assert "in use by another trainer (pid 4242 on host gpu-node-17, job 991" in line
+    assert "in use by another trainer (pid 4242 on host gpu-node-17, since" in line
     assert "pass --force (force=True) to take the lock" in line
     assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME] and lock.read_text() == before
     assert main(["train", "--out", str(run), "--force", *micro_args(steps=4)]) == 0
     out = capsys.readouterr().out
-    assert "took over the lock of pid 4242 on host gpu-node-17, job 991" in out and "--force was passed" in out
+    assert "took over the lock of pid 4242 on host gpu-node-17" in out and "--force was passed" in out
     assert not lock.exists()
+
+
+def _scheduler(tmp_path: Path, monkeypatch, script: str) -> None:
+    """A stand-in ``squeue`` first on PATH, answering as SLURM's does for the job asked about."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{script}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_a_lock_of_a_job_the_scheduler_no_longer_runs_is_taken_over(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    lock = _lock(run, host="gpu-node-17", pid=4242, job="991")
+    _scheduler(tmp_path, monkeypatch, 'echo "RUNNING"')
+    assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 2
+    assert "pid 4242 on host gpu-node-17, job 991" in _error_line(capsys.readouterr().err)
+    assert lock.exists()
+    (tmp_path / "bin" / "squeue").write_text(
+        '#!/bin/sh\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
+    assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
+    assert "the scheduler no longer runs job 991" in capsys.readouterr().out and not lock.exists()
 
 
 def test_a_requeued_job_takes_over_its_own_lock(tmp_path, capsys, monkeypatch):

@@ -124,6 +124,42 @@ def cpus_for_rank(local_world_size: int, env: Mapping[str, str] | None = None) -
     return max(1, available // max(local_world_size, 1))
 
 
+def free_cpu_threads(local_world_size: int, env: Mapping[str, str] | None = None) -> int:
+    """Threads for a CPU rank: its CPUs (``cpus_for_rank``) less those other processes keep busy
+    now (:func:`busy_elsewhere`), at least 1: on a machine of 2 cores beside 4 busy processes, 1
+    thread where torch would start 2 that wait on each other."""
+    mine = cpus_for_rank(local_world_size, env)
+    try:
+        total = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        total = os.cpu_count() or 1
+    free = int(total - busy_elsewhere() + 0.5) // max(local_world_size, 1)
+    return max(1, min(mine, free))
+
+
+def busy_elsewhere(samples: int = 5, every_s: float = 0.04) -> float:
+    """Threads of other processes running or ready to run now: the median of a few readings of
+    /proc/loadavg's runnable count, less this thread. The 1-minute load average (elsewhere) lags
+    a minute behind processes that just started."""
+    import statistics
+    import time
+
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            break
+        if i + 1 < samples:
+            time.sleep(every_s)
+    if counts:
+        return max(0.0, statistics.median(counts))
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except (OSError, AttributeError):
+        return 0.0
+
+
 def host_memory_bytes() -> int:
     """The host memory this job may use: the cgroup limit when one is set, else the machine's."""
     for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):

@@ -5,7 +5,8 @@ other. The lock file is created atomically (a hard link to a written record, whi
 lock exists, also on network file systems) and holds the holder's host, pid, process start and
 scheduler job; it is removed when the trainer ends, also on an error or a stop signal. A lock
 whose process is gone from this host (a kill) is taken over; one held on another host cannot be
-checked from here and is only taken with ``force``. A job that the scheduler requeued (the same
+checked from here and is only taken with ``force``, unless the scheduler here says the holder's
+job has ended (the previous job of a chain, killed). A job that the scheduler requeued (the same
 job id) takes over its own lock.
 """
 
@@ -15,7 +16,9 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,9 +54,31 @@ def _job() -> str | None:
     return next((os.environ[v] for v in JOB_VARIABLES if os.environ.get(v)), None)
 
 
+def job_ended(job: str) -> bool:
+    """Whether the scheduler here says job ``job`` no longer runs (a job of a chain that was
+    killed before it could free its lock); False when no scheduler answers."""
+    if not job.replace("_", "").replace(".", "").isdigit():
+        return False
+    for command, gone in ((["squeue", "-h", "-j", job, "-o", "%T"], "Invalid job id"),
+                          (["qstat", "-j", job], "do not exist")):
+        if shutil.which(command[0]) is None:
+            continue
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        said = done.stdout.strip()
+        if command[0] == "squeue" and done.returncode == 0:
+            return said in ("", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+                            "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+        return gone in done.stdout + done.stderr
+    return False
+
+
 def _describe(holder: dict[str, Any]) -> str:
     job = f", job {holder['job']}" if holder.get("job") else ""
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["since"])) if holder.get("since") else "?"
+    at = holder.get("since")
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)) if isinstance(at, (int, float)) else "?"
     return f"pid {holder.get('pid')} on host {holder.get('host')}{job}, since {since}"
 
 
@@ -75,7 +100,7 @@ class RunLock:
                 return self
             holder = self._read()
             if holder is None:
-                continue  # removed (or half-written by a writer that is about to finish) meanwhile
+                continue  # its holder removed it meanwhile
             why = self._stale(holder, force)
             if why is None:
                 raise UserError(
@@ -107,6 +132,8 @@ class RunLock:
         job = self.record["job"]
         if job is not None and holder.get("job") == job:
             return f"job {job} was requeued, and this is its new run"
+        if isinstance(holder.get("job"), str) and job_ended(holder["job"]):
+            return f"the scheduler no longer runs job {holder['job']}"
         return "--force was passed" if force else None
 
     def _create(self) -> bool:

@@ -37,7 +37,7 @@ from diffscale.runtime.device import (
 )
 from diffscale.runtime.distributed import DistContext, detect_launch, init_distributed
 from diffscale.runtime.parallelize import parallelize, trains_in_cuda_graphs
-from diffscale.runtime.resources import cpus_for_rank
+from diffscale.runtime.resources import cpus_for_rank, free_cpu_threads
 from diffscale.runtime.runlock import RunLock
 from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import Generated, count_parameters
@@ -145,10 +145,8 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)
     configure_backends(policy)
-    if device.type == "cpu" and launch.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Several CPU ranks on one host each spinning up all cores' threads slow every one
-        # of them down many times over: give each rank its share.
-        torch.set_num_threads(cpus_for_rank(launch.local_world_size))
+    if device.type == "cpu":
+        set_cpu_threads(cfg.runtime.cpu_threads, launch.local_world_size, console)
     ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
     stop = StopFlag().install()
@@ -181,6 +179,23 @@ class _Lock:
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+
+def set_cpu_threads(asked: int, local_world_size: int, console: Console) -> None:
+    """``runtime.cpu_threads``, else (unless ``OMP_NUM_THREADS`` is set) the cores this rank may use
+    that other processes leave free: threads beyond them, and several CPU ranks on one host each
+    starting a thread per core, wait for each other and slow every step many times over."""
+    if asked:
+        torch.set_num_threads(asked)
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = free_cpu_threads(local_world_size)
+    if threads < cpus_for_rank(local_world_size):
+        console.print(f"note: other processes keep this machine's cores busy: training with {threads} CPU thread"
+                      f"{'s' if threads > 1 else ''} of {cpus_for_rank(local_world_size)} (set runtime.cpu_threads "
+                      "to choose)", highlight=False)
+    torch.set_num_threads(threads)
 
 
 def run_compile_cache(run_dir: Path) -> Path:

@@ -72,6 +72,7 @@ from diffscale.runtime.parallelize import parallelize
 from diffscale.runtime.resources import check_fits
 from diffscale.runtime.runlock import RunLock
 from diffscale.tasks.fields.task import FieldTask
+from diffscale.training.loop import set_cpu_threads
 from diffscale.training.online_sampling import EnsembleSampler
 from diffscale.training.state import RunState
 from diffscale.training.step import StepRunner
@@ -96,17 +97,7 @@ class OnlineTrainer:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
-        batch = max(2, cfg.effective_batch(1))
-        if not _whole(capacity, batch):
-            why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
-                   else "is not a whole number of samples")
-            raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
-        if ready_at is not None and not _whole(ready_at, batch, capacity):
-            why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
-                   else f"is below one batch of {batch} samples" if ready_at < batch
-                   else f"is more than the buffer's capacity of {capacity} samples")
-            raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
-                            "buffer holds before training starts), or leave it out to start once it is full")
+        _check_sizes(capacity, ready_at, max(2, cfg.effective_batch(1)))
         spec = BufferSpec(buffer_policy(policy), int(capacity))
         cfg = copy.deepcopy(cfg)
         cfg.data.source = spec.source
@@ -115,6 +106,8 @@ class OnlineTrainer:
         device = pick_device(cfg.runtime.device)
         policy_ = resolve_policy(cfg.runtime, device)
         configure_backends(policy_)
+        if device.type == "cpu":  # beside the simulation's ranks, on the cores they leave
+            set_cpu_threads(cfg.runtime.cpu_threads, 1, self.console)
         # Always one process, whatever launcher started the simulation around it (srun, mpirun).
         ctx = DistContext(LaunchInfo(launcher="single"), device)
         state = ckpt.load_latest(self.run_dir, log=self._say)
@@ -379,6 +372,22 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def _check_sizes(capacity: object, ready_at: object, batch: int) -> None:
+    """``capacity`` and ``ready_at`` are whole numbers of samples, at least one batch; ``ready_at``
+    at most ``capacity``."""
+    if not _whole(capacity, batch):
+        why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
+               else "is not a whole number of samples")
+        raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
+    assert isinstance(capacity, numbers.Integral)
+    if ready_at is not None and not _whole(ready_at, batch, int(capacity)):
+        why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
+               else f"is below one batch of {batch} samples" if int(ready_at) < batch  # type: ignore[call-overload]
+               else f"is more than the buffer's capacity of {capacity} samples")
+        raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
+                        "buffer holds before training starts), or leave it out to start once it is full")
 
 
 def _whole(value: object, low: float, high: float = math.inf) -> bool:
