@@ -24,11 +24,14 @@ from diffscale.runtime.resources import busy_elsewhere
 SPIN = "while True: pass"
 
 
-def _train(out: Path, preset: str, steps: int, threads: int) -> float:
+def _train(out: Path, preset: str, steps: int, threads: int, batch: int | None) -> float:
     """Median samples/s of a fresh ``diffscale train`` process over its logged steps after the first third."""
     cmd = [sys.executable, "-m", "diffscale", "train", "--preset", preset, "--device", "cpu", "--out", str(out),
            "--set", f"train.steps={steps}", "--set", "train.log_every=5", "--set", f"train.checkpoint_every={steps}",
-           "--set", "train.sample_every=0", "--set", f"runtime.cpu_threads={threads}"]
+           "--set", "train.sample_every=0", "--set", "train.sample_count=1", "--set", "train.sample_steps=1",
+           "--set", f"runtime.cpu_threads={threads}"]
+    if batch:
+        cmd += ["--set", f"train.batch_per_gpu={batch}"]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=3600)
     rates = [r["samples_per_s"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
@@ -36,12 +39,12 @@ def _train(out: Path, preset: str, steps: int, threads: int) -> float:
     return statistics.median(rates)
 
 
-def measure(busy: int, preset: str, steps: int, threads: int) -> dict[str, float | int]:
+def measure(busy: int, preset: str, steps: int, threads: int, batch: int | None) -> dict[str, float | int]:
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
     try:
         before = busy_elsewhere()
         with tempfile.TemporaryDirectory() as tmp:
-            rate = _train(Path(tmp) / "run", preset, steps, threads)
+            rate = _train(Path(tmp) / "run", preset, steps, threads, batch)
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -54,13 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 2, 4], help="busy processes beside training")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch", type=int, help="train.batch_per_gpu (default: the preset's)")
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     rows = []
     for busy in args.busy:
         for threads in (0, cores):  # 0: chosen from the free cores; cores: a thread per core
-            rows.append(measure(busy, args.preset, args.steps, threads))
+            rows.append(measure(busy, args.preset, args.steps, threads, args.batch))
             row = rows[-1]
             print(f"busy {busy}  threads {'auto' if threads == 0 else threads:>4}  "
                   f"{row['samples_per_s']:8.1f} samples/s  (busy elsewhere at start {row['busy_elsewhere_at_start']})",
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         from diffscale.io.atomic import write_text
 
         write_text(args.json, json.dumps({"cores": cores, "preset": args.preset, "steps": args.steps,
-                                          "rows": rows}, indent=1))
+                                          "batch": args.batch, "rows": rows}, indent=1))
     return 0
 
 
