@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 from diffscale.cli_parser import ExampleFormatter, Parser, verb
 from diffscale.config import ConfigSources, resolve_config
-from diffscale.errors import EXIT_USER_ERROR, UserError
+from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 
 
@@ -44,8 +46,49 @@ def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
     return os.path.join("runs", preset), ""
 
 
+class ReaderGoneSafe:
+    """stdout that outlives its reader: once the pipe's reader is gone (``train ... | head -1``), the
+    rest is discarded instead of raising BrokenPipeError out of the next progress line -- which
+    ended a run without its last checkpoint. The run's own files (metrics.jsonl, TensorBoard,
+    checkpoints) still get everything."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        with contextlib.suppress(OSError, ValueError):  # the interpreter's own flush at exit then succeeds
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    if not isinstance(sys.stdout, ReaderGoneSafe):
+        sys.stdout = ReaderGoneSafe(sys.stdout)
 
     at_least(args.max_steps, 1, "--max-steps", "100")
     cfg = resolve_config(config_sources(args))
@@ -58,7 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(why)
     from diffscale.training.loop import train
 
-    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True))
+    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True),
+                    force=args.force)
     return outcome.exit_code
 
 
@@ -71,6 +115,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     at_least(args.n, 1, "--n", "64")
     at_least(args.steps, 1, "--steps", "50")
     at_least(args.members, 1, "--members", "16")
+    check_seed(args.seed)
     if args.cond:
         return sample_ensembles(args)
     if args.members is not None:
@@ -132,6 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.features is not None and args.features.count(":") != 1:
         raise UserError(f"--features '{args.features}' is not module:function",
                         "name a function returning a torch module, e.g. mypackage.features:build")
+    check_seed(args.seed)
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
                         device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps,
                         sampler=args.sampler, checkpoint=args.checkpoint, features=args.features, data=args.data)
@@ -220,6 +266,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recipe", choices=["fast", "plain"],
                    help="fast (default: compiled, resident data) or plain (the common recipe, for comparison)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--force", action="store_true",
+                   help="take the run dir's lock from a trainer on another host that has ended (a killed job)")
     p.set_defaults(func=cmd_train)
 
 

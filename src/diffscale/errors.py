@@ -30,3 +30,16 @@ def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
     return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+SEED_MAX = 2**63 - 1
+"""Seeds run from 0 to this (a torch generator's and numpy's range, on every verb and the API)."""
+
+
+def check_seed(seed: object, name: str = "--seed") -> int:
+    """``seed`` as an int from 0 to :data:`SEED_MAX`, or one error naming the range: the same
+    rule for ``sample``, ``eval`` and ``OnlineTrainer.sample``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise UserError(f"{name} {seed!r} is out of range (a seed is a whole number from 0 to 2**63 - 1)",
+                        "pass a seed from 0 to 2**63 - 1 (the same seed gives the same samples), e.g. 0")
+    return seed

@@ -87,6 +87,20 @@ def _npz(name: str, truncated: bool = False, **arrays: list[float]) -> Setup:
     return make
 
 
+def _zeros(name: str, shape: tuple[int, ...]) -> Setup:
+    def make(ws: Path) -> None:
+        import numpy as np
+
+        np.savez(ws / name, images=np.zeros(shape, dtype=np.uint8))
+    return make
+
+
+def _utf16(name: str, text: str) -> Setup:
+    def make(ws: Path) -> None:
+        (ws / name).write_bytes(text.encode("utf-16"))  # with its byte-order mark, as Windows editors save
+    return make
+
+
 _BAD_PROFILE = "name: x\nscheduler: slurm\npartitions:\n  cpu:\n    gpus_per_node: 0\n    gpu_count: 2\n"
 
 
@@ -124,12 +138,15 @@ CASES = [
     Case("train {ws}/missing.yaml", "does not exist"),
     Case("train {ws}/bad.yaml", "is not valid YAML", (_file("bad.yaml", "a: [b"),)),
     Case("train {ws}/list.yaml", "does not hold a mapping", (_file("list.yaml", "- a\n- b\n"),)),
+    Case("train {ws}/utf16.yaml", "is not UTF-8 text (byte 0 is 0xff; a UTF-16 file",
+         (_utf16("utf16.yaml", "train:\n  steps: 4\n"),)),
     Case("train {ws}/locked.yaml", "permission denied", (_file("locked.yaml", "train: {}\n", 0),), locked=True),
     Case("train --preset nope", "nope"),
     Case("train --set train.stpes=5", "unknown config key 'train.stpes'"),
     Case("train --set train.steps=abc", "train.steps"),
     Case("train --set train.steps=-1", "train.steps"),
     Case("train --set noequals", "has no '='"),
+    Case("train --set runtime.cpu_threads=-1", "config runtime.cpu_threads: -1 is not a whole number from 0 to 4096"),
     Case("train --set task=imagse", "is not one of"),
     Case("train --device tpu", "invalid choice: 'tpu'"),
     Case("train --bogus", "unrecognized arguments: --bogus"),
@@ -139,6 +156,10 @@ CASES = [
     Case("train --data emnist:{ws}/nothing --out {ws}/t", "EMNIST"),
     Case("train --data npz:{ws}/cut.npz --out {ws}/t", "cannot read array file",
          (_npz("cut.npz", truncated=True, images=[[[0.0] * 8] * 8] * 64),)),
+    Case("train --data npz:{ws}/flat.npz --out {ws}/t", "has shape (10, 0, 5): no pixels",
+         (_zeros("flat.npz", (10, 0, 5)),)),
+    Case("train --data npz:{ws}/none.npz --out {ws}/t", "has shape (0, 8, 8): no images",
+         (_zeros("none.npz", (0, 8, 8)),)),
     Case("train --out {run}", "already holds checkpoints", RUN),
     Case("train --out {run} --resume auto", "every checkpoint in", (_run, _damaged)),
     Case("train --out {run} --resume auto", "is not readable", (_run, _unreadable), locked=True),
@@ -170,6 +191,9 @@ CASES = [
     Case("sample {run} --n -1", "--n -1 is out of range", RUN),
     Case("sample {run} --steps 0", "--steps 0 is out of range", RUN),
     Case("sample {run} --n abc", "invalid int value: 'abc'", RUN),
+    Case("sample {run} --seed -1", "--seed -1 is out of range (a seed is a whole number from 0 to 2**63 - 1)", RUN),
+    Case("sample {run} --seed 18446744073709551616", "--seed 18446744073709551616 is out of range", RUN),
+    Case("sample {run} --n 10000000000", "sampling --n 10000000000 needs about", RUN),
     Case("sample {run} --sampler euler", "invalid choice: 'euler'", RUN),
     Case("sample {run} --out {ws}/afile/x.png", "lies under", (_run, _file("afile"))),
     Case("sample {run} --out {ws}", "is a folder, not a file", RUN),
@@ -205,6 +229,8 @@ CASES = [
     Case(f"{FIELDS} --data builtin:nope", "holds images, not fields"),
     Case(f"{FIELDS} --data imagefolder:{{ws}}", "is not field data"),
     Case(f"{FIELDS} --data spool:{{ws}}/nospool", "spool directory"),
+    Case(f"{FIELDS} --data spool:{{ws}}/sp:1000000000000", "a replay buffer of 1,000,000,000,000 samples",
+         (_folder("sp"),)),
     Case(f"{POLICY} --data npz:{{ws}}/missing.npz", "episode data"),
     Case(f"{POLICY} --data npz:{{ws}}/x.npz", "has no 'obs' or 'action' array", (_npz("x.npz", x=[[1.0]]),)),
     Case(f"{POLICY} --data npz:{{ws}}/cut.npz", "cut.npz' is not a .npz archive (numpy.savez writes a zip file)",
@@ -238,6 +264,8 @@ CASES = [
     Case("train --set train.eval_features=nocolon --out {ws}/t",
          "train.eval_features: 'nocolon' is not module:function"),
     Case("train --set train.sample_sampler=euler --out {ws}/t", "train.sample_sampler"),
+    Case("eval {run} --seed -1", "--seed -1 is out of range (a seed is a whole number from 0 to 2**63 - 1)", RUN),
+    Case("eval {run} --seed 9223372036854775808", "--seed 9223372036854775808 is out of range", RUN),
     Case("eval {ws}/nowhere", "is not a diffscale run"),
     Case("eval {run}", "every checkpoint in", (_run, _damaged)),
     Case("eval {run}", "is not readable", (_run, _unreadable), locked=True),

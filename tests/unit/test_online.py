@@ -2,10 +2,12 @@
 simulation loop (push -> train -> sample -> checkpoint -> restart -> resume, bit for bit)."""
 
 import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,7 +249,11 @@ def checkpoint_and_resume(trainer: OnlineTrainer, sim: FakeSimulation, run_dir, 
         trainer.push(*chunk)
     trainer.train_for(steps=steps)
     expected, expected_buffer = _weights(trainer), trainer.buffer.state_tensors()
-    resumed = OnlineTrainer(run_dir, _cfg(), capacity=480, ready_at=240)
+    # The first trainer goes on living here: the restarted one resumes a copy of its run (without
+    # its lock), as a simulation restarted on another node would.
+    restarted = Path(run_dir).with_name("restarted")
+    shutil.copytree(run_dir, restarted, ignore=shutil.ignore_patterns("train.lock"))
+    resumed = OnlineTrainer(restarted, _cfg(), capacity=480, ready_at=240)
     restored(resumed)
     for chunk in later:
         resumed.push(*chunk)
@@ -264,6 +270,7 @@ def test_a_run_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_it_ho
         trainer.push(*sim.output())
     assert trainer.train_for(steps=2)["steps"] == 2
     trainer.checkpoint()
+    trainer.close()
     resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480)
     resumed.push(*sim.output())
     assert not resumed.ready()  # ready_at: the 480 of a full buffer
@@ -284,6 +291,7 @@ def test_a_run_resumed_with_a_smaller_buffer_is_refused_with_the_size_it_needs(t
         trainer.push(*sim.output())
     trainer.train_for(steps=1)
     trainer.checkpoint()
+    trainer.close()
     with pytest.raises(UserError) as caught:
         OnlineTrainer(tmp_path / "run", _cfg(), capacity=160, ready_at=160)
     assert "the checkpoint's buffer (240 rows of (256,)) does not fit online:fifo:160" in str(caught.value)
@@ -378,6 +386,16 @@ def test_bad_input_never_stops_the_simulation_loop(tmp_path, capsys):
         trainer.train_for(steps=-5)
     with pytest.raises(UserError, match="push's sim_time=None is not a number -- pass the simulation time"):
         trainer.push(cond, x, sim_time=None)
+    for sim_time in (float("nan"), float("inf"), np.float32("nan")):
+        with pytest.raises(UserError, match=re.escape(f"push's sim_time={sim_time!r} is not a finite number -- pass")):
+            trainer.push(cond, x, sim_time=sim_time)
+    for wrong_x, what in [(x.astype(np.complex64), "complex numbers"), (x.astype(object), "Python objects"),
+                          (x.astype(str), "strings"), (x.astype(bytes), "bytes")]:
+        with pytest.raises(UserError, match=f"pushed x holds {what}.*, not real numbers -- push arrays of real"):
+            trainer.push(cond, wrong_x, 0.0)
+    with pytest.raises(UserError, match="pushed cond holds complex numbers"):
+        trainer.push(cond + 1j, x, 0.0)
+    assert trainer.buffer.size == 0 and len(trainer._pending) == 1  # none of them was taken
     trainer.push(torch.tensor(cond[5:10], requires_grad=True), torch.tensor(x[5:10]), 1.0)  # of an autograd graph
     expected = torch.tensor(x[5:10], dtype=torch.float32)
     assert trainer.ready() and torch.equal(trainer.buffer.x[75:80], expected) and trainer.buffer.size == 80
@@ -441,6 +459,7 @@ def test_a_follower_trains_on_what_a_writer_process_spools(tmp_path):
         assert writer.poll() in (None, 0)
     assert trainer.buffer.size == 480 and trainer.buffer.latest_time() == 3000.0 and trainer.run_state.step > 0
     trainer.checkpoint()
+    trainer.close()
     resumed = OnlineTrainer(tmp_path / "run", _cfg(), capacity=480, ready_at=160)
     resumed.follow(spool)
     resumed.train_for(steps=1)

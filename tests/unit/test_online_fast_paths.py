@@ -161,7 +161,11 @@ def test_sample_refuses_arguments_out_of_range_and_gives_nan_for_a_nan_condition
             ({"steps": 0}, "sample's steps=0 is not a whole number from 1 to 50"),
             ({"n_members": -1}, "sample's n_members=-1 is not a whole number of at least 1 -- pass n_members=1"),
             ({"n_members": 2.0}, "sample's n_members=2.0 is not a whole number of at least 1"),
-            ({"seed": None}, "sample's seed=None is not a whole number from 0 to 2**63 - 1 -- pass seed= an integer")]:
+            ({"seed": None}, "sample's seed=None is not a whole number from 0 to 2**63 - 1 -- pass seed= an integer"),
+            ({"seed": -1}, "sample's seed=-1 is not a whole number from 0 to 2**63 - 1"),
+            ({"seed": 2**64}, "sample's seed=18446744073709551616 is not a whole number from 0 to 2**63 - 1"),
+            ({"n_members": 10**12}, "sample's 3 x 1000000000000 members needs about"),
+            ({"n_members": 10**12}, "-- ask for fewer members per call (n_members=, or fewer cells at a time)")]:
         with pytest.raises(UserError, match=re.escape(message)):
             trainer.sample(cond, **{"n_members": 2, "steps": 3, **wrong})
     assert trainer.sample(cond, n_members=np.int64(2), steps=np.int32(3), seed=np.uint8(4)).shape == (3, 2, 256)

@@ -42,3 +42,36 @@ def test_the_memory_line_s_terms_multiply_to_its_total():
     node = host_memory(4, workers=8, rank_bytes=int(5.14 * GIB), worker_bytes=int(7.34 * GIB))
     assert node.describe() == "4 ranks x (1 rank ~5.1 GiB + 8 loader workers x ~7.3 GiB) = 254 GiB"
     assert node.node_bytes / GIB > 255  # the checks keep the exact figure
+
+
+def test_cpu_threads_leave_the_cores_other_processes_keep_busy(monkeypatch):
+    import os
+
+    from diffscale.runtime import resources
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.delenv("NSLOTS", raising=False)
+    for busy, expected in [(0.0, cores), (cores - 1, 1), (cores + 3, 1)]:
+        monkeypatch.setattr(resources, "busy_elsewhere", lambda busy=busy: busy)
+        assert resources.free_cpu_threads(1) == expected
+    monkeypatch.setattr(resources, "busy_elsewhere", lambda: 0.0)
+    assert resources.free_cpu_threads(cores * 2) == 1  # ranks share the free cores, each at least one
+    assert resources.busy_elsewhere() >= 0  # read from this machine's /proc/loadavg
+
+
+def test_runtime_cpu_threads_sets_the_threads_a_cpu_run_uses(tmp_path):
+    import torch
+
+    from diffscale.cli import main
+
+    from helpers import micro_args
+
+    before = torch.get_num_threads()
+    asked = 2 if before == 1 else 1  # not what the process has already
+    try:
+        assert main(["train", "--out", str(tmp_path / "run"), "--set", f"runtime.cpu_threads={asked}",
+                     *micro_args(steps=2)]) == 0
+        assert torch.get_num_threads() == asked
+    finally:
+        torch.set_num_threads(before)

@@ -17,6 +17,7 @@ from diffscale.config.errors import fail as _fail
 from diffscale.config.models import MODEL_CONFIGS
 from diffscale.config.schema import RunConfig, Toggle
 from diffscale.errors import UserError, closest
+from diffscale.io.atomic import write_text
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -166,7 +167,11 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file '{path}' does not exist", "pass the path of a YAML config, or use --preset NAME")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"config file '{path}' is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}; "
+                        "a UTF-16 file, as some Windows editors save, starts with 0xff 0xfe)",
+                        "save it as UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 FILE > NEW.yaml)") from exc
     except yaml.YAMLError as exc:
         raise UserError(f"config file '{path}' is not valid YAML ({str(exc).splitlines()[0]})",
                         "fix the YAML syntax") from exc
@@ -179,4 +184,4 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def write_yaml(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(cfg.to_yaml())
+    write_text(path, cfg.to_yaml())

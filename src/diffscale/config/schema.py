@@ -327,6 +327,11 @@ class RuntimeConfig:
     (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md, "Attention kernels"), else
     ``sdpa`` (PyTorch picks a kernel per call); ``flex``: FlexAttention always (compiled CUDA only);
     ``flash``, ``efficient``, ``cudnn``, ``math``: that SDPA kernel only."""
+    cpu_threads: int = 0
+    """Threads of a CPU rank's operations (``torch.set_num_threads``). ``0`` (auto): the CPUs this
+    rank may use less those other processes keep busy now (the load average), at least 1, unless
+    ``OMP_NUM_THREADS`` is set; a thread per core on a machine whose cores are taken makes the
+    threads wait for each other (docs/benchmarks.md, "CPU training beside busy processes")."""
     join_timeout_s: float = 300.0
     """Seconds to wait for all ranks to join before failing with a diagnosis."""
     collective_timeout_s: float = 1800.0
@@ -344,6 +349,10 @@ class RuntimeConfig:
     for slow links between nodes."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) \
+                or not 0 <= self.cpu_threads <= 4096:
+            _fail("runtime.cpu_threads", f"{self.cpu_threads!r} is not a whole number from 0 to 4096",
+                  "use 0 (auto: the free cores) or the number of threads, e.g. 2")
         if self.join_timeout_s <= 0:
             _fail("runtime.join_timeout_s", "must be positive", "use e.g. 300")
         if self.collective_timeout_s <= 0:

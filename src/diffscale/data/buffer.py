@@ -22,6 +22,7 @@ import torch
 
 from diffscale.data.device_loader import DataPosition
 from diffscale.errors import UserError, closest
+from diffscale.runtime.resources import check_fits
 
 
 class BufferPolicy(str, enum.Enum):
@@ -73,6 +74,10 @@ class ReplayBuffer:
     def __init__(self, spec: BufferSpec, cond_dim: int, x_shape: tuple[int, ...], device: torch.device,
                  seed: int = 0) -> None:
         self.spec = spec
+        row = 4 * (cond_dim + math.prod(x_shape))
+        check_fits(spec.capacity * row + 8 * spec.capacity, f"a replay buffer of {spec.capacity:,} samples "
+                   f"({row:,} bytes each)", "give the buffer fewer samples (the N of --data spool:DIR:N, or "
+                   "OnlineTrainer's capacity=)", str(device))
         self.cond = torch.zeros((spec.capacity, cond_dim), device=device)
         self.x = torch.zeros((spec.capacity, *x_shape), device=device)
         self.sim_time = torch.zeros(spec.capacity, dtype=torch.float64)
@@ -223,6 +228,20 @@ def chunk_times(rows: int, sim_time: float) -> torch.Tensor:
     return torch.full((rows,), float(sim_time), dtype=torch.float64)
 
 
+def _real_numbers(values: object, name: str) -> None:
+    """Arrays of real numbers only: a complex array would lose its imaginary part in the float32
+    copy without a word, and objects or strings would fail inside numpy."""
+    try:
+        kind = (values if isinstance(values, np.ndarray) else np.asarray(values)).dtype.kind
+    except ValueError:  # rows of different lengths
+        kind = "O"
+    if kind not in "biuf":
+        what = {"c": "complex numbers", "U": "strings", "S": "bytes"}.get(kind, "Python objects or uneven rows")
+        raise MisfitArrays(f"{name} holds {what}", f"pushed {name} holds {what}, not real numbers",
+                           "push arrays of real numbers (float or int); for complex fields push the real and "
+                           "imaginary parts as separate fields")
+
+
 def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, int]:
     """``as_chunk``'s checks and copies as numpy arrays, in as few array operations as possible
     (``OnlineTrainer.push`` runs this on the simulation's thread: each operation may hand the
@@ -233,6 +252,8 @@ def as_arrays(cond: object, x: object, cond_dim: int, x_shape: tuple[int, ...]) 
         cond = cond.detach().to("cpu", torch.float32).numpy()
     if isinstance(x, torch.Tensor):
         x = x.detach().to("cpu", torch.float32).numpy()
+    _real_numbers(cond, "cond")
+    _real_numbers(x, "x")
     with np.errstate(over="ignore", invalid="ignore"):  # values beyond float32 become inf: dropped below
         c = np.array(cond, dtype=np.float32)  # a copy: the simulation may reuse its arrays
         v = np.array(x, dtype=np.float32)

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from diffscale.envs import pusht
 from diffscale.envs.reach2d import ACTION_DIM, LAYOUTS, MAX_STEPS, OBS_DIM, TWO_WAYS, Layout, Reach2D
 from diffscale.errors import UserError, closest
+from diffscale.io.atomic import atomic_path, write_text
 
 ENVIRONMENTS = ("auto", "reach2d", "reach2d-routes", "pusht")
 """The names ``diffscale eval --env`` takes."""
@@ -175,13 +176,13 @@ def summarize_coverage(results: list[Rollout]) -> dict[str, float]:
 
 def write_episodes(results: list[Rollout], path: Path, *, seed: int) -> Path:
     """One JSON line per episode (its seed, outcome, length, and coverage and score where scored)."""
-    with open(path, "w") as fh:
-        for i, r in enumerate(results):
-            line: dict[str, Any] = {"episode": i, "seed": seed + i, "success": r.success, "length": r.length,
-                                    "mode": r.mode}
-            line.update({k: v for k, v in (("coverage", r.coverage), ("score", r.score)) if v is not None})
-            fh.write(json.dumps(line) + "\n")
-    return path
+    lines = []
+    for i, r in enumerate(results):
+        line: dict[str, Any] = {"episode": i, "seed": seed + i, "success": r.success, "length": r.length,
+                                "mode": r.mode}
+        line.update({k: v for k, v in (("coverage", r.coverage), ("score", r.score)) if v is not None})
+        lines.append(json.dumps(line) + "\n")
+    return write_text(path, "".join(lines))
 
 
 def write_gifs(results: list[Rollout], out_dir: Path, *, fps: int = 15) -> list[Path]:
@@ -201,6 +202,7 @@ def write_gifs(results: list[Rollout], out_dir: Path, *, fps: int = 15) -> list[
         label = result.mode or ("none" if result.coverage is None else f"coverage{round(100 * result.coverage)}")
         path = out_dir / f"rollout_{i}_{label}_{'success' if result.success else 'failure'}.gif"
         stills: list[npt.ArrayLike] = [*result.frames, *[result.frames[-1]] * fps]  # hold the end a second
-        imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)
+        with atomic_path(path) as tmp:
+            imageio.mimsave(tmp, stills, duration=1.0 / fps, loop=0)
         written.append(path)
     return written

@@ -16,12 +16,15 @@ from rich.console import Console
 from rich.table import Table
 
 from diffscale.diffusion.inference import sampling_network
+from diffscale.errors import check_seed
 from diffscale.inference.trained import load_trained
+from diffscale.io.atomic import write_text
 
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
                  as_json: bool, env: str = "auto", max_episode_steps: int | None = None, sampler: str | None = None,
                  checkpoint: int | None = None, features: str | None = None, data: str | None = None) -> int:
+    check_seed(seed, "eval's seed")
     run = load_trained(run_dir, device, step=checkpoint, eval_features=features)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
@@ -41,7 +44,7 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     record = {"kind": "eval", "step": run.step, "task": run.cfg.task, "steps": steps, "seed": seed,
               **({"data": data} if data else {}), **scores,
               "time": time.time()}
-    (out_dir / "metrics.json").write_text(json.dumps(record, indent=1))
+    write_text(out_dir / "metrics.json", json.dumps(record, indent=1))
     with open(run.run_dir / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps(record) + "\n")
     if as_json:

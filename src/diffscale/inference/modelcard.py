@@ -13,6 +13,7 @@ from typing import Any
 from diffscale import __version__
 from diffscale.config import RunConfig
 from diffscale.io import rundir
+from diffscale.io.atomic import write_bytes, write_text
 from diffscale.tasks.base import HubListing
 
 CARD_NAME = "README.md"
@@ -128,10 +129,10 @@ def _plain(section: Any) -> dict[str, Any]:
 def write_card(out_dir: Path, text: str, run_dir: Path) -> None:
     """The card, the run's resolved config, and the newest preview grid where there is one."""
     out_dir = Path(out_dir)
-    (out_dir / CARD_NAME).write_text(text)
+    write_text(out_dir / CARD_NAME, text)
     config = Path(run_dir) / "config.yaml"
     if config.is_file() and not (out_dir / "diffscale_config.yaml").exists():
-        (out_dir / "diffscale_config.yaml").write_text(config.read_text())
+        write_text(out_dir / "diffscale_config.yaml", config.read_text())
     grids = rundir.sample_grids(run_dir)
     if grids and not (out_dir / SAMPLES_NAME).exists():
-        (out_dir / SAMPLES_NAME).write_bytes(grids[-1][1].read_bytes())
+        write_bytes(out_dir / SAMPLES_NAME, grids[-1][1].read_bytes())

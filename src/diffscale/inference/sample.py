@@ -9,7 +9,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
@@ -24,7 +24,13 @@ from rich.progress import (
 )
 
 from diffscale.diffusion.sampler import SamplerKind, SamplingProgress
-from diffscale.errors import UserError
+from diffscale.errors import UserError, check_seed
+from diffscale.runtime.resources import check_fits, memory_free
+
+if TYPE_CHECKING:
+    import torch
+
+    from diffscale.tasks.base import Task
 
 
 class LogProgress:
@@ -84,6 +90,38 @@ def progress_for(console: Console) -> SamplingProgress:
     return LogProgress(lambda line: console.print(line, markup=False, highlight=False))
 
 
+TRAJECTORY_FRAMES = 26
+"""Frames a denoising animation holds (``trajectory_every = steps // 25``, and the last)."""
+
+
+def bytes_per_sample(task: Task, network: torch.nn.Module, *, frames: int = 0) -> int:
+    """Memory one more sample takes while a batch is generated, estimated from one forward pass on
+    one example: the sample, its noise and the network's output (each the size of the input), the
+    trajectory's frames, and the network's three largest activations (one in flight, its input,
+    a skip connection held for the way up)."""
+    import torch
+
+    from diffscale.diffusion.sampler import evaluating
+
+    inputs = task.example_inputs(1)
+    sizes: list[int] = []
+
+    def record(module: torch.nn.Module, args: object, output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            sizes.append(output.numel() * output.element_size())
+
+    leaves = [m for m in network.modules() if not any(True for _ in m.children())]
+    hooks = [m.register_forward_hook(record) for m in leaves]
+    try:
+        with torch.no_grad(), evaluating(network):
+            network(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    sample = inputs[0].numel() * 4
+    return sample * (3 + frames) + sum(sorted(sizes)[-3:])
+
+
 def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int = 0, sampler: str = "ddim",
                gif: bool = False, out: Path | str | None = None, device: str | None = None,
                console: Console | None = None) -> list[Path]:
@@ -99,6 +137,7 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     from diffscale.inference.trained import load_trained
     from diffscale.tasks.base import preview
 
+    check_seed(seed, "sample_run's seed")
     run = load_trained(Path(run_dir), device)
     status = console or Console(stderr=True, soft_wrap=True)
     trained = run.cfg.diffusion.num_train_timesteps
@@ -106,6 +145,11 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
         status.print(f"note: --steps {steps} is more than the {trained} timesteps this run was trained with: "
                      f"sampling {trained} steps", markup=False, highlight=False)
         steps = trained
+    need = n * bytes_per_sample(run.task, run.network, frames=TRAJECTORY_FRAMES if gif else 0)
+    device_name = str(next(run.network.parameters()).device)
+    fits = max(1, int(n * memory_free(device_name)[0] // max(need, 1)))
+    check_fits(need, f"sampling --n {n}", f"ask for fewer at a time (--n {min(fits, n - 1)} or less) and "
+               "run sample again with other --seed values", device_name)
     name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}.png"
     target = Path(out) if out else run.run_dir / "samples" / name
     with reporting(progress_for(status)):

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from diffscale.io.atomic import atomic_path
+
 MP4_WRITER = "imageio_ffmpeg"
 """imageio's MP4 writer; its PyPI package (imageio-ffmpeg, diffscale's ``video`` extra) ships an ffmpeg binary."""
 MP4_MISSING = ("no MP4 writer is installed, so only the GIF was written -- pip install imageio-ffmpeg "
@@ -47,8 +49,8 @@ def save_grid(images: torch.Tensor, path: Path) -> Path:
     from PIL import Image
 
     grid = make_grid(images, scale=_upscale_for(images))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid[..., 0] if grid.shape[-1] == 1 else grid).save(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(grid[..., 0] if grid.shape[-1] == 1 else grid).save(tmp)
     return path
 
 
@@ -60,15 +62,16 @@ def save_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 12) -> 
     stills = [make_grid(f, scale=scale) for f in frames]
     stills = [s[..., 0] if s.shape[-1] == 1 else s for s in stills]
     stills += [stills[-1]] * fps  # hold the final grid for a second
-    path.parent.mkdir(parents=True, exist_ok=True)
     # imageio's stub asks for list[ArrayLike] (invariant), which a list of arrays is not to mypy
-    imageio.mimsave(path, stills, duration=1.0 / fps, loop=0)  # type: ignore[arg-type]
+    with atomic_path(path) as tmp:
+        imageio.mimsave(tmp, stills, duration=1.0 / fps, loop=0)  # type: ignore[arg-type]
     written = [path]
     if not mp4_writer_installed():  # GIF only; `diffscale sample --gif` says so
         return written
     mp4 = path.with_suffix(".mp4")
     rgb = [np.repeat(s[..., None], 3, axis=2) if s.ndim == 2 else s for s in stills]
-    imageio.mimsave(mp4, rgb, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
+    with atomic_path(mp4) as tmp:
+        imageio.mimsave(tmp, rgb, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
     written.append(mp4)
     return written
 

@@ -80,7 +80,10 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text",
+                        "restore it from a checkpoint's config, or save it as UTF-8") from exc
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML ({exc})",
                         "restore it from a checkpoint's config, or fix it") from exc

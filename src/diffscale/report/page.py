@@ -17,6 +17,7 @@ from typing import Any
 
 from diffscale.errors import UserError
 from diffscale.io import rundir
+from diffscale.io.atomic import write_text
 from diffscale.report.plots import curves_for, image_uri, plot, spread
 
 MOST_GRIDS = 12
@@ -141,7 +142,4 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     page = render(run_dir)
     target = Path(out) if out else run_dir / "report.html"
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(target)
-    return target
+    return write_text(target, page)

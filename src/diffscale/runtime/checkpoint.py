@@ -303,9 +303,41 @@ def load_checkpoint(path: Path) -> TrainingState:
         task = load_file(str(task_path)) if task_path.is_file() else {}
     except (SafetensorError, OSError, json.JSONDecodeError, ValueError) as exc:
         raise CorruptCheckpoint(f"{path.name}: {exc}") from exc
-    optimizer = _unflatten_optimizer(opt_tensors, meta.pop("optimizer"))
-    return TrainingState(step=int(meta["step"]), model=model, ema=ema, optimizer=optimizer,
+    _check_meta(meta, f"{path.name}: state.json")
+    try:
+        optimizer = _unflatten_optimizer(opt_tensors, meta.pop("optimizer"))
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CorruptCheckpoint(f"{path.name}: the optimizer state does not match its tensors ({exc!r})") from exc
+    return TrainingState(step=meta["step"], model=model, ema=ema, optimizer=optimizer,
                          meta=CheckpointMeta.from_json(meta, path.name), rng=rng, task=task)
+
+
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "config": (dict,), "signature": (dict,), "data_position": (dict,), "scaler": (dict, type(None)),
+    "world_size": (int,), "effective_batch": (int,), "lr_backoff": (int, float), "rollbacks": (int,),
+    "nonfinite_total": (int,), "saved_at": (int, float), "version": (int,), "format": (int,),
+}
+"""The type of each ``state.json`` field a checkpoint may hold (``step`` and ``optimizer`` must)."""
+
+
+def _check_meta(meta: object, where: str) -> None:
+    """A ``state.json`` that passes its checksum yet holds wrong content (an edit, a writer's bug)
+    is as damaged as a truncated one: CorruptCheckpoint naming the field."""
+    if not isinstance(meta, dict):
+        raise CorruptCheckpoint(f"{where} holds {type(meta).__name__}, not an object")
+    for key in ("step", "optimizer"):
+        if key not in meta:
+            raise CorruptCheckpoint(f"{where} has no '{key}'")
+    step = meta["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CorruptCheckpoint(f"{where}: step {step!r} is not a whole number of at least 0")
+    if not isinstance(meta["optimizer"], dict):
+        raise CorruptCheckpoint(f"{where}: optimizer is {type(meta['optimizer']).__name__}, not an object")
+    for key, types in _META_TYPES.items():
+        value = meta.get(key)
+        if key in meta and (isinstance(value, bool) or not isinstance(value, types)):
+            raise CorruptCheckpoint(f"{where}: {key} {value!r} is not of type "
+                                    f"{' or '.join(t.__name__ for t in types)}")
 
 
 def load_latest(run_dir: Path, *, log: Callable[[str], None] = print) -> TrainingState | None:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from diffscale.errors import UserError
+
 GIB = 2**30
 RANK_BASE_BYTES = 3 * GIB
 """Host memory of one training process besides its data: PyTorch, the CUDA context, model
@@ -125,6 +127,42 @@ def cpus_for_rank(local_world_size: int, env: Mapping[str, str] | None = None) -
     return max(1, available // max(local_world_size, 1))
 
 
+def free_cpu_threads(local_world_size: int, env: Mapping[str, str] | None = None) -> int:
+    """Threads for a CPU rank: its CPUs (``cpus_for_rank``) less those other processes keep busy
+    now (:func:`busy_elsewhere`), at least 1: on a machine of 2 cores beside 4 busy processes, 1
+    thread where torch would start 2 that wait on each other."""
+    mine = cpus_for_rank(local_world_size, env)
+    try:
+        total = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        total = os.cpu_count() or 1
+    free = int(total - busy_elsewhere() + 0.5) // max(local_world_size, 1)
+    return max(1, min(mine, free))
+
+
+def busy_elsewhere(samples: int = 5, every_s: float = 0.04) -> float:
+    """Threads of other processes running or ready to run now: the median of a few readings of
+    /proc/loadavg's runnable count, less this thread. The 1-minute load average (elsewhere) lags
+    a minute behind processes that just started."""
+    import statistics
+    import time
+
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            break
+        if i + 1 < samples:
+            time.sleep(every_s)
+    if counts:
+        return max(0.0, statistics.median(counts))
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except (OSError, AttributeError):
+        return 0.0
+
+
 def host_memory_bytes() -> int:
     """The host memory this job may use: the cgroup limit when one is set, else the machine's."""
     for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
@@ -160,3 +198,30 @@ def worker_budget(requested: int, *, cpus: int, host_bytes: int, ranks_on_host: 
     else:
         reason = f"{workers} of {cpus} CPUs per rank"
     return WorkerBudget(workers=workers, cpus=cpus, memory_bytes=host_bytes // max(ranks_on_host, 1), reason=reason)
+
+
+def memory_free(device: str = "cpu") -> tuple[int, str]:
+    """(bytes, what they are) that an allocation on ``device`` can take now: a GPU's free memory,
+    else the host memory available (psutil's estimate, within the job's cgroup limit)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free), f"free on the GPU ({torch.cuda.get_device_name(torch.device(device))})"
+    limit = host_memory_bytes()
+    try:
+        import psutil
+
+        limit = min(limit, int(psutil.virtual_memory().available))
+    except Exception:  # no psutil: the machine's (or the cgroup's) total is the bound
+        pass
+    return limit, "host memory available"
+
+
+def check_fits(need_bytes: float, what: str, fix: str, device: str = "cpu") -> None:
+    """Refuse, before allocating, what cannot fit: one error naming the size and the limit
+    (an absurd size otherwise ends in an allocator's traceback, or in swapping for minutes)."""
+    free, where = memory_free(device)
+    if need_bytes > free:
+        raise UserError(f"{what} needs about {gib(need_bytes):,.1f} GiB, more than the {gib(free):,.1f} GiB {where}",
+                        fix)

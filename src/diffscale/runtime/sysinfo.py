@@ -20,6 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from diffscale.io.atomic import write_text
+
 Rows = list[tuple[str, str]]
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "DIFFSCALE_", "HF_", "NVIDIA_",
@@ -178,9 +180,7 @@ def write_system(path: Path) -> None:
     except Exception as exc:  # an odd driver or /proc: the run matters more than its report
         facts = {"collected_at": datetime.datetime.now().isoformat(timespec="seconds"), "sections": [],
                  "topology": None, "error": f"{type(exc).__name__}: {exc}"}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(facts, indent=1))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(facts, indent=1))
 
 
 def _cell(text: str) -> str:

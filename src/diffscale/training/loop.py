@@ -23,6 +23,8 @@ from diffscale.config import RunConfig, write_yaml
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.data.locations import with_absolute_path
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_bytes
+from diffscale.io.rundir import read_config
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.compile_cache import CompileCache, open_compile_cache
 from diffscale.runtime.device import (
@@ -35,7 +37,8 @@ from diffscale.runtime.device import (
 )
 from diffscale.runtime.distributed import DistContext, detect_launch, init_distributed
 from diffscale.runtime.parallelize import parallelize, trains_in_cuda_graphs
-from diffscale.runtime.resources import cpus_for_rank
+from diffscale.runtime.resources import cpus_for_rank, free_cpu_threads
+from diffscale.runtime.runlock import RunLock
 from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import Generated, count_parameters
 from diffscale.training.state import RunState
@@ -132,8 +135,11 @@ def _adjust_for_world_size(cfg: RunConfig, state: ckpt.TrainingState, world: int
 
 
 def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps: int | None = None,
-          console: Console | None = None) -> TrainOutcome:
-    """Train until ``cfg.train.steps`` (or ``max_steps``), a stop signal, or an unrecoverable error."""
+          console: Console | None = None, force: bool = False) -> TrainOutcome:
+    """Train until ``cfg.train.steps`` (or ``max_steps``), a stop signal, or an unrecoverable error.
+
+    The run dir is locked while it trains (``RUN_DIR/train.lock``): another live trainer there is
+    refused. ``force``: take a lock held on another host (whose trainer has ended)."""
     console = console or Console(soft_wrap=True)
     run_dir = Path(run_dir)
     cfg = with_absolute_path(cfg)  # the run's config.yaml then resumes it from any directory
@@ -141,23 +147,57 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)
     configure_backends(policy)
-    if device.type == "cpu" and launch.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # Several CPU ranks on one host each spinning up all cores' threads slow every one
-        # of them down many times over: give each rank its share.
-        torch.set_num_threads(cpus_for_rank(launch.local_world_size))
+    if device.type == "cpu":
+        set_cpu_threads(cfg.runtime.cpu_threads, launch.local_world_size, console)
     ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
     stop = StopFlag().install()
+    lock = _Lock(RunLock(run_dir) if ctx.is_main else None, force)  # ranks share the run dir: one lock
     try:
-        return _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console, stop=stop)
+        return _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console, stop=stop,
+                    lock=lock)
     except NotImplementedError as exc:
         gap = mps_gap(exc, device)
         if gap is None:
             raise
         raise gap from exc
     finally:
+        lock.release()
         stop.restore()
         ctx.shutdown()
+
+
+@dataclass
+class _Lock:
+    """Rank 0's run-dir lock (None on the other ranks), and whether to take a foreign host's."""
+
+    lock: RunLock | None
+    force: bool
+
+    def take(self, say: Callable[[str], None]) -> None:
+        if self.lock is not None and not self.lock.held:
+            self.lock.acquire(force=self.force, say=say)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def set_cpu_threads(asked: int, local_world_size: int, console: Console) -> None:
+    """``runtime.cpu_threads``, else (unless ``OMP_NUM_THREADS`` is set) the cores this rank may use
+    that other processes leave free: threads beyond them, and several CPU ranks on one host each
+    starting a thread per core, wait for each other and slow every step many times over."""
+    if asked:
+        torch.set_num_threads(asked)
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = free_cpu_threads(local_world_size)
+    if threads < cpus_for_rank(local_world_size):
+        console.print(f"note: other processes keep this machine's cores busy: training with {threads} CPU thread"
+                      f"{'s' if threads > 1 else ''} of {cpus_for_rank(local_world_size)} (set runtime.cpu_threads "
+                      "to choose)", highlight=False)
+    torch.set_num_threads(threads)
 
 
 def run_compile_cache(run_dir: Path) -> Path:
@@ -192,14 +232,19 @@ def compile_note(cache_dir: Path, traced: CompileCache | None = None) -> str:
 
 
 def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
-                     console: Console, say: Say) -> RunState:
-    """A fresh run state, or one restored from the checkpoint ``resume`` names; writes config.yaml."""
+                     console: Console, say: Say, lock: _Lock) -> RunState:
+    """A fresh run state, or one restored from the checkpoint ``resume`` names; writes config.yaml.
+    The run dir is locked before anything in it is read (a new one: before it is first written)."""
+    if run_dir.is_dir():
+        lock.take(say)
     existing = ckpt.list_checkpoints(run_dir)
     if existing and resume is None:
         raise UserError(
             f"run dir '{run_dir}' already holds checkpoints (newest: {existing[-1].name})",
             "continue that run with --resume auto, or pass a new --out RUN_DIR",
         )
+    if existing:
+        _check_same_preset(cfg, run_dir)
     state = ckpt.load_resume(run_dir, resume, log=say) if resume else None
     if state is not None:
         cfg = _adjust_for_world_size(cfg, state, ctx.world_size, say)
@@ -217,17 +262,29 @@ def _start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: De
         say(f"resumed from step {state.step}")
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock.take(say)
         write_yaml(cfg, run_dir / "config.yaml")
     return run_state
 
 
+def _check_same_preset(cfg: RunConfig, run_dir: Path) -> None:
+    """A resume under another preset's name would relabel the run (its config.yaml rewritten)."""
+    saved = read_config(run_dir).get("preset")
+    if saved and saved != cfg.preset:
+        raise UserError(
+            f"run dir '{run_dir}' holds a run of preset '{saved}', but this resume asks for preset '{cfg.preset}'",
+            f"drop --preset to resume it as it is (its config.yaml is read), or start the {cfg.preset} run in "
+            "another --out",
+        )
+
+
 def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
-         max_steps: int | None, console: Console, stop: StopFlag) -> TrainOutcome:
+         max_steps: int | None, console: Console, stop: StopFlag, lock: _Lock) -> TrainOutcome:
     def say(text: str) -> None:
         if ctx.is_main:
             console.print(text, highlight=False)
 
-    run_state = _start_or_resume(cfg, run_dir, ctx, policy, resume=resume, console=console, say=say)
+    run_state = _start_or_resume(cfg, run_dir, ctx, policy, resume=resume, console=console, say=say, lock=lock)
     cfg = run_state.cfg  # a resume on another world size may change train.grad_accum
     target = cfg.train.steps
     stop_at = min(target, max_steps) if max_steps else target
@@ -410,10 +467,7 @@ def _preview(run_state: RunState, ctx: DistContext, run_dir: Path, name: str, sa
         return []
     path = run_dir / "samples" / f"{name}.png"
     written = run_state.task.write_samples(Generated(samples), path)
-    latest = run_dir / "samples" / "latest.png"
-    tmp = latest.with_suffix(".tmp.png")
-    tmp.write_bytes(path.read_bytes())
-    os.replace(tmp, latest)
+    write_bytes(run_dir / "samples" / "latest.png", path.read_bytes())
     telemetry.images(written, run_state.step)
     return written
 

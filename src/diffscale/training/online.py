@@ -31,8 +31,10 @@ Or let it train in a background thread between pushes, so the simulation never w
         trainer.push(rng.normal(size=(80, 7)), rng.normal(size=(80, 256)), sim_time=600.0 * step)
     trainer.stop()                               # after the round in progress
 
-A new ``OnlineTrainer`` on the same run directory resumes from its newest checkpoint: weights,
-EMA, optimizer, statistics, buffer contents and position, RNG states and the simulation time.
+The run directory is locked while a trainer holds it (``close()`` frees it, as does the end of
+the process); a second trainer there is refused. A new ``OnlineTrainer`` on the same run
+directory resumes from its newest checkpoint: weights, EMA, optimizer, statistics, buffer
+contents and position, RNG states and the simulation time.
 A larger ``capacity`` keeps the buffer's rows and fills up after them. A run directory that
 ``diffscale train`` wrote from other data (a file, a spool) is refused, never rewritten.
 """
@@ -47,6 +49,7 @@ import numbers
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +69,10 @@ from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
 from diffscale.runtime.parallelize import parallelize
+from diffscale.runtime.resources import check_fits
+from diffscale.runtime.runlock import RunLock
 from diffscale.tasks.fields.task import FieldTask
+from diffscale.training.loop import set_cpu_threads
 from diffscale.training.online_sampling import EnsembleSampler
 from diffscale.training.state import RunState
 from diffscale.training.step import StepRunner
@@ -82,25 +88,16 @@ class OnlineTrainer:
     ``policy``/``capacity``: which samples the buffer keeps and how many. ``ready_at``: samples
     the buffer must hold before training starts (default: full; at least one batch); the
     normalisation statistics are taken from the buffer at that moment and kept for the rest of
-    the run.
+    the run. ``force``: take the run directory's lock from a trainer on another host that has ended.
     """
 
     def __init__(self, run_dir: str | Path, cfg: RunConfig, *, policy: str | BufferPolicy = "fifo",
-                 capacity: int = 3840, ready_at: int | None = None, console: Console | None = None) -> None:
+                 capacity: int = 3840, ready_at: int | None = None, console: Console | None = None,
+                 force: bool = False) -> None:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
-        batch = max(2, cfg.effective_batch(1))
-        if not _whole(capacity, batch):
-            why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
-                   else "is not a whole number of samples")
-            raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
-        if ready_at is not None and not _whole(ready_at, batch, capacity):
-            why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
-                   else f"is below one batch of {batch} samples" if ready_at < batch
-                   else f"is more than the buffer's capacity of {capacity} samples")
-            raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
-                            "buffer holds before training starts), or leave it out to start once it is full")
+        _check_sizes(capacity, ready_at, max(2, cfg.effective_batch(1)))
         spec = BufferSpec(buffer_policy(policy), int(capacity))
         cfg = copy.deepcopy(cfg)
         cfg.data.source = spec.source
@@ -109,6 +106,8 @@ class OnlineTrainer:
         device = pick_device(cfg.runtime.device)
         policy_ = resolve_policy(cfg.runtime, device)
         configure_backends(policy_)
+        if device.type == "cpu":  # beside the simulation's ranks, on the cores they leave
+            set_cpu_threads(cfg.runtime.cpu_threads, 1, self.console)
         # Always one process, whatever launcher started the simulation around it (srun, mpirun).
         ctx = DistContext(LaunchInfo(launcher="single"), device)
         state = ckpt.load_latest(self.run_dir, log=self._say)
@@ -124,6 +123,8 @@ class OnlineTrainer:
             self.run_state.restore(state)
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = RunLock(self.run_dir, who="OnlineTrainer").acquire(force=force, say=self._say)
+        self._unlock = weakref.finalize(self, self._lock.release)  # also when dropped or at exit
         write_yaml(cfg, self.run_dir / "config.yaml")
         model = parallelize(self.run_state.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say,
                             whole_steps=records_whole_steps(self.run_state))
@@ -158,6 +159,9 @@ class OnlineTrainer:
         except (TypeError, ValueError):
             raise UserError(f"push's sim_time={sim_time!r} is not a number",
                             "pass the simulation time of the output step, e.g. sim_time=600.0") from None
+        if not math.isfinite(time_):
+            raise UserError(f"push's sim_time={sim_time!r} is not a finite number",
+                            "pass the simulation time of the output step, e.g. sim_time=600.0")
         c, v, dropped = as_arrays(cond, x, self.task.cond_dim, self.task.x_shape)
         if dropped:
             self.dropped_rows += dropped
@@ -290,6 +294,9 @@ class OnlineTrainer:
         if not _whole(seed, 0, 2**63 - 1):
             raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
                             "pass seed= an integer in that range, e.g. the output step's number")
+        members = c.shape[0] * int(n_members)
+        check_fits(members * math.prod(self.task.x_shape) * 4 * 2, f"sample's {c.shape[0]} x {n_members} members",
+                   "ask for fewer members per call (n_members=, or fewer cells at a time)")
         with self._turn():  # never the weights of half an optimizer step
             if self._sampler is None:  # the EMA as sampling runs it, reading its weights as they are now
                 network = sampling_network(self.run_state.ema, self.run_state.cfg.runtime, live=True)
@@ -347,6 +354,14 @@ class OnlineTrainer:
         self._thread = threading.Thread(target=run, name="diffscale-online", daemon=True)
         self._thread.start()
 
+    def close(self) -> None:
+        """Stop background training and free the run directory for another trainer; raises what
+        ended background training early, if anything did."""
+        try:
+            self.stop()
+        finally:
+            self._unlock()
+
     def stop(self) -> None:
         """End background training after its current round; raises what ended it early, if anything."""
         if self._thread is not None:
@@ -357,6 +372,22 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+
+
+def _check_sizes(capacity: object, ready_at: object, batch: int) -> None:
+    """``capacity`` and ``ready_at`` are whole numbers of samples, at least one batch; ``ready_at``
+    at most ``capacity``."""
+    if not _whole(capacity, batch):
+        why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
+               else "is not a whole number of samples")
+        raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
+    assert isinstance(capacity, numbers.Integral)
+    if ready_at is not None and not _whole(ready_at, batch, int(capacity)):
+        why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
+               else f"is below one batch of {batch} samples" if int(ready_at) < batch  # type: ignore[call-overload]
+               else f"is more than the buffer's capacity of {capacity} samples")
+        raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
+                        "buffer holds before training starts), or leave it out to start once it is full")
 
 
 def _whole(value: object, low: float, high: float = math.inf) -> bool:

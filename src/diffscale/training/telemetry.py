@@ -9,7 +9,6 @@ rollback within a run (:meth:`Telemetry.log` of a step already logged) does the 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from rich.progress import (
 )
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 from diffscale.io.rundir import gpu_summary
 
 if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broken)
@@ -269,6 +269,4 @@ def _truncate_after(path: Path, step: int) -> None:
             continue
         kept.append(line)
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(f"{line}\n" for line in kept))
-        os.replace(tmp, path)
+        write_text(path, "".join(f"{line}\n" for line in kept))

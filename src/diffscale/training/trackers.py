@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from diffscale.config.trackers import LoggingConfig
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 
 IDS_FILE = ".tracker-ids.json"
 
@@ -39,7 +40,7 @@ def _ids(run_dir: Path) -> dict[str, str]:
 
 def _remember(run_dir: Path, name: str, run_id: str) -> None:
     ids = {**_ids(run_dir), name: run_id}
-    (run_dir / IDS_FILE).write_text(json.dumps(ids))
+    write_text(run_dir / IDS_FILE, json.dumps(ids))
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:

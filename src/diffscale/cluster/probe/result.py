@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 
 PROBE_FILE = "probe.json"
 VERSION = 1
@@ -102,10 +103,7 @@ class ProbeResult:
 
 
 def save(result: ProbeResult, run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / PROBE_FILE
-    path.write_text(result.to_json() + "\n")
-    return path
+    return write_text(run_dir / PROBE_FILE, result.to_json() + "\n")
 
 
 def _figure(raw: Any) -> ProcFigure:

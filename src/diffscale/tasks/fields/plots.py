@@ -7,7 +7,6 @@ field (a fine grid), else as a line over its D values (field 0 of several).
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from diffscale.evaluation import probabilistic as P
+from diffscale.io.atomic import atomic_path
 
 if TYPE_CHECKING:
     from diffscale.tasks.fields.evaluation import Forecasts
@@ -46,10 +46,8 @@ def _draw(ax: Axes, values: torch.Tensor, title: str, limits: tuple[float, float
 
 def _save(fig: Figure, path: Path) -> Path:
     """Write atomically: a reader (a dashboard, ``latest.png``) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
     return path
 
 

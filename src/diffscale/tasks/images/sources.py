@@ -152,6 +152,10 @@ def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:  # a truncated archive is a bad zip
         raise UserError(f"cannot read array file '{path}' ({exc})",
                         "save it with numpy.savez(path, images=array)") from exc
+    if 0 in array.shape:
+        empty = "images" if array.shape[0] == 0 else "pixels"
+        raise UserError(f"array in '{path}' has shape {array.shape}: no {empty}",
+                        "store images as N x H x W or N x H x W x C, each side at least 1")
     if array.ndim == 3:
         array = array[:, None]
     elif array.ndim == 4 and array.shape[-1] in (1, 3, 4) and array.shape[1] not in (1, 3, 4):

@@ -9,6 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from diffscale.io.atomic import atomic_path
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -52,10 +54,12 @@ def save_chunks(chunks: torch.Tensor, path: Path) -> Path:
     """Draw ``count`` sampled action chunks (count, T, A) to ``path`` (PNG)."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig = _figure(chunks, f"{chunks.shape[0]} sampled action chunks")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -72,6 +76,6 @@ def save_chunk_animation(frames: list[torch.Tensor], path: Path, *, fps: int = 8
         canvas.draw()
         stills.append(np.asarray(canvas.buffer_rgba())[..., :3].copy())
         plt.close(fig)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimsave(path, [*stills, *[stills[-1]] * fps], duration=1.0 / fps, loop=0)  # hold the end a second
+    with atomic_path(path) as tmp:
+        imageio.mimsave(tmp, [*stills, *[stills[-1]] * fps], duration=1.0 / fps, loop=0)  # hold the end a second
     return path
