@@ -248,7 +248,8 @@ CASES = [
     Case(f"{POLICY} --set data.shift_px=3", "data.shift_px: 3 is an image augmentation"),
     # eval
     Case("eval {run} --count 0", "--count 0 is out of range", RUN),
-    Case("eval {run} --data npz:{ws}/held.npz", "images runs are not scored on given pairs: --data is for fields runs", RUN),
+    Case("eval {run} --data npz:{ws}/held.npz", "images runs are not scored on given pairs: --data is for fields runs",
+         RUN),
     Case("eval {run} --steps 0", "--steps 0 is out of range", RUN),
     Case("eval {run} --max-episode-steps 0", "--max-episode-steps 0 is out of range", RUN),
     Case("eval {run} --checkpoint 5", "has no checkpoint of step 5 (checkpoints: 4, 8)", RUN),
