@@ -183,7 +183,7 @@ def test_doctor_explains_a_real_oom_killed_job(slurm_profile, tmp_path, capsys):
     assert main(["doctor", str(run_dir)]) == 0
     report = capsys.readouterr().out
     assert "host memory exhausted (OOM kill)" in report
-    assert "fix:   ask for more host memory (diffscale submit --mem GiB" in report
+    assert "fix:   ask for more host memory (#SBATCH --mem, or diffscale submit --mem GiB)" in report
     assert "Detected 1 oom-kill event(s) in StepId=" in report
     assert main(["doctor", job_ids(run_dir)[0]]) == 0  # the job id alone: scontrol + its StdOut + jobcomp
     assert "host memory exhausted (OOM kill)" in capsys.readouterr().out
