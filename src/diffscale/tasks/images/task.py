@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from diffscale.config import ModelConfig, RunConfig
@@ -14,8 +15,9 @@ from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, Sampler
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
 from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
+from diffscale.tasks.images.dataset import ImageData, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
-from diffscale.tasks.images.sources import describe, load_images
+from diffscale.tasks.images.sources import describe
 
 
 class ImageTask:
@@ -31,9 +33,14 @@ class ImageTask:
         self.device = device
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.images: torch.Tensor | None = None
+        self.data: ImageData | None = None
+        """The opened data set: labels and class names where the data has them."""
         channels = int((signature or {}).get("channels", self.model.channels))
         if load_data:
-            images = load_images(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items)
+            self.data = open_image_data(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items,
+                                        max_bad_fraction=cfg.data.max_bad_fraction)
+            images = torch.as_tensor(np.array(self.data.images)) if isinstance(self.data.images, np.ndarray) \
+                else self.data.images
             channels = channels or images.shape[1]
             if images.shape[1] != channels:
                 images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
