@@ -40,6 +40,19 @@ class ImageData:
     def nbytes(self) -> int:
         return int(np.prod(self.shape))
 
+    def tensor(self) -> torch.Tensor:
+        """All items in memory (a copy of a memory map)."""
+        if isinstance(self.images, np.ndarray):
+            return torch.from_numpy(np.array(self.images))
+        return self.images
+
+
+def fit_channels(images: torch.Tensor, channels: int) -> torch.Tensor:
+    """(N, C, S, S) -> (N, channels, S, S): the first channel kept, or a gray one repeated."""
+    if not channels or images.shape[1] == channels:
+        return images
+    return images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
+
 
 def open_image_data(spec: str, size: int, *, max_items: int = 0, max_bad_fraction: float = 0.01,
                     say: Callable[[str], None] = stderr_say) -> ImageData:

@@ -229,7 +229,8 @@ def read_idx_images(path: Path) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-def describe(images: torch.Tensor) -> str:
-    n, c, h, w = images.shape
+def describe(shape: tuple[int, ...]) -> str:
+    """``(N, C, H, W)`` -> ``N images, C channels, HxW``."""
+    n, c, h, w = shape
     return f"{n} images, {c} channel{'s' if c > 1 else ''}, {h}x{w}"
 

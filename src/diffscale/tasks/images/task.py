@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from diffscale.config import ModelConfig, RunConfig
 from diffscale.data.device_loader import DataPosition, DeviceBatcher, shift_augment
 from diffscale.data.feed import Feed
+from diffscale.data.streaming import StreamingBatcher, resident_choice, stream_workers
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
 from diffscale.tasks.base import Autocast, Generated, HubListing, ReferenceData, into, kept
-from diffscale.tasks.images.dataset import ImageData, open_image_data
+from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.sources import describe
 
@@ -33,30 +33,37 @@ class ImageTask:
         self.device = device
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.images: torch.Tensor | None = None
+        self.resident, self.placement, self.workers = True, "", 0
         self.data: ImageData | None = None
         """The opened data set: labels and class names where the data has them."""
         channels = int((signature or {}).get("channels", self.model.channels))
         if load_data:
             self.data = open_image_data(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items,
                                         max_bad_fraction=cfg.data.max_bad_fraction)
-            images = torch.as_tensor(np.array(self.data.images)) if isinstance(self.data.images, np.ndarray) \
-                else self.data.images
-            channels = channels or images.shape[1]
-            if images.shape[1] != channels:
-                images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
-            # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
-            self.images = images.to(device)
+            channels = channels or self.data.shape[1]
+            self.resident, self.placement = resident_choice(cfg.data.resident.value, self.data.nbytes, device)
+            if self.data.cache is None:  # generated in memory (builtin): nothing on disk to stream from
+                self.resident, self.placement = True, "resident on the device (generated data)"
+            if not self.resident:
+                self.workers, why = stream_workers(cfg.data.workers)
+                self.placement += f", {self.workers} loader workers per rank ({why})"
+            if self.resident:
+                # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
+                self.images = fit_channels(self.data.tensor(), channels).to(device)
         self.channels = channels or 1
+        self._stream: StreamingBatcher | None = None
 
     def _data(self) -> torch.Tensor:
-        assert self.images is not None, "built with load_data=False"
+        assert self.images is not None, "built with load_data=False, or streamed"
         return self.images
 
     def num_items(self) -> int:
-        return int(self._data().shape[0])
+        assert self.data is not None, "built with load_data=False"
+        return int(self.data.shape[0])
 
     def describe_data(self) -> str:
-        return f"{self.cfg.data.source} ({describe(self._data())})"
+        assert self.data is not None, "built with load_data=False"
+        return f"{self.cfg.data.source} ({describe(self.data.shape)}; {self.placement})"
 
     def build_network(self) -> torch.nn.Module:
         return Denoiser(build_unet(self.model, self.channels))
@@ -74,8 +81,13 @@ class ImageTask:
         }
 
     def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
-        del feed  # the images are all resident: nothing arrives while training
-        return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+        if self.resident:
+            return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+        assert self.data is not None and self.data.cache is not None
+        self._stream = StreamingBatcher(self.data.cache, self.data.shape, global_batch, seed, self.device,
+                                        position, rank=feed.rank, world_size=feed.world_size,
+                                        batch_per_gpu=self.cfg.train.batch_per_gpu, workers=self.workers)
+        return self._stream
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator,
              out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -96,7 +108,11 @@ class ImageTask:
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""
-        x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
+        if self.images is None:
+            assert self._stream is not None, "a streamed run's batches come from its batcher"
+            x0 = fit_channels(self._stream.rows_of(rows), self.channels).float() / 127.5 - 1.0
+        else:
+            x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
         x0 = shift_augment(x0, batch["shifts"][rows], self.cfg.data.shift_px)
         if self.cfg.data.hflip:
             x0 = torch.where(batch["flips"][rows].view(-1, 1, 1, 1), x0.flip(-1), x0)
