@@ -213,3 +213,20 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
 
     assert decoded_cache.open_or_build("y", "s", "f", build, say=print, wait_s=0.0).array.shape == (1, 1, 2, 2)
     assert not lock.exists() and os.path.exists(lock.with_suffix(".json"))
+
+
+def test_a_script_without_a_main_guard_builds_the_cache_in_parallel(tmp_path):
+    import subprocess
+    import sys
+
+    _classes(tmp_path / "data", per_class=4)
+    script = tmp_path / "script.py"
+    script.write_text("from diffscale.tasks.images import decoded, formats\n"
+                      "from diffscale.tasks.images.dataset import open_image_data\n"
+                      "formats.JOB_ITEMS = 2\n"
+                      "decoded.decode_workers = lambda jobs: 2\n"
+                      f"print(open_image_data('imagefolder:{tmp_path / 'data'}', 8).shape)\n")
+    env = dict(os.environ, DIFFSCALE_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(12, 3, 8, 8)"

@@ -89,8 +89,7 @@ class StreamingBatcher(DeviceBatcher):
         loader = torch.utils.data.DataLoader(
             _Rows(self.path, self.shape), sampler=_StepRows(self, self.position), batch_size=None,
             num_workers=self.workers, pin_memory=self.device.type == "cuda",
-            prefetch_factor=PREFETCH_STEPS if self.workers else None, persistent_workers=False,
-            multiprocessing_context="forkserver" if self.workers else None)
+            prefetch_factor=PREFETCH_STEPS if self.workers else None, persistent_workers=False)
         return iter(loader)
 
     def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:

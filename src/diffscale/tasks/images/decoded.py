@@ -101,6 +101,15 @@ def decode_workers(jobs: int) -> int:
     return max(1, min(cpus_for_rank(1), jobs))
 
 
+def pool_start_method() -> str:
+    """``fork`` on Linux, as PyTorch's DataLoader does: the workers touch no CUDA state, and spawn or
+    forkserver run the main script again in each worker, which a script without a ``__main__``
+    guard turns into a second build of the same cache waiting on the first one's lock."""
+    import multiprocessing
+
+    return "fork" if sys.platform.startswith("linux") else multiprocessing.get_start_method()
+
+
 def _decoded_stream(jobs: list[Job]) -> Iterator[Decoded]:
     workers = decode_workers(len(jobs))
     if workers <= 1:
@@ -108,9 +117,7 @@ def _decoded_stream(jobs: list[Job]) -> Iterator[Decoded]:
         return
     import multiprocessing
 
-    # forkserver/spawn: a fork of a process that may hold CUDA state or threads is not safe.
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method)) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(pool_start_method())) as pool:
         yield from pool.map(decode_job, jobs)
 
 

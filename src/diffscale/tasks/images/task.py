@@ -194,7 +194,9 @@ class ImageTask:
                           ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def reference_data(self) -> ReferenceData:
-        return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
+        assert self.data is not None, "built with load_data=False"
+        images = self._data().cpu() if self.images is not None else fit_channels(self.data.tensor(), self.channels)
+        return ReferenceData(_ImageRows(images), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         x0 = examples
