@@ -253,7 +253,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", nargs="?", help="YAML config (e.g. a RUN_DIR/config.yaml)")
     p.add_argument("--preset", help="start from a preset (see `diffscale presets`)")
     p.add_argument("--data", help="data spec: images builtin[:glyphs|numerals|digits|mix], imagefolder:PATH, npz:PATH, "
-                   "emnist:ROOT[:split], mnist:ROOT; fields builtin:fields, npz:PATH, spool:DIR[:N]; "
+                   "emnist:ROOT[:split], mnist:ROOT, webdataset:DIR_OR_GLOB, parquet:PATH[:COLUMN]; "
+                   "fields builtin:fields, npz:PATH, spool:DIR[:N]; "
                    "policy builtin:reach2d[-routes], npz:PATH, zarr:PATH, lerobot:PATH")
     p.add_argument("--out", help="run directory (default runs/PRESET)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field, e.g. train.steps=500")

@@ -153,6 +153,18 @@ CASES = [
     Case("train --data bogus:x --out {ws}/t", "bogus"),
     Case("train --data npz:{ws}/missing.npz --out {ws}/t", "missing.npz"),
     Case("train --data imagefolder:{ws}/empty --out {ws}/t", "empty", (_folder("empty"),)),
+    Case("train --set data.max_bad_fraction=1", "data.max_bad_fraction: is 1.0, outside [0, 1)"),
+    Case("train --set data.workers=-2", "data.workers: is -2"),
+    Case("train --set data.resident=maybe", "data.resident"),
+    Case("train --data imagefolder:{ws}/bad --out {ws}/t",
+         "/bad/a.png (UnidentifiedImageError)), more than data.max_bad_fraction = 0.01 allows -- remove or replace "
+         "the damaged files", (_file("bad/a.png"),)),
+    Case("train --data webdataset:{ws}/noshards --out {ws}/t",
+         "/noshards' -- point --data webdataset:DIR_OR_GLOB at a folder of .tar shards"),
+    Case("train --data webdataset:{ws}/wds --out {ws}/t", "a.tar' holds no samples with an image (.png, .jpg or "
+         ".jpeg) -- remove the empty shard, or write it again", (_file("wds/a.tar", "\0" * 10240),)),
+    Case("train --data parquet:{ws}/missing.parquet --out {ws}/t",
+         "/missing.parquet' does not exist -- check the path given to --data parquet:PATH[:COLUMN]"),
     Case("train --data emnist:{ws}/nothing --out {ws}/t", "EMNIST"),
     Case("train --data npz:{ws}/cut.npz --out {ws}/t", "cannot read array file",
          (_npz("cut.npz", truncated=True, images=[[[0.0] * 8] * 8] * 64),)),

@@ -170,6 +170,16 @@ class DataConfig:
     fraction's subset lies inside a larger one's."""
     subset_seed: int = 0
     """Seed of the ``fraction`` subset (independent of ``train.seed``, so seeds vary training only)."""
+    max_bad_fraction: float = 0.01
+    """Images that cannot be read are skipped with a warning naming a few, up to this fraction of
+    the data set (0 <= fraction < 1); more ends the run (images: imagefolder, webdataset, parquet)."""
+    resident: Toggle = Toggle.AUTO
+    """Where the training data lives: ``on``: all of it on the training device; ``off``: streamed
+    from the decoded cache on disk by loader workers; ``auto``: on the device when it fits a share of
+    the device's memory beside the model (on the CPU: of host memory), else streamed."""
+    workers: int = 0
+    """Loader workers per rank on the streaming path (0: decide from the CPUs and host memory the
+    ranks of a node share)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -180,6 +190,11 @@ class DataConfig:
             _fail("data.shift_px", "is negative", "use 0 (off) or a few pixels")
         if self.max_items < 0:
             _fail("data.max_items", "is negative", "use 0 for all images")
+        if not 0 <= self.max_bad_fraction < 1:
+            _fail("data.max_bad_fraction", f"is {self.max_bad_fraction}, outside [0, 1)",
+                  "use e.g. 0.01 to skip up to 1 % unreadable images, 0 to skip none")
+        if self.workers < 0:
+            _fail("data.workers", f"is {self.workers}", "use 0 (decide) or a number of loader workers per rank")
 
 
 @dataclass(kw_only=True)

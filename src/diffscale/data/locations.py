@@ -20,7 +20,7 @@ from diffscale.errors import UserError
 if TYPE_CHECKING:
     from diffscale.config import RunConfig
 
-PATH_KINDS = ("imagefolder", "npz", "emnist", "mnist", "zarr", "lerobot", "spool")
+PATH_KINDS = ("imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet", "zarr", "lerobot", "spool")
 """Spec kinds whose first part is a path."""
 
 EMNIST_SPLITS = ("byclass", "bymerge", "balanced", "letters", "digits", "mnist")
@@ -92,7 +92,7 @@ def local_path(source: str) -> str | None:
         return None
     if kind == "emnist":
         return emnist_path_split(rest)[0]
-    if kind in ("zarr", "lerobot"):
+    if kind in ("zarr", "lerobot", "parquet"):
         return path_option_split(rest)[0]
     if kind == "spool":
         return _spool_parts(rest)[0] or rest

@@ -17,12 +17,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split
+from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split, path_option_split
 from diffscale.errors import UserError, closest
 from diffscale.tasks.images import builtin
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
-KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist")
+KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ def parse_spec(spec: str) -> DataSpec:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise UserError(f"unknown data source '{spec}'{closest(kind, KINDS)}",
-                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split] or mnist:ROOT")
+                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT, "
+                        "webdataset:DIR_OR_GLOB or parquet:PATH[:COLUMN]")
     if kind == "builtin":
         return DataSpec("builtin", option=rest)
     if not rest:
@@ -45,6 +46,9 @@ def parse_spec(spec: str) -> DataSpec:
     if kind == "emnist":
         root, split = emnist_path_split(rest)
         return DataSpec("emnist", root, split or "balanced")
+    if kind == "parquet":
+        path, column = path_option_split(rest)
+        return DataSpec("parquet", path, column)
     return DataSpec(kind, rest)
 
 
@@ -54,6 +58,9 @@ def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
     ``max_items`` (0: all) is applied before any image is converted to float or resized, so
     the host memory a load needs follows the images kept (a file is still read whole)."""
     parsed = parse_spec(spec)
+    if parsed.kind in ("webdataset", "parquet"):
+        raise UserError(f"data source '{spec}' is decoded into the cache, not loaded whole",
+                        "open it with diffscale.tasks.images.dataset.open_image_data")
     if parsed.kind == "builtin":
         images = builtin.load_builtin(parsed.option, size)
     elif parsed.kind == "imagefolder":
@@ -245,7 +252,8 @@ def read_idx_images(path: Path) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-def describe(images: torch.Tensor) -> str:
-    n, c, h, w = images.shape
+def describe(shape: tuple[int, ...]) -> str:
+    """``(N, C, H, W)`` -> ``N images, C channels, HxW``."""
+    n, c, h, w = shape
     return f"{n} images, {c} channel{'s' if c > 1 else ''}, {h}x{w}"
 

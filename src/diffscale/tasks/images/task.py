@@ -10,6 +10,7 @@ import torch
 from diffscale.config import ModelConfig, RunConfig
 from diffscale.data.device_loader import DataPosition, DeviceBatcher, shift_augment
 from diffscale.data.feed import Feed
+from diffscale.data.streaming import StreamingBatcher, resident_choice, stream_workers
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.io.media import save_animation, save_grid
@@ -23,6 +24,7 @@ from diffscale.tasks.base import (
     no_environment,
     no_given_data,
 )
+from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
 from diffscale.tasks.images.sources import describe, load_images, load_labels
@@ -41,25 +43,39 @@ class ImageTask:
         self.device = device
         self.diffusion = GaussianDiffusion(cfg.diffusion)
         self.images: torch.Tensor | None = None
+        self.resident, self.placement, self.workers = True, "", 0
+        self.data: ImageData | None = None
+        """The opened data set: labels and class names where the data has them."""
         channels = int((signature or {}).get("channels", self.model.channels))
         if load_data:
-            images = _load(cfg, self.model.sample_size, channels)
-            channels = channels or images.shape[1]
-            # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
-            self.images = images.to(device)
+            self.data = open_image_data(cfg.data.source, self.model.sample_size, max_items=cfg.data.max_items,
+                                        max_bad_fraction=cfg.data.max_bad_fraction)
+            channels = channels or self.data.shape[1]
+            self.resident, self.placement = resident_choice(cfg.data.resident.value, self.data.nbytes, device)
+            if self.data.cache is None:  # generated in memory (builtin): nothing on disk to stream from
+                self.resident, self.placement = True, "resident on the device (generated data)"
+            if not self.resident:
+                self.workers, why = stream_workers(cfg.data.workers)
+                self.placement += f", {self.workers} loader workers per rank ({why})"
+            if self.resident:
+                # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
+                self.images = fit_channels(self.data.tensor(), channels).to(device)
         self.channels = channels or 1
+        self._stream: StreamingBatcher | None = None
         self._featurizer: Featurizer | None = None
         self._real_features: torch.Tensor | None = None
 
     def _data(self) -> torch.Tensor:
-        assert self.images is not None, "built with load_data=False"
+        assert self.images is not None, "built with load_data=False, or streamed"
         return self.images
 
     def num_items(self) -> int:
-        return int(self._data().shape[0])
+        assert self.data is not None, "built with load_data=False"
+        return int(self.data.shape[0])
 
     def describe_data(self) -> str:
-        return f"{self.cfg.data.source} ({describe(self._data())})"
+        assert self.data is not None, "built with load_data=False"
+        return f"{self.cfg.data.source} ({describe(self.data.shape)}; {self.placement})"
 
     def build_network(self) -> torch.nn.Module:
         return Denoiser(build_unet(self.model, self.channels))
@@ -77,8 +93,13 @@ class ImageTask:
         }
 
     def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
-        del feed  # the images are all resident: nothing arrives while training
-        return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+        if self.resident:
+            return DeviceBatcher(self.num_items(), global_batch, seed, self.device, position)
+        assert self.data is not None and self.data.cache is not None
+        self._stream = StreamingBatcher(self.data.cache, self.data.shape, global_batch, seed, self.device,
+                                        position, rank=feed.rank, world_size=feed.world_size,
+                                        batch_per_gpu=self.cfg.train.batch_per_gpu, workers=self.workers)
+        return self._stream
 
     def draw(self, indices: torch.Tensor, generator: torch.Generator,
              out: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -99,7 +120,11 @@ class ImageTask:
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""
-        x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
+        if self.images is None:
+            assert self._stream is not None, "a streamed run's batches come from its batcher"
+            x0 = fit_channels(self._stream.rows_of(rows), self.channels).float() / 127.5 - 1.0
+        else:
+            x0 = self._data()[batch["indices"][rows]].float() / 127.5 - 1.0
         x0 = shift_augment(x0, batch["shifts"][rows], self.cfg.data.shift_px)
         if self.cfg.data.hflip:
             x0 = torch.where(batch["flips"][rows].view(-1, 1, 1, 1), x0.flip(-1), x0)
@@ -162,17 +187,28 @@ class ImageTask:
         if self._real_features is not None:
             return
         size = self.model.sample_size
-        images = self.images.cpu() if self.images is not None else _load(self.cfg, size, self.channels)
+        if self.images is not None:
+            images = self.images.cpu()
+        elif self.data is not None:  # streamed: the decoded cache, memory-mapped
+            images = fit_channels(self.data.tensor(), self.channels)
+        else:
+            images = _load(self.cfg, size, self.channels)
         t = self.cfg.train
         if t.eval_features:
             self._featurizer = user_features(t.eval_features)
         else:
-            labelled = load_labels(self.cfg.data.source, images.shape[0])
+            labelled = self._labels(images.shape[0])
             path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
             self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
         self._featurizer.network.to(self.device)
         rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
         self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
+
+    def _labels(self, count: int) -> tuple[torch.Tensor, list[str]] | None:
+        """The data's class of each image and the class names, where the data has them."""
+        if self.data is not None and self.data.labels is not None:
+            return torch.as_tensor(self.data.labels[:count]).long(), list(self.data.class_names or ())
+        return load_labels(self.cfg.data.source, count)
 
     def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                          rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
@@ -227,7 +263,9 @@ class ImageTask:
                           ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def reference_data(self) -> ReferenceData:
-        return ReferenceData(_ImageRows(self._data().cpu()), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
+        assert self.data is not None, "built with load_data=False"
+        images = self._data().cpu() if self.images is not None else fit_channels(self.data.tensor(), self.channels)
+        return ReferenceData(_ImageRows(images), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         x0 = examples
