@@ -245,6 +245,23 @@ def no_quality(task: str) -> UserError:
                      "set train.eval_every to 0 and score the run with diffscale eval RUN_DIR")
 
 
+class WithoutQualityMetrics:
+    """The quality part of the ``Task`` protocol for a task without sample-quality metrics:
+    each call is refused with the fix (``train.eval_every`` is then refused before training)."""
+
+    name: str
+
+    def prepare_quality(self) -> None:
+        raise no_quality(self.name)
+
+    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
+                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
+        raise no_quality(self.name)
+
+    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
+        raise no_quality(self.name)
+
+
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
             sampler: str = "ddim", trajectory: bool = False, autocast: Autocast | None = None) -> list[Path]:
     """Generate and write in one process (``diffscale sample``)."""

@@ -30,11 +30,11 @@ from diffscale.tasks.base import (
     Generated,
     HubListing,
     ReferenceData,
+    WithoutQualityMetrics,
     into,
     kept,
     no_environment,
     no_feature_network,
-    no_quality,
 )
 from diffscale.tasks.fields.data import FieldData, load_fields
 from diffscale.tasks.fields.network import FieldMLP
@@ -75,7 +75,7 @@ class Standardiser:
         return x * self.x_std.to(x.device) + self.x_mean.to(x.device)
 
 
-class FieldTask:
+class FieldTask(WithoutQualityMetrics):
     name = "fields"
     records_whole_steps = True  # 2,400-step rounds: docs/benchmarks.md, "Field diffusion"
     records_whole_ddp_steps = False  # not measured yet
@@ -348,16 +348,6 @@ class FieldTask:
         self.stats_fitted = bool(tensors.get("stats_fitted", torch.ones(1)).item())
         if self.buffer is not None and "buffer_counters" in tensors:
             self.buffer.load_state_tensors(tensors)
-
-    def prepare_quality(self) -> None:
-        raise no_quality(self.name)
-
-    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
-        raise no_quality(self.name)
-
-    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
-        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         from diffscale.tasks.fields.export import export_fields

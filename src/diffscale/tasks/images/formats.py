@@ -27,15 +27,19 @@ TAR_IMAGE_SUFFIXES = ("png", "jpg", "jpeg")
 LABEL_COLUMNS = ("label", "labels")
 
 
-def list_imagefolder(root: Path, size: int, max_items: int) -> Listing:
+def image_files(root: Path, max_items: int) -> list[Path]:
+    """The image files under ``root`` (recursive, sorted), the first ``max_items`` (0: all)."""
     if not root.exists():
         raise UserError(f"image folder '{root}' does not exist", "check the path given to --data imagefolder:PATH")
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise UserError(f"image folder '{root}' holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})",
                         "add images or point --data at the right folder")
-    if max_items:
-        files = files[:max_items]
+    return files[:max_items] if max_items else files
+
+
+def list_imagefolder(root: Path, size: int, max_items: int) -> Listing:
+    files = image_files(root, max_items)
     parts = [p.relative_to(root).parts for p in files]
     class_names = sorted({part[0] for part in parts}) if all(len(part) > 1 for part in parts) else None
     labels = [class_names.index(part[0]) for part in parts] if class_names else []

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split, path_option_split
 from diffscale.errors import UserError, closest
 from diffscale.tasks.images import builtin
+from diffscale.tasks.images.formats import image_files
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet")
 
 
@@ -113,14 +113,7 @@ def resize_square(images: torch.Tensor, size: int) -> torch.Tensor:
 def _imagefolder(root: Path, size: int, max_items: int) -> torch.Tensor:
     from PIL import Image, UnidentifiedImageError
 
-    if not root.exists():
-        raise UserError(f"image folder '{root}' does not exist", "check the path given to --data imagefolder:PATH")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise UserError(f"image folder '{root}' holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})",
-                        "add images or point --data at the right folder")
-    if max_items:
-        files = files[:max_items]
+    files = image_files(root, max_items)
     pictures = []
     for path in files:
         try:

@@ -28,11 +28,11 @@ from diffscale.tasks.base import (
     Generated,
     HubListing,
     ReferenceData,
+    WithoutQualityMetrics,
     into,
     kept,
     no_feature_network,
     no_given_data,
-    no_quality,
 )
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
@@ -62,7 +62,7 @@ class WindowDataset(Dataset):
         return {"obs": self.obs[rows[: self.obs_horizon]], "action": self.action[rows]}
 
 
-class PolicyTask:
+class PolicyTask(WithoutQualityMetrics):
     name = "policy"
     records_whole_steps = False  # one GPU: recording was no faster (docs/benchmarks.md, "Diffusion policy")
     records_whole_ddp_steps = True  # several GPUs: recorded steps scaled much better, in the same call
@@ -270,16 +270,6 @@ class PolicyTask:
         self.obs_norm = MinMax(tensors["obs_min"].to(self.device), tensors["obs_max"].to(self.device))
         self.action_norm = MinMax(tensors["action_min"].to(self.device), tensors["action_max"].to(self.device))
         self.preview_obs = tensors["preview_obs"].cpu()
-
-    def prepare_quality(self) -> None:
-        raise no_quality(self.name)
-
-    def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                         rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
-        raise no_quality(self.name)
-
-    def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
-        raise no_quality(self.name)
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
         """The reference's format: a ConditionalUnet1D state dict (the names of the
