@@ -47,10 +47,11 @@ def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
 
 
 class ReaderGoneSafe:
-    """stdout that outlives its reader: once the pipe's reader is gone (``train ... | head -1``), the
-    rest is discarded instead of raising BrokenPipeError out of the next progress line -- which
-    ended a run without its last checkpoint. The run's own files (metrics.jsonl, TensorBoard,
-    checkpoints) still get everything."""
+    """An output stream that outlives its reader: once the pipe's reader is gone (``train ... | head
+    -1``, ``sample ... 2>&1 | head -1``), the rest is discarded instead of raising BrokenPipeError
+    out of the next progress line -- which ended a run without its last checkpoint and a sample
+    without its image. The verb's own files (metrics.jsonl, TensorBoard, checkpoints, outputs)
+    still get everything."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -86,9 +87,6 @@ class ReaderGoneSafe:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    if not isinstance(sys.stdout, ReaderGoneSafe):
-        sys.stdout = ReaderGoneSafe(sys.stdout)
 
     at_least(args.max_steps, 1, "--max-steps", "100")
     cfg = resolve_config(config_sources(args))
@@ -358,7 +356,17 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
         importlib.import_module(module).register(sub)
 
 
+def outlive_readers() -> None:
+    """Progress and results to a reader that may leave (a pipe to ``head``) without stopping the
+    verb: its work and files matter more than the lines nobody reads."""
+    if not isinstance(sys.stdout, ReaderGoneSafe):
+        sys.stdout = ReaderGoneSafe(sys.stdout)
+    if not isinstance(sys.stderr, ReaderGoneSafe):
+        sys.stderr = ReaderGoneSafe(sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    outlive_readers()
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset

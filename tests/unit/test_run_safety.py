@@ -251,6 +251,20 @@ def test_a_closed_stdout_stops_nothing(tmp_path):
     assert last["step"] == 12
 
 
+def test_sample_writes_its_image_after_the_reader_of_its_progress_left(tmp_path):
+    """``sample ... 2>&1 | head -1``: progress goes to stderr; the image is still written, exit 0."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *micro_args(steps=2)]) == 0
+    out = tmp_path / "grid.png"
+    proc = subprocess.Popen(_cli("sample", str(run), "--n", "4", "--steps", "3", "--out", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=600) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_resume_under_another_preset_is_refused_and_config_yaml_kept(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
