@@ -81,6 +81,19 @@ def test_every_exported_file_has_the_mode_the_umask_gives(task, mask, runs, tmp_
     assert modes == wanted
 
 
+def test_checkpoint_files_have_the_mode_the_umask_gives(tmp_path, capsys):
+    """A run folder shared with a group: its weights are as readable as its config."""
+    run = tmp_path / "run"
+    before = os.umask(0o002)
+    try:
+        assert main(["train", "--out", str(run), *micro_args(steps=2)]) == 0
+    finally:
+        os.umask(before)
+    files = [p for p in (run / "checkpoints").rglob("*") if p.is_file()]
+    assert any(p.name == "model.safetensors" for p in files)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: oct(0o664) for p in files}
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_the_card_lists_the_model_and_its_loading_code_runs_as_written(task, runs, tmp_path, capsys):
     out = tmp_path / "export"

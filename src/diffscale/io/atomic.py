@@ -10,15 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_MODE = 0o666 & ~_umask()
-"""The mode a plain ``open(path, "w")`` gives a new file (mkstemp's temporary files are 0600)."""
+from diffscale.io.paths import current_umask
 
 
 @contextlib.contextmanager
@@ -35,7 +27,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as fh:  # on disk before the rename: a crash leaves old or new, never empty
             os.fsync(fh.fileno())
-        os.chmod(tmp, _MODE)
+        os.chmod(tmp, 0o666 & ~current_umask())  # what a plain open() gives; mkstemp's is 0600
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

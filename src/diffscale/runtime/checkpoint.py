@@ -33,6 +33,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from diffscale.errors import UserError
+from diffscale.io.paths import give_default_modes
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -187,6 +188,7 @@ def _write_files(tmp: Path, state: TrainingState) -> None:
     for path in tmp.iterdir():
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())
+    give_default_modes(tmp)  # lab-mates sharing a run folder can read the weights
     manifest_path = tmp / "manifest.json"
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     with open(manifest_path, "rb+") as fh:

@@ -11,8 +11,9 @@ import statistics
 from pathlib import Path
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 from diffscale.studies.definition import SEED_AXES
-from diffscale.studies.state import ElementRecord, read_elements, write_atomic
+from diffscale.studies.state import ElementRecord, read_elements
 
 RUNS_CSV = "collect-runs.csv"
 SUMMARY_CSV = "collect-summary.csv"
@@ -120,11 +121,11 @@ def collect(sweep_dir: Path, *, metric: str = "loss") -> list[str]:
         raise UserError(f"no element of {sweep_dir} has logged {metric} yet",
                         f"check `diffscale sweep status {sweep_dir}`, or pass --metric NAME of metrics.jsonl")
     varied = [a for a in axes if a not in SEED_AXES]
-    write_atomic(sweep_dir / RUNS_CSV, _csv(["element", *axes, f"final_{metric}", f"best_{metric}", "records"],
+    write_text(sweep_dir / RUNS_CSV, _csv(["element", *axes, f"final_{metric}", f"best_{metric}", "records"],
                                             per_run))
     header = [*varied, "seeds", f"final_{metric}_mean", f"final_{metric}_sd", f"best_{metric}_mean",
               f"best_{metric}_sd"]
-    write_atomic(sweep_dir / SUMMARY_CSV, _csv(header, per_group))
+    write_text(sweep_dir / SUMMARY_CSV, _csv(header, per_group))
     table = Table(title=f"sweep {sweep_dir.name}: {metric}, mean ± sd over seeds")
     for col in header:
         table.add_column(col)

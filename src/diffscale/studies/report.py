@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from diffscale.io.atomic import write_text
 from diffscale.report.plots import png_data_uri
 from diffscale.studies.collect import summarise
 from diffscale.studies.definition import SEED_AXES
-from diffscale.studies.state import ElementRecord, read_elements, read_states, write_atomic
+from diffscale.studies.state import ElementRecord, read_elements, read_states
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -113,5 +114,5 @@ def render(sweep_dir: Path, metric: str = "loss") -> str:
 
 def write_sweep_report(sweep_dir: Path, out: Path | None = None, metric: str = "loss") -> Path:
     target = Path(out) if out else sweep_dir / "report.html"
-    write_atomic(target, render(sweep_dir, metric))
+    write_text(target, render(sweep_dir, metric))
     return target

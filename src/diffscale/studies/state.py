@@ -12,9 +12,7 @@ needs to stay running to keep it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,36 +20,13 @@ from typing import Any
 import yaml
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 
 DEFINITION = "sweep.yaml"
 ELEMENTS = "elements.json"
 STATE = "state.json"
 STATES = ("pending", "running", "done", "failed")
 EXIT_LINE = re.compile(r"diffscale: command exited with (\d+)")
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-FILE_MODE = 0o666 & ~_umask()
-"""What a file written plainly would get (mkstemp's own is 0600): read once, before any thread runs."""
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file renamed over it: never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -87,7 +62,7 @@ def read_definition(sweep_dir: Path) -> dict[str, Any]:
 
 
 def write_definition(sweep_dir: Path, raw: dict[str, Any]) -> None:
-    write_atomic(sweep_dir / DEFINITION, yaml.safe_dump({**raw, "out": str(sweep_dir)}, sort_keys=False))
+    write_text(sweep_dir / DEFINITION, yaml.safe_dump({**raw, "out": str(sweep_dir)}, sort_keys=False))
 
 
 def read_elements(sweep_dir: Path) -> list[ElementRecord]:
@@ -103,7 +78,7 @@ def read_elements(sweep_dir: Path) -> list[ElementRecord]:
 
 
 def write_elements(sweep_dir: Path, rows: list[ElementRecord]) -> None:
-    write_atomic(sweep_dir / ELEMENTS, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    write_text(sweep_dir / ELEMENTS, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
 
 
 def read_states(sweep_dir: Path) -> dict[int, ElementState]:
@@ -117,7 +92,7 @@ def read_states(sweep_dir: Path) -> dict[int, ElementState]:
 
 
 def write_states(sweep_dir: Path, states: dict[int, ElementState]) -> None:
-    write_atomic(sweep_dir / STATE, json.dumps({str(k): asdict(v) for k, v in sorted(states.items())}, indent=1) + "\n")
+    write_text(sweep_dir / STATE, json.dumps({str(k): asdict(v) for k, v in sorted(states.items())}, indent=1) + "\n")
 
 
 def record(sweep_dir: Path, state: ElementState) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 from diffscale.cluster.jobs import records as jobs
 from diffscale.cluster.jobs.scheduler import for_kind
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 from diffscale.studies.arrays import render, script_name, task_job_id, task_log
 from diffscale.studies.plan import ArrayGroup, SweepPlan
-from diffscale.studies.state import ElementState, read_states, write_atomic, write_states
+from diffscale.studies.state import ElementState, read_states, write_states
 from diffscale.studies.status import sweep_states
 
 
@@ -47,11 +48,11 @@ def _write_group(plan: SweepPlan, group: ArrayGroup, picked: set[int]) -> tuple[
         run_dir = Path(element_plan.workload.run_dir)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         script = run_dir / element_plan.spec.script_file
-        write_atomic(script, element_plan.script())
+        write_text(script, element_plan.script())
         script.chmod(0o755)
     assert plan.profile is not None
     path = plan.sweep_dir / script_name(plan.profile.scheduler, group.label)
-    write_atomic(path, render(narrowed.array))
+    write_text(path, render(narrowed.array))
     path.chmod(0o755)
     return narrowed, path
 

@@ -4,6 +4,7 @@ directory with its resolved config, written before anything runs or is submitted
 from __future__ import annotations
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import write_text
 from diffscale.studies.plan import SweepPlan
 from diffscale.studies.state import (
     DEFINITION,
@@ -11,7 +12,6 @@ from diffscale.studies.state import (
     is_sweep_dir,
     read_definition,
     read_elements,
-    write_atomic,
     write_definition,
     write_elements,
 )
@@ -42,4 +42,4 @@ def write_sweep(plan: SweepPlan) -> None:
         run_dir = Path(element.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg is not None and not (run_dir / "config.yaml").is_file():
-            write_atomic(run_dir / "config.yaml", job_config(cfg).to_yaml())
+            write_text(run_dir / "config.yaml", job_config(cfg).to_yaml())
