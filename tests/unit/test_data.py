@@ -12,7 +12,8 @@ from diffscale.cli import main
 from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
 from diffscale.errors import UserError
 from diffscale.tasks.images.dataset import open_image_data
-from diffscale.tasks.images.sources import load_images, parse_spec
+from diffscale.tasks.images.formats import parse_spec
+from diffscale.tasks.images.sources import load_images
 
 from helpers import micro_args
 

@@ -11,45 +11,16 @@ from __future__ import annotations
 
 import gzip
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split, path_option_split
+from diffscale.data.locations import EMNIST_SPLITS
 from diffscale.errors import UserError, closest
 from diffscale.tasks.images import builtin
-
-KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet")
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    kind: str
-    path: str = ""
-    option: str = ""
-
-
-def parse_spec(spec: str) -> DataSpec:
-    kind, _, rest = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind not in KINDS:
-        raise UserError(f"unknown data source '{spec}'{closest(kind, KINDS)}",
-                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT, "
-                        "webdataset:DIR_OR_GLOB or parquet:PATH[:COLUMN]")
-    if kind == "builtin":
-        return DataSpec("builtin", option=rest)
-    if not rest:
-        raise UserError(f"data source '{spec}' has no path", f"write {kind}:PATH")
-    if kind == "emnist":
-        root, split = emnist_path_split(rest)
-        return DataSpec("emnist", root, split or "balanced")
-    if kind == "parquet":
-        path, column = path_option_split(rest)
-        return DataSpec("parquet", path, column)
-    return DataSpec(kind, rest)
+from diffscale.tasks.images.formats import parse_spec
 
 
 def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
