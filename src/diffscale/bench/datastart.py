@@ -8,7 +8,11 @@
   decoder, ``decode_job``, so only the cache and the pool differ);
 * first start: ``open_image_data`` with an empty cache: decoded by a pool of one process per CPU
   this process may use (``taskset`` limits it), written to the cache, then read as a tensor;
-* restart: the same call again (``--restarts`` times): the cache's memory map read as a tensor.
+* restart: the same call again (``--restarts`` times): the folder listed (the cache's key is the
+  files' names, sizes and times), the cache's memory map read as a tensor.
+
+A fresh process that only imports what they import is timed too: the part of each figure that
+does not grow with the folder.
 
 The folder (``--images`` PNGs of ``--side`` px in 10 class folders) is written once by
 ``--gen-workers`` processes and kept under ``--work``; each run of this module empties the cache.
@@ -37,6 +41,11 @@ from diffscale.tasks.images.formats import list_imagefolder
 listing = list_imagefolder(Path(sys.argv[1]), int(sys.argv[2]), 0)
 images = np.concatenate([decode_job(job).images for job in listing.jobs])
 print(images.shape)
+"""
+IMPORTS = """
+import sys
+import diffscale.tasks.images.dataset
+print(sys.argv[1:])
 """
 AFTER = """
 import sys
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "DIFFSCALE_CACHE_DIR": str(cache)}
     record: dict[str, Any] = {"images": args.images, "side": args.side, "size": args.size,
                               "cpus": len(os.sched_getaffinity(0)), "load_before": load_average()}
+    record["imports"] = timed(IMPORTS, folder, args.size, env)
+    print(f"imports alone (in every start below): {record['imports']['seconds']:.1f} s", flush=True)
     if not args.skip_before:
         record["before"] = timed(BEFORE, folder, args.size, env)
         print(f"before (decoded in one process, no cache): {record['before']['seconds']:.1f} s at every start",

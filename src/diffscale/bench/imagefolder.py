@@ -23,8 +23,10 @@ def _write(root: Path, side: int, suffix: str, index: int) -> None:
     folder = root / f"c{index % CLASSES}"
     base = np.random.default_rng(index).integers(0, 255, (8, 8, 3), dtype=np.uint8)
     picture = Image.fromarray(base).resize((side, side), Image.Resampling.BILINEAR)
-    options = {"quality": 90} if suffix == "jpg" else {}
-    picture.save(folder / f"{index:08d}.{suffix}", **options)
+    if suffix == "jpg":
+        picture.save(folder / f"{index:08d}.jpg", quality=90)
+    else:
+        picture.save(folder / f"{index:08d}.{suffix}")
 
 
 def make_image_folder(root: Path, images: int, *, side: int = 64, suffix: str = "png", workers: int = 0) -> Path:

@@ -1,7 +1,7 @@
 """Streamed against resident data: ``diffscale train`` on a generated image folder, per preset,
 with ``data.resident`` on and off; per run the median samples/s and data-wait share of the
 logged windows after the first (compilation), the run's own end summary of its data wait, and
-the peak host RSS (and PSS) of the rank and of each of its loader workers, sampled once a second.
+the peak host RSS (and PSS) of the rank and of each of its loader workers, sampled twice a second.
 
 ``python -m diffscale.bench.streaming --preset medium xl --images 200000 --steps 300 --work DIR``
 
@@ -33,7 +33,7 @@ GIB = 2**30
 
 @dataclass
 class Memory:
-    """Peak host memory (bytes) of a rank and of its loader workers, sampled once a second."""
+    """Peak host memory (bytes) of a rank and of its loader workers, sampled twice a second."""
 
     rank_rss: int = 0
     rank_pss: int = 0
@@ -92,7 +92,7 @@ def run_one(preset: str, resident: str, args: argparse.Namespace, images: Path) 
         rank = psutil.Process(job.pid)
         while job.poll() is None:
             memory.sample(rank)
-            time.sleep(1.0)
+            time.sleep(0.5)
     text = log.read_text()
     record: dict[str, Any] = {"preset": preset, "resident": resident, "exit_code": job.returncode,
                               "wall_s": time.perf_counter() - started, "log": str(log)}
@@ -127,7 +127,7 @@ def describe(record: dict[str, Any]) -> str:
     if workers:
         each = ", ".join(f"{w:.2f}" for w in workers)
         pss = ", ".join(f"{p:.2f}" for p in record["worker_pss_gib"])
-        per_worker = f"{len(workers)} loader workers RSS [{each}] GiB, PSS [{pss}] GiB"
+        per_worker = f"{len(workers)} loader worker{'s' if len(workers) > 1 else ''} RSS [{each}] GiB, PSS [{pss}] GiB"
     else:
         per_worker = "no loader workers"
     return (f"{head} {rate}, {share} (median of {record['windows']} windows); host RSS rank "
@@ -146,14 +146,24 @@ def compare(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def decoded_sizes(presets: list[str], images: int) -> list[str]:
+def decode_once(presets: list[str], images: Path, count: int) -> None:
+    """Decode the folder into the cache at each preset's resolution before the timed runs, in a
+    process of its own (its pool's workers are not the runs' loader workers), and say how large
+    the decoded data is and how long the decoding took."""
     from diffscale.config.presets import get_preset
+    from diffscale.data.placement import size_text
 
-    lines = []
-    for name in presets:
-        side = get_preset(name).model.sample_size
-        lines.append(f"{name}: {images:,} images decoded at {side} px = {images * 3 * side * side / GIB:.2f} GiB (RGB)")
-    return lines
+    sides = {name: int(getattr(get_preset(name).model, "sample_size", 0)) for name in presets}
+    if not all(sides.values()):
+        raise SystemExit(f"not image presets: {', '.join(n for n, side in sides.items() if not side)}")
+    for side in dict.fromkeys(sides.values()):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import sys; from diffscale.tasks.images.dataset import open_image_data; "
+                        "open_image_data('imagefolder:' + sys.argv[1], int(sys.argv[2]))", str(images), str(side)],
+                       check=True)
+        names = ", ".join(n for n in presets if sides[n] == side)
+        print(f"{names}: {count:,} images decoded at {side} px = {size_text(count * 3 * side * side)} (RGB), "
+              f"in the cache after {time.perf_counter() - started:.0f} s", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DIFFSCALE_CACHE_DIR", str(args.work / "cache"))
     images = make_image_folder(args.work / f"imgs-{args.images}-{args.side}", args.images, side=args.side,
                                suffix="jpg", workers=args.gen_workers)
-    for line in decoded_sizes(args.preset, args.images):
-        print(line, flush=True)
+    decode_once(args.preset, images, args.images)
     records = []
     for preset in args.preset:
         for resident in args.resident:
