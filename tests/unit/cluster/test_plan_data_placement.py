@@ -182,3 +182,16 @@ def test_plan_of_an_image_folder_loads_no_torch(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert re.search(r"│ data on the device +│ pass +│", done.stdout), done.stderr
     assert done.stdout.strip().endswith("loaded: []")
+
+
+def test_a_gpu_of_unknown_memory_leaves_auto_to_the_job_but_plans_a_forced_stream(tmp_path):
+    mnist = idx_images(tmp_path / "mn", 1000)
+    bu = load_profile("bu-scc")  # Grid Engine; its any-gpu class documents no GPU memory
+    auto = _row(make_plan(bu, Shape(1, 1, partition="any-gpu"), _run(tmp_path, f"mnist:{mnist}")))
+    assert (auto.status, auto.detail) == ("unknown", "1,000 items x 1x64x64 = 3.9 MiB (the IDX header); the profile "
+                                                     "does not say how much memory a 'any-gpu' GPU has: the job decides "
+                                                     "as it starts (data.resident auto)")
+    off = _row(make_plan(bu, Shape(1, 1, partition="any-gpu"), _run(tmp_path, f"mnist:{mnist}", resident="off")))
+    assert (off.status, off.detail) == ("pass", "1,000 items x 1x64x64 = 3.9 MiB (the IDX header): streamed from disk "
+                                                "(3.9 MiB; data.resident off); 3 loader workers per rank (3 of 4 CPUs "
+                                                "per rank), counted in the host RAM row")

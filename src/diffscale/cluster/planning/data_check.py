@@ -46,14 +46,13 @@ def placement(size: DataSize, setting: str, workers: int, part: Partition, *, ra
     """Where a run puts data of ``size`` on ``part``'s nodes (``setting``: data.resident, ``workers``:
     data.workers); None when the device's memory is not known."""
     if use_gpus:
-        if part.gpu_memory_gb is None:
-            return None if setting == "auto" else _placed(size, setting, 1.0, "device memory")
-        total, where = part.gpu_memory_gb * 1e9, f"{part.gpu_type or 'GPU'} memory"
+        known = part.gpu_memory_gb * 1e9 if part.gpu_memory_gb is not None else None
+        where = f"{part.gpu_type or 'GPU'} memory"
     else:
-        if mem_limit_gib is None:
-            return None if setting == "auto" else _placed(size, setting, 1.0, "host memory")
-        total, where = mem_limit_gib * resources.GIB, "host memory of the node"
-    placed = _placed(size, setting, total, where)
+        known, where = (mem_limit_gib * resources.GIB if mem_limit_gib is not None else None), "host memory of the node"
+    if known is None and setting == "auto":
+        return None  # the rule needs the device's memory; on and off do not
+    placed = _placed(size, setting, known or 0.0, where)
     if placed.resident:
         return placed
     host = mem_limit_gib * resources.GIB if mem_limit_gib is not None else NO_LIMIT_BYTES
