@@ -188,10 +188,20 @@ def test_a_gpu_of_unknown_memory_leaves_auto_to_the_job_but_plans_a_forced_strea
     mnist = idx_images(tmp_path / "mn", 1000)
     bu = load_profile("bu-scc")  # Grid Engine; its any-gpu class documents no GPU memory
     auto = _row(make_plan(bu, Shape(1, 1, partition="any-gpu"), _run(tmp_path, f"mnist:{mnist}")))
-    assert (auto.status, auto.detail) == ("unknown", "1,000 items x 1x64x64 = 3.9 MiB (the IDX header); the profile "
-                                                     "does not say how much memory a 'any-gpu' GPU has: the job decides "
-                                                     "as it starts (data.resident auto)")
+    assert (auto.status, auto.detail) == ("unknown", "1,000 items x 1x64x64 = 3.9 MiB (the IDX header); the "
+                                                     "profile does not say how much memory a 'any-gpu' GPU has: the "
+                                                     "job decides as it starts (data.resident auto)")
     off = _row(make_plan(bu, Shape(1, 1, partition="any-gpu"), _run(tmp_path, f"mnist:{mnist}", resident="off")))
     assert (off.status, off.detail) == ("pass", "1,000 items x 1x64x64 = 3.9 MiB (the IDX header): streamed from disk "
                                                 "(3.9 MiB; data.resident off); 3 loader workers per rank (3 of 4 CPUs "
                                                 "per rank), counted in the host RAM row")
+
+
+def test_a_streamed_rank_with_one_cpu_warns_that_it_reads_its_own_batches(tmp_path):
+    mnist = idx_images(tmp_path / "mn", 8_000_000)
+    plan = make_plan(fixture_profile("sge-two-host"), Shape(1, 2, cpus_per_rank=1), _run(tmp_path, f"mnist:{mnist}"))
+    row = _row(plan)
+    assert (row.status, row.fix) == ("WARN", "give each rank a CPU for a loader worker (--cpus-per-task 2 or more): "
+                                             "without one the training process reads its own batches and waits for "
+                                             "them")
+    assert "0 loader workers per rank (0 of 1 CPUs per rank)" in row.detail

@@ -155,9 +155,8 @@ def _host_memory_fix(part: Partition, r: Resolved, m: resources.HostMemory, limi
     ranks per node, more memory, or a smaller data file (every rank reads one whole)."""
     fixes = []
     workers = m.workers_that_fit(limit_gib * resources.GIB)
-    if m.workers and 0 <= workers < m.workers:
-        fixes.append(f"start fewer loader workers (--set data.workers={max(workers, 1)})" if workers else
-                     "stream with fewer loader workers")
+    if m.workers and 1 <= workers < m.workers:  # data.workers 0 means "decide": fewer than one is no setting
+        fixes.append(f"start fewer loader workers (--set data.workers={workers})")
     fit = m.ranks_that_fit(limit_gib * resources.GIB)
     flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
     if fit >= 1:
@@ -351,13 +350,13 @@ def data_on_device(part: Partition, r: Resolved, workload: Workload) -> Check | 
 def _streamed(name: str, placed: data_check.DataPlacement, r: Resolved) -> Check:
     workers = f"{placed.workers} loader worker{'s' if placed.workers != 1 else ''} per rank"
     what = f"{placed.size.describe()}: {placed.why}; {workers} ({placed.workers_why}), counted in the host RAM row"
-    if placed.workers == 0:
-        return Check(name, True, what, "give each rank more CPUs (--cpus-per-task 4 or more): without loader workers "
-                                       "the training process reads its own batches and waits for them", warn=True)
     if placed.workers < placed.wanted:
         flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
         return Check(name, True, what, f"ask for more host memory (--mem), or fewer ranks per node ({flag}), for "
                                        f"{placed.wanted} workers", warn=True)
+    if placed.workers == 0:
+        return Check(name, True, what, "give each rank a CPU for a loader worker (--cpus-per-task 2 or more): without "
+                                       "one the training process reads its own batches and waits for them", warn=True)
     return Check(name, True, what)
 
 
