@@ -95,6 +95,16 @@ def _zeros(name: str, shape: tuple[int, ...]) -> Setup:
     return make
 
 
+def _sparse_idx(name: str, count: int) -> Setup:
+    """An MNIST image file of ``count`` 28 px images whose pixels are a hole: no disk used."""
+    def make(ws: Path) -> None:
+        (ws / name).mkdir()
+        with open(ws / name / "train-images-idx3-ubyte", "wb") as out:
+            out.write(b"".join(v.to_bytes(4, "big") for v in (2051, count, 28, 28)))
+            out.truncate(16 + count * 28 * 28)
+    return make
+
+
 def _utf16(name: str, text: str) -> Setup:
     def make(ws: Path) -> None:
         (ws / name).write_bytes(text.encode("utf-16"))  # with its byte-order mark, as Windows editors save
@@ -302,6 +312,11 @@ CASES = [
     Case(f"{PLAN} --gpus-per-node 0", "--gpus-per-node 0 is out of range"),
     Case(f"{PLAN} --gpus-per-node -2", "--gpus-per-node -2 is out of range"),
     Case(f"{PLAN} --gpus-per-node 8", "8 GPUs per node asked, but 'a100-80gb' nodes have 4"),
+    Case("plan --cluster nyu-torch --account a --gpus-per-node 1 --preset medium --data mnist:{ws}/mn "
+         "--set data.resident=on --out {ws}/p", "preflight check 'data on the device' failed: 8,000,000 items x "
+         "1x64x64 = 30.52 GiB (the IDX header): resident on the device (30.52 GiB; data.resident on); with the model "
+         "(~25.8 GB, estimated) ~58.5 GB > 90% of 48 GB per L40S -- stream it from the decoded cache: --set "
+         "data.resident=auto", (_sparse_idx("mn", 8_000_000),)),
     Case(f"{PLAN} --procs-per-node 0", "--procs-per-node 0 is out of range"),
     Case(f"{PLAN} --nodes 1000000000", "--nodes 1000000000 is out of range: more nodes than any partition "
          "diffscale plans for holds (at most 4096) -- pass --nodes 4096 or less"),

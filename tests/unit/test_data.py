@@ -11,7 +11,9 @@ from PIL import Image
 from diffscale.cli import main
 from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augment
 from diffscale.errors import UserError
-from diffscale.tasks.images.sources import load_images, parse_spec
+from diffscale.tasks.images.dataset import open_image_data
+from diffscale.tasks.images.formats import parse_spec
+from diffscale.tasks.images.sources import load_images
 
 from helpers import micro_args
 
@@ -49,24 +51,32 @@ def test_builtin_images_are_rendered_once_then_read_from_the_cache(tmp_path, mon
     assert torch.equal(builtin.load_builtin("numerals", 12), first)
 
 
-def test_imagefolder_recursive_rgb_resized_and_cropped(tmp_path):
+def test_imagefolder_recursive_rgb_resized_and_cropped(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "a" / "b").mkdir(parents=True)
     Image.new("RGB", (40, 20), (255, 0, 0)).save(tmp_path / "a" / "wide.png")
     Image.new("RGB", (30, 30), (0, 0, 255)).save(tmp_path / "a" / "b" / "square.jpg")
-    (tmp_path / "notes.txt").write_text("not an image")
-    images = load_images(f"imagefolder:{tmp_path}", 16)
+    (tmp_path / "a" / "notes.txt").write_text("not an image")
+    images = open_image_data(f"imagefolder:{tmp_path / 'a'}", 16).tensor()
     assert images.shape == (2, 3, 16, 16)
-    # sorted by path: a/b/square.jpg (blue) before a/wide.png (red)
+    # sorted by path: b/square.jpg (blue) before wide.png (red)
     assert images[0, 2].float().mean() > 200 and images[1, 0].float().mean() > 200 and images[1, 2].float().mean() < 30
 
 
-def test_imagefolder_errors(tmp_path):
+def test_imagefolder_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(UserError, match="does not exist"):
-        load_images(f"imagefolder:{tmp_path / 'missing'}", 16)
+        open_image_data(f"imagefolder:{tmp_path / 'missing'}", 16)
+    (tmp_path / "pics").mkdir()
     with pytest.raises(UserError, match="holds no images"):
-        load_images(f"imagefolder:{tmp_path}", 16)
-    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
-    with pytest.raises(UserError, match="cannot read image .*broken.png.*remove or replace the damaged file"):
+        open_image_data(f"imagefolder:{tmp_path / 'pics'}", 16)
+    (tmp_path / "pics" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    with pytest.raises(UserError, match="1 of 1 images .* cannot be read .*broken.png.*remove or replace the damaged"):
+        open_image_data(f"imagefolder:{tmp_path / 'pics'}", 16)
+
+
+def test_an_image_folder_is_never_loaded_whole_beside_the_cache(tmp_path):
+    with pytest.raises(UserError, match="is decoded into the cache, not loaded whole"):
         load_images(f"imagefolder:{tmp_path}", 16)
 
 

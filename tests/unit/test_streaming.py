@@ -99,3 +99,54 @@ def test_more_workers_asked_than_fit_get_fewer_with_the_reason(monkeypatch):
     assert workers == 1 and why == "6 requested, 1 fit: 4 ranks share 16 GiB (~1.0 GiB per worker)"
     monkeypatch.setattr(resources, "host_memory_bytes", lambda: 256 * resources.GIB)
     assert stream_workers(0) == (7, "7 of 8 CPUs per rank")
+
+
+@pytest.mark.parametrize("resident", ["on", "off"])
+def test_every_window_records_its_data_wait_share_in_metrics_tensorboard_and_the_summary(tmp_path, capsys,
+                                                                                         resident):
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _folder(tmp_path / "imgs")
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--data", f"imagefolder:{tmp_path / 'imgs'}",
+                 *micro_args(f"data.resident={resident}", "data.workers=1", steps=6)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if "loss" in r]
+    assert [r["step"] for r in windows] == [2, 4, 6]
+    assert all(0.0 <= r["data_wait_share"] <= 1.0 for r in windows)
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/data_wait_share")] == [2, 4, 6]
+    out = capsys.readouterr().out
+    assert "data wait " in next(line for line in out.splitlines() if line.startswith("step 6/6"))
+    [summary] = [line for line in out.splitlines() if line.startswith("data wait: ")]
+    assert summary.endswith(" s waiting for the next batch)") and "% of the training time (" in summary
+
+
+@pytest.mark.parametrize("resident, feed", [("on", DeviceBatcher), ("off", StreamingBatcher)])
+def test_the_time_the_loop_waits_on_a_slow_feed_is_counted(tmp_path, capsys, monkeypatch, resident, feed):
+    """A feed whose every batch takes at least 0.25 s (a sleep: never shorter) over 4 steps: the
+    summary counts at least 1 s of waiting, and every window a share above 0."""
+    import json
+    import re
+    import time
+
+    prompt = feed.next_indices
+
+    def late(self, out=None):
+        time.sleep(0.25)
+        return prompt(self, out)
+
+    monkeypatch.setattr(feed, "next_indices", late)
+    _folder(tmp_path / "imgs")
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), "--data", f"imagefolder:{tmp_path / 'imgs'}",
+                 *micro_args(f"data.resident={resident}", steps=4)]) == 0
+    summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("data wait: "))
+    waited, total = (float(v) for v in re.search(r"\(([\d.]+) s of (\d+) s waiting", summary).groups())
+    assert waited >= 1.0 and total >= round(waited) - 1
+    shares = [json.loads(line)["data_wait_share"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert len(shares) == 2 and all(share > 0 for share in shares)

@@ -83,7 +83,9 @@ def checks_summary(plan: Plan) -> str:
     """How many checks passed, failed and could not be made, and why not: an "unknown" row
     is no pass, and a plan that passed only the checks it could make says so."""
     counts = {status: sum(c.status == status for c in plan.checks) for status in ("pass", "FAIL", "unknown")}
-    line = (f"preflight ({plan.label}): {counts['pass']} of {len(plan.checks)} checks passed"
+    warned = sum(c.status == "WARN" for c in plan.checks)
+    line = (f"preflight ({plan.label}): {counts['pass'] + warned} of {len(plan.checks)} checks passed"
+            + (f" ({warned} with a warning)" if warned else "")
             + (f", {counts['FAIL']} failed" if counts["FAIL"] else ""))
     unknown = [c for c in plan.checks if c.ok is None]
     if not unknown:
@@ -98,9 +100,9 @@ def print_checks(plan: Plan, *, time_asked: bool, summary: bool = True) -> None:
                         f"{plan.role + ' job, ' if plan.role else ''}shape {plan.shape.label}")
     for col in ("check", "result", "detail", "fix"):
         table.add_column(col)
-    style = {True: "green", False: "bold red", None: "yellow"}
+    style = {"pass": "green", "WARN": "yellow", "FAIL": "bold red", "unknown": "yellow"}
     for c in plan.checks:
-        table.add_row(c.name, f"[{style[c.ok]}]{c.status}[/]", c.detail, c.fix)
+        table.add_row(c.name, f"[{style[c.status]}]{c.status}[/]", c.detail, c.fix)
     console.print(table)
     console.print(f"time limit ({plan.label}): {time_limit(plan, time_asked)}", markup=False)
     if summary:

@@ -18,6 +18,7 @@ item count is known only after decoding (unreadable items are skipped).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -82,6 +83,12 @@ def entry_paths(name: str) -> tuple[Path, Path, Path, Path]:
     base = cache_dir() / "decoded" / name
     return (base.with_suffix(".u8"), base.with_suffix(".json"), Path(f"{base}.labels.npy"),
             base.with_suffix(".lock"))
+
+
+def entry_of(kind: str, source: str, size: int) -> tuple[str, str]:
+    """(entry name, the source as its header records it) of ``source`` decoded at ``size`` px."""
+    key = hashlib.sha256(repr((source, size)).encode()).hexdigest()[:16]
+    return f"{kind}-{size}px-{key}", f"{source} @ {size}px"
 
 
 def read_header(name: str) -> dict[str, Any] | None:

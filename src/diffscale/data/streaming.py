@@ -107,28 +107,15 @@ class StreamingBatcher(DeviceBatcher):
         return self.current[start:start + (rows.stop - rows.start)]
 
 
-RESIDENT_SHARE = 0.25
-"""Share of the device's memory (on the CPU: of host memory) resident data may take under
-``data.resident: auto``; the rest stays with the model, its optimizer state and activations."""
-
-
 def resident_choice(setting: str, data_bytes: int, device: torch.device) -> tuple[bool, str]:
     """Whether data of ``data_bytes`` (uint8) lives on ``device``, and why (for the banner)."""
-    from diffscale.runtime.resources import gib, host_memory_bytes
+    from diffscale.data.placement import resident_rule
+    from diffscale.runtime.resources import host_memory_bytes
 
-    size = f"{gib(data_bytes):.2f} GiB"
-    if setting == "on":
-        return True, f"resident on the device ({size}; data.resident on)"
-    if setting == "off":
-        return False, f"streamed from disk ({size}; data.resident off)"
     if device.type == "cuda":
-        total, where = torch.cuda.get_device_properties(device).total_memory, "device memory"
-    else:
-        total, where = host_memory_bytes(), "host memory"
-    budget = RESIDENT_SHARE * total
-    if data_bytes <= budget:
-        return True, f"resident on the device ({size} fits {RESIDENT_SHARE:.0%} of {gib(total):.0f} GiB {where})"
-    return False, f"streamed from disk ({size} exceeds {RESIDENT_SHARE:.0%} of {gib(total):.0f} GiB {where})"
+        return resident_rule(setting, data_bytes, torch.cuda.get_device_properties(device).total_memory,
+                             "device memory")
+    return resident_rule(setting, data_bytes, host_memory_bytes(), "host memory")
 
 
 def stream_workers(requested: int) -> tuple[int, str]:

@@ -71,7 +71,8 @@ RECORD_RULES: tuple[RecordRule, ...] = (
         "data-bound", "GPU idle, waiting for data", _data_bound,
         "the GPU was busy only {util}% of the time and {wait} of each step waited for data ({what})",
         "use --recipe fast (data on the GPU, as diffscale train keeps it) or, for a CPU loader, more loader "
-        "workers (diffscale bench --plain-workers, your DataLoader's num_workers); keep the data on a local disk",
+        "workers (diffscale bench --plain-workers, your DataLoader's num_workers; a streamed diffscale train run: "
+        "more CPUs per rank, or --set data.workers=N); keep the data on a local disk",
         "gpu_util={util}%, data_wait_share={wait}",
     ),
 )

@@ -314,13 +314,16 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             runner = StepRunner(run_state, model, run_state.make_batcher())
             if policy.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(policy.device)
-            stopped_by, samples = _loop(run_state, runner, telemetry, stop, stop_at, say, traced)
+            meter = ThroughputMeter()
+            stopped_by, samples = _loop(run_state, runner, telemetry, stop, stop_at, say, traced, meter)
             if stopped_by is None:
                 samples += _preview(run_state, ctx, run_dir, f"step{run_state.step:08d}", say, telemetry)
                 if run_state.step >= target or run_state.data_ended:
                     say(f"done: {run_state.step} steps; samples in {run_dir / 'samples'}")
                 else:
                     say(f"stopped at step {run_state.step} of {target} (--max-steps); continue with --resume auto")
+            if meter.summary():
+                say(meter.summary())
         finally:
             telemetry.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
@@ -341,12 +344,11 @@ def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -
 
 
 def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: StopFlag, stop_at: int,
-          say: Say, traced: CompileCache) -> tuple[str | None, list[Path]]:
+          say: Say, traced: CompileCache, meter: ThroughputMeter) -> tuple[str | None, list[Path]]:
     """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
     and the preview files written on the way. After the first step the traced network is cached
     (``runtime.compile_cache``): forward and backward have compiled by then."""
     t, ctx = run_state.cfg.train, run_state.ctx
-    meter = ThroughputMeter()
     clock = _Clock(run_state.step, stop_at)
     samples: list[Path] = []
     while run_state.step < stop_at:
@@ -421,6 +423,7 @@ def _metrics(run_state: RunState, runner: StepRunner, meter: ThroughputMeter, lr
         "grad_norm": window.grad_norm,
         "samples_per_s": rate,
         "samples_per_s_per_gpu": rate / run_state.ctx.world_size,
+        "data_wait_share": meter.wait_share(window.data_wait_s),
         "peak_mem_mb": peak_memory_bytes(run_state.device) / 2**20,
         "nonfinite_skipped": run_state.nonfinite_total,
         "epoch": runner.batcher.position.epoch,

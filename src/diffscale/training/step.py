@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,9 @@ class WindowMetrics:
     grad_norm: float
     nonfinite: int
     """Steps skipped for non-finite gradients in the window (this rank's count: all ranks agree)."""
+    data_wait_s: float = 0.0
+    """Seconds the host waited for the next batch in the window (mean over ranks): the batcher's
+    own time, host side, with no device synchronisation added."""
 
 
 class StepRunner:
@@ -70,6 +74,7 @@ class StepRunner:
         self._bad_run = torch.zeros((), device=device)  # consecutive non-finite steps
         self._bad_total = torch.zeros((), device=device)
         self._steps = 0
+        self._data_wait_s = 0.0
         cfg = run_state.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(run_state.ctx.world_size)
@@ -86,7 +91,9 @@ class StepRunner:
         self.generator.manual_seed(step_seed(t.seed, tr.step))
         # A recorded step draws its batch straight into the graph's inputs: no copies before a replay.
         inputs = self.whole.inputs if self.whole is not None else None
+        asked = time.perf_counter()
         indices = self.batcher.next_indices(into(inputs, "indices"))
+        self._data_wait_s += time.perf_counter() - asked
         batch = tr.task.draw(indices, self.generator, out=inputs)
         rate = 1.0 - min(t.ema_decay, (1 + tr.step) / (10 + tr.step))
         if self.whole is not None:
@@ -140,14 +147,16 @@ class StepRunner:
         """The window's mean loss and gradient norm over every rank, and its skipped steps;
         starts a new window. The one host synchronisation of the loop."""
         steps = max(self._steps, 1)
-        packed = ctx.all_mean(torch.stack([self._loss_sum / steps, self._norm_sum / steps]).float())
-        loss, norm = (float(v) for v in packed.tolist())
+        waited = torch.full((), self._data_wait_s, device=self._loss_sum.device)
+        packed = ctx.all_mean(torch.stack([self._loss_sum / steps, self._norm_sum / steps, waited]).float())
+        loss, norm, data_wait_s = (float(v) for v in packed.tolist())
         nonfinite = int(self._bad_total.item())
         self._loss_sum.zero_()
         self._norm_sum.zero_()
         self._bad_total.zero_()
         self._steps = 0
-        return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite)
+        self._data_wait_s = 0.0
+        return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite, data_wait_s=data_wait_s)
 
     def nonfinite_in_a_row(self) -> int:
         """Consecutive steps ending with non-finite gradients (reads the device: call at log steps)."""

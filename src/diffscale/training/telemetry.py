@@ -38,11 +38,17 @@ if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broke
 
 
 class ThroughputMeter:
-    """Samples per second between two reports (wall clock, after the device has synced)."""
+    """Samples per second between two reports (wall clock, after the device has synced), and the
+    share of that time the loop waited for its next batch."""
 
     def __init__(self) -> None:
         self._t = time.perf_counter()
         self._samples = 0
+        self.window_s = 0.0
+        """Wall seconds of the window the latest ``rate`` measured."""
+        self.total_s = 0.0
+        self.waited_s = 0.0
+        """Totals over this invocation's windows, for the end summary."""
 
     def add(self, samples: int) -> None:
         self._samples += samples
@@ -52,7 +58,21 @@ class ThroughputMeter:
         elapsed = max(now - self._t, 1e-9)
         rate = self._samples / elapsed
         self._t, self._samples = now, 0
+        self.window_s = elapsed
+        self.total_s += elapsed
         return rate
+
+    def wait_share(self, waited_s: float) -> float:
+        """Share of the latest window spent waiting ``waited_s`` seconds for data (call after ``rate``)."""
+        self.waited_s += waited_s
+        return min(waited_s / max(self.window_s, 1e-9), 1.0)
+
+    def summary(self) -> str:
+        """``data wait: 0.8 % of the training time (...)`` over this invocation, or '' before a window."""
+        if self.total_s <= 0:
+            return ""
+        return (f"data wait: {self.waited_s / self.total_s:.1%} of the training time ({self.waited_s:.1f} s of "
+                f"{self.total_s:.0f} s waiting for the next batch)")
 
 
 class Telemetry:
@@ -125,8 +145,9 @@ class Telemetry:
             assert self._task is not None  # added with the progress bar
             self._progress.update(self._task, completed=record["step"], info=info)
         else:
+            wait = f"  data wait {record['data_wait_share']:.0%}" if "data_wait_share" in record else ""
             self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  "
-                               f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s", highlight=False)
+                               f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s{wait}", highlight=False)
 
     def images(self, paths: list[Path], step: int) -> None:
         """Preview grids (PNG) into TensorBoard's Images tab (``samples/NAME``) and the trackers."""

@@ -258,11 +258,13 @@ def max_batch_for_gpu(cfg: RunConfig, gpu_type: str | None, gpu_memory_gb_: floa
     return lo
 
 
-def host_memory(ranks_per_node: int, data_bytes: int = 0) -> resources.HostMemory:
-    """Host memory of a node's ``diffscale train`` ranks (estimated). The data stays on the
-    device and no loader workers start, so each rank holds its base and one copy of
-    in-memory data (an npz file is loaded whole) while it loads."""
-    return resources.host_memory(ranks_per_node, workers=0, data_bytes=data_bytes)
+def host_memory(ranks_per_node: int, data_bytes: int = 0, workers: int = 0) -> resources.HostMemory:
+    """Host memory of a node's ``diffscale train`` ranks (estimated). Each rank holds its base and
+    the data it reads into memory (an npz file is loaded whole; resident data passes through host
+    memory on its way to the device). A streamed run's ``workers`` per rank read the decoded
+    cache's memory map: the page cache holds the data once, so a worker counts only its base."""
+    return resources.host_memory(ranks_per_node, workers=workers, data_bytes=data_bytes,
+                                 worker_bytes=resources.WORKER_BASE_BYTES if workers else None)
 
 
 HOST_MEMORY_HEADROOM = 1.25
@@ -277,18 +279,21 @@ class HostMemoryRequest:
     """Where the figure comes from, for the plan."""
 
 
-def host_memory_request(ranks_per_node: int, data_bytes: int, node_limit_gb: float | None) -> HostMemoryRequest:
+def host_memory_request(ranks_per_node: int, data_bytes: int, node_limit_gb: float | None,
+                        workers: int = 0) -> HostMemoryRequest:
     """What a node of ``diffscale train`` ranks asks for, and the plan's note saying how it was
-    reached: no loader workers (none start), and a per-rank figure that is an estimate."""
-    m = host_memory(ranks_per_node, data_bytes)
+    reached: the loader workers a streamed run starts, and per-process figures that are estimates."""
+    m = host_memory(ranks_per_node, data_bytes, workers)
     gib = math.ceil(resources.gib(m.node_bytes) * HOST_MEMORY_HEADROOM)
     capped = False
     if node_limit_gb is not None and gib > node_limit_gb:
         gib, capped = int(node_limit_gb), True
     cap = f", capped at the node's {node_limit_gb:g} GiB" if capped else ""
     per_rank = resources.gib(resources.RANK_BASE_BYTES)
-    note = (f"host memory {gib} GiB per node: {m.describe()}, plus a quarter for headroom{cap}; no data-loader "
-            "workers counted (diffscale train keeps its data on the device and starts none); the "
+    counted = (f"{workers} loader workers per rank counted (the streaming path; they read the decoded cache's "
+               "memory map, held once in the page cache)" if workers else
+               "no data-loader workers counted (the data stays on the device: none start)")
+    note = (f"host memory {gib} GiB per node: {m.describe()}, plus a quarter for headroom{cap}; {counted}; the "
             f"~{per_rank:.0f} GiB per rank is an estimate, not a measured RSS (runtime/resources.py)")
     return HostMemoryRequest(gib, note)
 

@@ -278,10 +278,23 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
         notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
                      f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
         if mem is None:
-            request = estimates.host_memory_request(shape.ranks_per_node, workload.data_bytes, part.mem_per_node_gb)
+            data_bytes, workers = _data_in_host_memory(part, shape, workload, cpus, gpu_ranks)
+            request = estimates.host_memory_request(shape.ranks_per_node, data_bytes, part.mem_per_node_gb, workers)
             mem = request.gib
             notes.append(request.note)
     return estimate_s, (int(math.ceil(mem)) if mem is not None else None)
+
+
+def _data_in_host_memory(part: Partition, shape: Shape, workload: DiffscaleRun, cpus: int,
+                         gpu_ranks: bool) -> tuple[int, int]:
+    """(data bytes a rank holds in host memory, loader workers per rank) as the data check places the data."""
+    r = Resolved(nodes=shape.nodes, ranks_per_node=shape.ranks_per_node, use_gpus=gpu_ranks, cpus_per_rank=cpus,
+                 cpus_per_rank_asked=shape.cpus_per_rank is not None, mem_per_node_gb=None, mem_asked=False,
+                 time_s=None, time_asked=False)
+    placed = preflight.data_placement(part, r, workload)
+    if placed is None:
+        return workload.data_bytes, 0
+    return placed.host_data_bytes(workload.data_bytes), placed.workers
 
 
 def _wall_time(part: Partition, shape: Shape, workload: Workload, options: PlanOptions, estimate_s: int | None,

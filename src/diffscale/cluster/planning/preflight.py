@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from diffscale.cluster.planning import estimates
+from diffscale.cluster.planning import data_check, estimates
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.usage import MEASURED_SHARE, RankUsage
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
@@ -28,9 +28,13 @@ class Check:
     time); None: unknown -- the profile does not document the fact needed."""
     detail: str
     fix: str = ""
+    warn: bool = False
+    """With ``ok`` True: the job runs, but not as well as it could (the fix says how)."""
 
     @property
     def status(self) -> str:
+        if self.ok and self.warn:
+            return "WARN"
         return {True: "pass", False: "FAIL", None: "unknown"}[self.ok]
 
 
@@ -125,11 +129,11 @@ def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
         return Check(name, None, "a user command: its memory needs are not known to diffscale",
                      "measure them: diffscale probe --out RUN_DIR -- COMMAND (or state --mem-per-rank, "
                      "--workers-per-rank, --worker-mem)")
-    m = estimates.host_memory(r.ranks_per_node, workload.data_bytes)
+    placed = data_placement(part, r, workload)
+    data_bytes = placed.host_data_bytes(workload.data_bytes) if placed else workload.data_bytes
+    m = estimates.host_memory(r.ranks_per_node, data_bytes, placed.workers if placed else 0)
     what = f"{m.describe()} (estimated)"
-    limit = part.mem_per_node_gb
-    if r.mem_asked and r.mem_per_node_gb is not None:
-        limit = min(limit, r.mem_per_node_gb) if limit is not None else r.mem_per_node_gb
+    limit = _mem_limit(part, r)
     if limit is None:
         return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' node has")
     if m.node_bytes > limit * resources.GIB:
@@ -138,11 +142,21 @@ def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
     return Check(name, True, f"{what} of {limit:g} GiB")
 
 
+def _mem_limit(part: Partition, r: Resolved) -> float | None:
+    """Host memory per node the job may use, in GiB: the node's, or less where --mem asks less."""
+    limit = part.mem_per_node_gb
+    if r.mem_asked and r.mem_per_node_gb is not None:
+        limit = min(limit, r.mem_per_node_gb) if limit is not None else r.mem_per_node_gb
+    return limit
+
+
 def _host_memory_fix(part: Partition, r: Resolved, m: resources.HostMemory, limit_gib: float) -> str:
-    """What lowers a node's need or raises its limit. ``diffscale train`` starts no loader
-    workers: each rank holds its base and the data it loaded, so fewer ranks per node and
-    more memory are what apply (and a smaller data file, which every rank loads whole)."""
+    """What lowers a node's need or raises its limit: fewer loader workers (a streamed run), fewer
+    ranks per node, more memory, or a smaller data file (every rank reads one whole)."""
     fixes = []
+    workers = m.workers_that_fit(limit_gib * resources.GIB)
+    if m.workers and 1 <= workers < m.workers:  # data.workers 0 means "decide": fewer than one is no setting
+        fixes.append(f"start fewer loader workers (--set data.workers={workers})")
     fit = m.ranks_that_fit(limit_gib * resources.GIB)
     flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
     if fit >= 1:
@@ -288,6 +302,64 @@ def data_path(workload: Workload) -> Check | None:
                  "a path that does")
 
 
+def data_placement(part: Partition, r: Resolved, workload: Workload) -> data_check.DataPlacement | None:
+    """Where an image run's data will live on ``part`` (None: not an image run whose data size is
+    known here, or the device's memory is not known)."""
+    if not isinstance(workload, DiffscaleRun) or workload.data_size is None:
+        return None
+    data = workload.config.data
+    return data_check.placement(workload.data_size, data.resident.value, data.workers, part,
+                                ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_rank,
+                                use_gpus=r.use_gpus, mem_limit_gib=_mem_limit(part, r))
+
+
+def data_on_device(part: Partition, r: Resolved, workload: Workload) -> Check | None:
+    """An image run's data: resident on the device beside the model, or streamed from the decoded
+    cache by loader workers (then budgeted by the host-memory model, like the run does)."""
+    if not isinstance(workload, DiffscaleRun) or workload.data_size is None:
+        return None
+    name, size = "data on the device", workload.data_size
+    placed = data_placement(part, r, workload)
+    if placed is None:
+        what = "GPU" if r.use_gpus else "node"
+        return Check(name, None, f"{size.describe()}; the profile does not say how much memory a '{part.name}' "
+                                 f"{what} has: the job decides as it starts (data.resident auto)")
+    if not placed.resident:
+        return _streamed(name, placed, r)
+    if not r.use_gpus:
+        return Check(name, True, f"{size.describe()}: {placed.why}")
+    cfg = workload.config
+    model = estimates.gpu_memory_gb(cfg, part.gpu_type)
+    need = model.value + size.nbytes / 1e9
+    what = (f"{size.describe()}: {placed.why}; with the model (~{model.value:.1f} GB, {model.source}) "
+            f"~{need:.1f} GB")
+    gpu = part.gpu_memory_gb
+    if gpu is None:
+        return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' GPU has")
+    usable = data_check.GPU_SHARE * gpu
+    if need <= usable:
+        return Check(name, True, f"{what} of {gpu:g} GB per {part.gpu_type or 'GPU'}")
+    fits = int((usable - model.value) * 1e9 // max(size.nbytes // max(size.items, 1), 1))
+    stream = ("stream it from the decoded cache: --set data.resident=auto" if cfg.data.resident.value == "on"
+              else "stream it from the decoded cache: --set data.resident=off")
+    fewer = f", or train on fewer items (--set data.max_items={fits})" if fits >= 1 else ""
+    return Check(name, False, f"{what} > {data_check.GPU_SHARE:.0%} of {gpu:g} GB per {part.gpu_type or 'GPU'}",
+                 stream + fewer)
+
+
+def _streamed(name: str, placed: data_check.DataPlacement, r: Resolved) -> Check:
+    workers = f"{placed.workers} loader worker{'s' if placed.workers != 1 else ''} per rank"
+    what = f"{placed.size.describe()}: {placed.why}; {workers} ({placed.workers_why}), counted in the host RAM row"
+    if placed.workers < placed.wanted:
+        flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
+        return Check(name, True, what, f"ask for more host memory (--mem), or fewer ranks per node ({flag}), for "
+                                       f"{placed.wanted} workers", warn=True)
+    if placed.workers == 0:
+        return Check(name, True, what, "give each rank a CPU for a loader worker (--cpus-per-task 2 or more): without "
+                                       "one the training process reads its own batches and waits for them", warn=True)
+    return Check(name, True, what)
+
+
 def run_directory(profile: ClusterProfile, workload: Workload) -> Check | None:
     """Grid Engine expands $HOME-style pseudo variables in a job's working directory and
     cannot enter one with a newline (measured on SoGE 8.1.9: failed 28, "changing into
@@ -358,8 +430,8 @@ def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Wor
         global_batch(r, workload),
         nodes_limit(part, r),
     ]
-    for extra in (multi_host(profile, r), data_path(workload), command_paths(workload),
-                  run_directory(profile, workload), task_executable(profile, workload)):
+    for extra in (multi_host(profile, r), data_path(workload), data_on_device(part, r, workload),
+                  command_paths(workload), run_directory(profile, workload), task_executable(profile, workload)):
         if extra is not None:
             checks.append(extra)
     return checks

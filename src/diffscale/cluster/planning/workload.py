@@ -10,11 +10,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from diffscale.cluster.planning.usage import RankUsage
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.config import RunConfig
+from diffscale.config import ModelConfig, RunConfig
 from diffscale.errors import UserError
+
+if TYPE_CHECKING:
+    from diffscale.tasks.images.datasize import DataSize
 
 Env = tuple[tuple[str, str], ...]
 
@@ -39,6 +43,8 @@ class DiffscaleRun:
     without a path, or not looked at)."""
     sizes_note: str = ""
     """Where the network sizes that ``config`` leaves to the data came from, for the plan's notes."""
+    data_size: DataSize | None = None
+    """Items and decoded bytes of an image run's data, read here cheaply (None: not readable here)."""
 
     @property
     def config_path(self) -> str:
@@ -96,8 +102,13 @@ def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
     if where is not None and cfg.data.source.startswith("npz:") and where.is_file():
         data_bytes = where.stat().st_size
     sized, note = with_data_sizes(cfg)
+    size = None
+    if isinstance(cfg.model, ModelConfig) and where is not None and where.exists():
+        from diffscale.tasks.images.datasize import data_size
+
+        size = data_size(cfg.data.source, cfg.model.sample_size, cfg.data.max_items)
     return DiffscaleRun(config=sized, run_dir=run_dir, python=python, data_bytes=data_bytes,
-                        data_found=None if where is None else where.exists(), sizes_note=note)
+                        data_found=None if where is None else where.exists(), sizes_note=note, data_size=size)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from diffscale.data.decoded_cache import Built, CachedArray, open_or_build
+from diffscale.data.decoded_cache import Built, CachedArray, entry_of, open_or_build
 from diffscale.tasks.images import formats
 from diffscale.tasks.images.decoded import cached_decode, stderr_say
+from diffscale.tasks.images.formats import parse_spec
 from diffscale.tasks.images.jobs import Listing, fingerprint
-from diffscale.tasks.images.sources import load_images, parse_spec
+from diffscale.tasks.images.sources import load_images
 
 DECODED_KINDS = ("imagefolder", "webdataset", "parquet")
 """Kinds decoded image by image, in parallel."""
@@ -89,19 +90,17 @@ def _array_files(kind: str, path: str) -> list[Path]:
 
 def _cached_array(spec: str, source: str, kind: str, path: str, size: int, max_items: int,
                   say: Callable[[str], None]) -> CachedArray:
-    import hashlib
-
     files = _array_files(kind, path)
     if not files:
         load_images(spec, size, max_items=max_items)  # the reader's own message for a missing path
-    key = hashlib.sha256(repr((source, size)).encode()).hexdigest()[:16]
 
     def build(out: Path) -> Built:
         images = load_images(spec, size, max_items=max_items).numpy()
         out.write_bytes(np.ascontiguousarray(images).tobytes())
         return Built(tuple(images.shape), _array_labels(kind, Path(path), images.shape[0]))
 
-    return open_or_build(f"{kind}-{size}px-{key}", f"{source} @ {size}px", fingerprint(files), build, say=say)
+    name, label = entry_of(kind, source, size)
+    return open_or_build(name, label, fingerprint(files), build, say=say)
 
 
 def _array_labels(kind: str, path: Path, count: int) -> np.ndarray | None:

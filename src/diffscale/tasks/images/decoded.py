@@ -9,7 +9,6 @@ more than ``data.max_bad_fraction`` of them ends the run with a message naming a
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diffscale.data.decoded_cache import Built, CachedArray, open_or_build
+from diffscale.data.decoded_cache import Built, CachedArray, entry_of, open_or_build
 from diffscale.errors import UserError
 from diffscale.tasks.images.formats import table_rows, tar_samples
 from diffscale.tasks.images.jobs import Job, Listing
@@ -197,6 +196,6 @@ def stderr_say(message: str) -> None:
 def cached_decode(source: str, kind: str, size: int, listing: Listing, *, max_bad_fraction: float,
                   say: Callable[[str], None] = stderr_say) -> CachedArray:
     """The decoded images of ``listing``, from the cache, built there first when needed."""
-    key = hashlib.sha256(repr((source, size)).encode()).hexdigest()[:16]
-    return open_or_build(f"{kind}-{size}px-{key}", f"{source} @ {size}px", listing.fingerprint,
-                         build_from_jobs(listing, source, size, max_bad_fraction, say), say=say)
+    name, label = entry_of(kind, source, size)
+    build = build_from_jobs(listing, source, size, max_bad_fraction, say)
+    return open_or_build(name, label, listing.fingerprint, build, say=say)

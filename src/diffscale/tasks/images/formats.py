@@ -16,15 +16,45 @@ import glob
 import json
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffscale.errors import UserError
+from diffscale.data.locations import emnist_path_split, path_option_split
+from diffscale.errors import UserError, closest
 from diffscale.tasks.images.jobs import JOB_ITEMS, Job, Listing, fingerprint
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 TAR_IMAGE_SUFFIXES = ("png", "jpg", "jpeg")
 LABEL_COLUMNS = ("label", "labels")
+KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str
+    path: str = ""
+    option: str = ""
+
+
+def parse_spec(spec: str) -> DataSpec:
+    kind, _, rest = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise UserError(f"unknown data source '{spec}'{closest(kind, KINDS)}",
+                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT, "
+                        "webdataset:DIR_OR_GLOB or parquet:PATH[:COLUMN]")
+    if kind == "builtin":
+        return DataSpec("builtin", option=rest)
+    if not rest:
+        raise UserError(f"data source '{spec}' has no path", f"write {kind}:PATH")
+    if kind == "emnist":
+        root, split = emnist_path_split(rest)
+        return DataSpec("emnist", root, split or "balanced")
+    if kind == "parquet":
+        path, column = path_option_split(rest)
+        return DataSpec("parquet", path, column)
+    return DataSpec(kind, rest)
 
 
 def image_files(root: Path, max_items: int) -> list[Path]:
@@ -48,24 +78,24 @@ def list_imagefolder(root: Path, size: int, max_items: int) -> Listing:
     return Listing(jobs, fingerprint(files), class_names)
 
 
-def _shards(spec_path: str) -> list[Path]:
+def shards(spec_path: str) -> list[Path]:
     path = Path(spec_path)
     if path.is_dir():
-        shards = sorted(path.glob("*.tar"))
+        found = sorted(path.glob("*.tar"))
     elif path.is_file():
-        shards = [path]
+        found = [path]
     else:
-        shards = sorted(Path(p) for p in glob.glob(spec_path) if p.endswith(".tar"))
-    if not shards:
+        found = sorted(Path(p) for p in glob.glob(spec_path) if p.endswith(".tar"))
+    if not found:
         raise UserError(f"no .tar shards at '{spec_path}'",
                         "point --data webdataset:DIR_OR_GLOB at a folder of .tar shards or a glob "
                         "such as 'data/train-*.tar'")
-    return shards
+    return found
 
 
 def list_webdataset(spec_path: str, size: int) -> Listing:
-    shards = _shards(spec_path)
-    return Listing([Job("tar", (str(s),), size=size) for s in shards], fingerprint(shards))
+    found = shards(spec_path)
+    return Listing([Job("tar", (str(s),), size=size) for s in found], fingerprint(found))
 
 
 def tar_samples(shard: Path) -> Iterator[tuple[str, bytes | str, int]]:
@@ -105,7 +135,7 @@ def _tar_label(raw: bytes | None, shard: Path, key: str) -> int:
                         "write .cls files holding one integer class index") from exc
 
 
-def _tables(path: Path) -> list[Path]:
+def tables(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -133,7 +163,7 @@ def read_table(path: Path, columns: list[str] | None = None) -> Any:
 
 
 def list_table(spec_path: str, option: str, size: int) -> Listing:
-    files = _tables(Path(spec_path))
+    files = tables(Path(spec_path))
     if not files:
         raise UserError(f"'{spec_path}' holds no .parquet or .arrow files",
                         "point --data parquet:PATH at a .parquet file or a datasets.save_to_disk folder")

@@ -1,55 +1,26 @@
 """Resolve a data spec to an in-memory ``uint8`` tensor (N, C, S, S) at the run's resolution.
 
-Specs: ``builtin[:glyphs|digits|mix]``, ``imagefolder:PATH``, ``npz:PATH``,
-``emnist:ROOT[:split]``, ``mnist:ROOT``. Loading never downloads: torchvision sets are
-read from files already on disk, and a missing file ends in a message saying how to
-get it.
+Specs read whole here: ``builtin[:glyphs|digits|mix]``, ``npz:PATH``, ``emnist:ROOT[:split]``,
+``mnist:ROOT``. Image folders, WebDataset shards and tables are decoded image by image into the
+decoded cache instead (tasks/images/decoded.py; ``open_image_data`` opens every spec). Loading
+never downloads: torchvision sets are read from files already on disk, and a missing file ends
+in a message saying how to get it.
 """
 
 from __future__ import annotations
 
 import gzip
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diffscale.data.locations import EMNIST_SPLITS, emnist_path_split, path_option_split
+from diffscale.data.locations import EMNIST_SPLITS
 from diffscale.errors import UserError, closest
 from diffscale.tasks.images import builtin
-from diffscale.tasks.images.formats import image_files
-
-KINDS = ("builtin", "imagefolder", "npz", "emnist", "mnist", "webdataset", "parquet")
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    kind: str
-    path: str = ""
-    option: str = ""
-
-
-def parse_spec(spec: str) -> DataSpec:
-    kind, _, rest = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind not in KINDS:
-        raise UserError(f"unknown data source '{spec}'{closest(kind, KINDS)}",
-                        "use builtin, imagefolder:PATH, npz:PATH, emnist:ROOT[:split], mnist:ROOT, "
-                        "webdataset:DIR_OR_GLOB or parquet:PATH[:COLUMN]")
-    if kind == "builtin":
-        return DataSpec("builtin", option=rest)
-    if not rest:
-        raise UserError(f"data source '{spec}' has no path", f"write {kind}:PATH")
-    if kind == "emnist":
-        root, split = emnist_path_split(rest)
-        return DataSpec("emnist", root, split or "balanced")
-    if kind == "parquet":
-        path, column = path_option_split(rest)
-        return DataSpec("parquet", path, column)
-    return DataSpec(kind, rest)
+from diffscale.tasks.images.formats import parse_spec
 
 
 def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
@@ -58,13 +29,11 @@ def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
     ``max_items`` (0: all) is applied before any image is converted to float or resized, so
     the host memory a load needs follows the images kept (a file is still read whole)."""
     parsed = parse_spec(spec)
-    if parsed.kind in ("webdataset", "parquet"):
+    if parsed.kind in ("imagefolder", "webdataset", "parquet"):
         raise UserError(f"data source '{spec}' is decoded into the cache, not loaded whole",
                         "open it with diffscale.tasks.images.dataset.open_image_data")
     if parsed.kind == "builtin":
         images = builtin.load_builtin(parsed.option, size)
-    elif parsed.kind == "imagefolder":
-        images = _imagefolder(Path(parsed.path), size, max_items)
     elif parsed.kind == "npz":
         images = _npz(Path(parsed.path), size, max_items)
     elif parsed.kind == "emnist":
@@ -108,30 +77,6 @@ def resize_square(images: torch.Tensor, size: int) -> torch.Tensor:
         top, left = (nh - size) // 2, (nw - size) // 2
         images = images[:, :, top:top + size, left:left + size]
     return images
-
-
-def _imagefolder(root: Path, size: int, max_items: int) -> torch.Tensor:
-    from PIL import Image, UnidentifiedImageError
-
-    files = image_files(root, max_items)
-    pictures = []
-    for path in files:
-        try:
-            with Image.open(path) as img:
-                img.load()
-                pictures.append(img.copy())
-        except (UnidentifiedImageError, OSError) as exc:
-            raise UserError(f"cannot read image '{path}' ({type(exc).__name__})",
-                            "remove or replace the damaged file, then run again") from exc
-    gray = all(p.mode in ("L", "1", "I", "I;16", "LA") for p in pictures)
-    mode = "L" if gray else "RGB"
-    out = []
-    for pic in pictures:
-        arr = np.asarray(pic.convert(mode), dtype=np.float32)
-        tensor = torch.from_numpy(arr)
-        tensor = tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
-        out.append(resize_square(tensor.unsqueeze(0), size)[0])
-    return torch.stack(out).round().clamp(0, 255).to(torch.uint8)
 
 
 def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:

@@ -27,7 +27,7 @@ from diffscale.tasks.base import (
 from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
-from diffscale.tasks.images.sources import describe, load_images, load_labels
+from diffscale.tasks.images.sources import describe, load_labels
 
 
 class ImageTask:
@@ -277,10 +277,9 @@ class ImageTask:
 
 def _load(cfg: RunConfig, size: int, channels: int) -> torch.Tensor:
     """The run's images, uint8 (N, channels, size, size) on the CPU (``channels`` 0: as stored)."""
-    images = load_images(cfg.data.source, size, max_items=cfg.data.max_items)
-    if channels and images.shape[1] != channels:
-        images = images[:, :1] if channels == 1 else images.expand(-1, channels, -1, -1)
-    return images
+    data = open_image_data(cfg.data.source, size, max_items=cfg.data.max_items,
+                           max_bad_fraction=cfg.data.max_bad_fraction)
+    return fit_channels(data.tensor(), channels)
 
 
 class _ImageRows(torch.utils.data.Dataset):
