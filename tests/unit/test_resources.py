@@ -57,7 +57,46 @@ def test_cpu_threads_leave_the_cores_other_processes_keep_busy(monkeypatch):
         assert resources.free_cpu_threads(1) == expected
     monkeypatch.setattr(resources, "busy_elsewhere", lambda: 0.0)
     assert resources.free_cpu_threads(cores * 2) == 1  # ranks share the free cores, each at least one
-    assert resources.busy_elsewhere() >= 0  # read from this machine's /proc/loadavg
+    assert resources.busy_elsewhere() >= 0  # read from this machine's /proc/stat
+
+
+STAT = """cpu  400 0 100 1500 0 0 0 0 0 0
+cpu0 100 0 0 900 0 0 0 0 0 0
+cpu1 300 0 100 600 0 0 0 0 0 0
+intr 12345
+"""
+STAT_LATER = """cpu  700 0 100 1700 0 0 0 0 0 0
+cpu0 100 0 0 1000 0 0 0 0 0 0
+cpu1 400 0 100 700 0 0 0 0 0 0
+"""
+
+
+def test_busy_cores_count_only_the_cpus_this_process_may_use():
+    from diffscale.runtime.resources import busy_cores, cpu_times
+
+    # cpu0 was idle for the interval (100 of 100 ticks), cpu1 busy half of it (100 of 200)
+    assert busy_cores(cpu_times(STAT, {0, 1}), cpu_times(STAT_LATER, {0, 1})) == 0.5
+    assert busy_cores(cpu_times(STAT, {0}), cpu_times(STAT_LATER, {0})) == 0.0  # cpu1's neighbour job is not ours
+    assert cpu_times("cpu  1 2 3 4 5 6 7 8\n", {0}) is None  # no per-CPU lines: the caller falls back
+
+
+def test_a_spinning_process_on_the_only_allowed_core_counts_as_busy():
+    """Real processes: a spinner and the measurement share one core."""
+    import os
+    import subprocess
+    import sys
+
+    cpu = min(os.sched_getaffinity(0))
+    pin = f"import os; os.sched_setaffinity(0, {{{cpu}}})"
+    spinner = subprocess.Popen([sys.executable, "-c", f"{pin}\nwhile True: pass"])
+    try:
+        out = subprocess.run([sys.executable, "-c", f"{pin}\nimport time; time.sleep(0.5)\n"
+                              "from diffscale.runtime.resources import busy_elsewhere; print(busy_elsewhere())"],
+                             capture_output=True, text=True, timeout=120, check=True)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert float(out.stdout) >= 0.5  # the core is the spinner's (and any other load's), not free
 
 
 def test_runtime_cpu_threads_sets_the_threads_a_cpu_run_uses(tmp_path):

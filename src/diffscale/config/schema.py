@@ -344,9 +344,10 @@ class RuntimeConfig:
     ``flash``, ``efficient``, ``cudnn``, ``math``: that SDPA kernel only."""
     cpu_threads: int = 0
     """Threads of a CPU rank's operations (``torch.set_num_threads``). ``0`` (auto): the CPUs this
-    rank may use less those other processes keep busy now (the load average), at least 1, unless
-    ``OMP_NUM_THREADS`` is set; a thread per core on a machine whose cores are taken makes the
-    threads wait for each other (docs/benchmarks.md, "CPU training beside busy processes")."""
+    rank may use less those other processes keep busy now (their busy share over 0.2 s; other
+    cores do not count), at least 1, unless ``OMP_NUM_THREADS`` is set; a thread per core on a
+    machine whose cores are taken makes the threads wait for each other (docs/benchmarks.md, "CPU
+    training beside busy processes")."""
     join_timeout_s: float = 300.0
     """Seconds to wait for all ranks to join before failing with a diagnosis."""
     collective_timeout_s: float = 1800.0

@@ -140,27 +140,60 @@ def free_cpu_threads(local_world_size: int, env: Mapping[str, str] | None = None
     return max(1, min(mine, free))
 
 
-def busy_elsewhere(samples: int = 5, every_s: float = 0.04) -> float:
-    """Threads of other processes running or ready to run now: the median of a few readings of
-    /proc/loadavg's runnable count, less this thread. The 1-minute load average (elsewhere) lags
-    a minute behind processes that just started."""
-    import statistics
+def busy_elsewhere(every_s: float = 0.2) -> float:
+    """Cores of this process's CPU set that other processes keep busy now: each allowed CPU's busy
+    share over a short interval (/proc/stat), summed. Only the allowed CPUs count: on a shared
+    cluster node, other jobs on other cores do not take this rank's cores (the load average counts
+    the whole machine, and lags a minute behind processes that just started)."""
     import time
 
-    counts = []
-    for i in range(samples):
+    allowed = _allowed_cpus()
+    before = cpu_times(_read_proc_stat(), allowed)
+    if before is None:  # no per-CPU counters (macOS): the whole machine's load
         try:
-            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
-        except (OSError, IndexError, ValueError):
-            break
-        if i + 1 < samples:
-            time.sleep(every_s)
-    if counts:
-        return max(0.0, statistics.median(counts))
+            return max(0.0, os.getloadavg()[0] - 1.0)
+        except (OSError, AttributeError):
+            return 0.0
+    time.sleep(every_s)
+    after = cpu_times(_read_proc_stat(), allowed) or before
+    return busy_cores(before, after)
+
+
+def _allowed_cpus() -> set[int]:
     try:
-        return max(0.0, os.getloadavg()[0] - 1.0)
-    except (OSError, AttributeError):
-        return 0.0
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return set(range(os.cpu_count() or 1))
+
+
+def _read_proc_stat() -> str:
+    try:
+        return Path("/proc/stat").read_text()
+    except OSError:
+        return ""
+
+
+def cpu_times(proc_stat: str, cpus: set[int]) -> dict[int, tuple[int, int]] | None:
+    """(idle, total) clock ticks of each CPU in ``cpus``, from /proc/stat's text; None when it has
+    no per-CPU lines. Idle counts iowait too (a core waiting on a disk is free to compute)."""
+    times = {}
+    for line in proc_stat.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        ticks = [int(v) for v in rest.split()[:8]]  # user nice system idle iowait irq softirq steal
+        times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return times or None
+
+
+def busy_cores(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> float:
+    """Cores busy between two :func:`cpu_times` readings: the sum of each CPU's busy share."""
+    busy = 0.0
+    for cpu, (idle, total) in after.items():
+        idle0, total0 = before.get(cpu, (idle, total))
+        if total > total0:
+            busy += 1.0 - (idle - idle0) / (total - total0)
+    return max(0.0, busy)
 
 
 def host_memory_bytes() -> int:
