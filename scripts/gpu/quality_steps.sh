@@ -3,12 +3,14 @@
 # trained to its preset's full step count on the CPU, then `diffscale eval` with each sampler at
 # 10, 20 and 50 steps. The three presets train side by side, each on its own cores (CORES_EACH
 # threads, pinned with taskset), so a 16-core machine takes about as long as the slowest.
-# Writes $OUT/quality-steps/<preset>/{run,<sampler>-<steps>.json} and prints one table.
+# Writes $OUT/quality-steps/<preset>/<sampler>-<steps>.json (the runs under RUNS, default the same
+# folder) and prints one table.
 # Usage: bash scripts/gpu/quality_steps.sh [PRESETS] [STEPS_LIST]
 # EXTRA="--set train.steps=20" (added to every train command) makes a quick dry run.
 set -euo pipefail
 PRESETS=${1:-"tiny field-icon policy-tiny"}; STEPS_LIST=${2:-"10 20 50"}
 ROOT=${OUT:-out}/quality-steps; PY=${PYTHON:-python}; CORES_EACH=${CORES_EACH:-4}; FIRST=${FIRST_CORE:-0}
+RUNS=${RUNS:-$ROOT}
 mkdir -p "$ROOT"
 samplers() {  # the reverse processes each task can sample with
   case $1 in
@@ -19,12 +21,12 @@ samplers() {  # the reverse processes each task can sample with
 }
 one_preset() {  # preset, first core
   local preset=$1 lo=$2 hi=$(( $2 + CORES_EACH - 1 ))
-  local dir=$ROOT/$preset; rm -rf "$dir"; mkdir -p "$dir"
-  taskset -c "$lo-$hi" $PY -m diffscale train --preset "$preset" --device cpu --out "$dir/run" \
+  local dir=$ROOT/$preset run=$RUNS/$preset/run; rm -rf "$dir" "$run"; mkdir -p "$dir"
+  taskset -c "$lo-$hi" $PY -m diffscale train --preset "$preset" --device cpu --out "$run" \
     --set "runtime.cpu_threads=$CORES_EACH" --set train.sample_every=0 ${EXTRA:-} > "$dir/train.log" 2>&1
   for sampler in $(samplers "$preset"); do
     for steps in $STEPS_LIST; do
-      taskset -c "$lo-$hi" $PY -m diffscale eval "$dir/run" --device cpu --sampler "$sampler" --steps "$steps" \
+      taskset -c "$lo-$hi" $PY -m diffscale eval "$run" --device cpu --sampler "$sampler" --steps "$steps" \
         --seed 0 --json > "$dir/$sampler-$steps.json" 2> "$dir/$sampler-$steps.err" || echo "{}" > "$dir/$sampler-$steps.json"
     done
   done
