@@ -1,0 +1,85 @@
+"""The arithmetic and tables of the time-to-quality and sampler-quality benches (no timings asserted)."""
+
+import pytest
+import torch
+
+from diffscale.bench.quality_time import eval_marks, markdown, summarize, time_to_reach, train_for
+
+
+def test_time_to_reach_interpolates_the_first_crossing():
+    curve = [(0.0, 300.0), (10.0, 100.0), (20.0, 40.0), (30.0, 60.0), (40.0, 20.0)]
+    assert time_to_reach(curve, 70.0) == pytest.approx(15.0)  # halfway from 100 to 40
+    assert time_to_reach(curve, 100.0) == 10.0  # reached exactly at a point
+    assert time_to_reach(curve, 300.0) == 0.0  # already there at the start
+    assert time_to_reach(curve, 30.0) == pytest.approx(37.5)  # after the bump at 30 s: 60 -> 20 over 10 s
+    assert time_to_reach(curve, 10.0) is None  # never
+    assert time_to_reach([], 10.0) is None
+
+
+def test_eval_marks_end_at_the_budget():
+    assert eval_marks(60, 4) == [15.0, 30.0, 45.0, 60.0]
+
+
+def _run(preset, recipe, name, points, startup=5.0):
+    rows = [{"seconds": s, "steps": i, "images": i * 100, "fd": fd, "fd_ema": fd, "fd_raw": None}
+            for i, (s, fd) in enumerate(points)]
+    return {"preset": preset, "recipe": recipe, "name": name, "points": rows, "startup_s": startup,
+            "samples_per_s": 1000.0}
+
+
+def test_summary_compares_each_diffscale_run_with_the_plain_recipe_of_its_preset():
+    records = [_run("small", "plain", "plain", [(0, 300), (30, 120), (60, 80)]),
+               _run("small", "fast", "fast", [(0, 300), (20, 90), (40, 70), (60, 50)]),
+               _run("small", "fast", "fast-minsnr", [(0, 300), (60, 100)]),
+               _run("medium", "plain", "plain", [(0, 400), (60, 200)]),
+               _run("medium", "fast", "fast", [(0, 400), (10, 150), (60, 90)])]
+    summary = {(s["preset"], s["run"]): s for s in summarize(records)}
+    assert set(summary) == {("small", "fast"), ("small", "fast-minsnr"), ("medium", "fast")}
+    fast = summary[("small", "fast")]
+    assert fast["plain_final_fd"] == 80 and fast["plain_seconds"] == 60
+    assert fast["reach_plain_final_s"] == pytest.approx(30.0)  # 90 at 20 s, 70 at 40 s: 80 halfway
+    assert fast["reach_plain_final_images"] == pytest.approx(150.0)
+    assert fast["share_of_plain_time"] == pytest.approx(0.5) and fast["target_met"] is False
+    assert summary[("small", "fast-minsnr")]["reach_plain_final_s"] is None
+    assert summary[("small", "fast-minsnr")]["target_met"] is False
+    medium = summary[("medium", "fast")]
+    assert medium["reach_plain_final_s"] == pytest.approx(8.0) and medium["target_met"] is True  # 13 %
+
+    table = markdown(records, summarize(records), {"device": "CPU", "date_utc": "2026-01-01 00:00",
+                                                   "commit": "abc1234",
+                                                   "eval": {"count": 512, "sampler": "ddim", "steps": 20}})
+    assert "| small | fast | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | missed |" in table
+    assert "| small | fast-minsnr | 5.0 | 1,000 | 100.00 | 80.00 | never | - | missed |" in table
+    assert "| medium | fast | 5.0 | 1,000 | 90.00 | 200.00 | 8.0 (80) | 13.3% | met |" in table
+    assert "| small | plain | 60.0 | 2 | 200 | 80.00 | 80.00 | - |" in table
+
+
+class _Steps:
+    """A runner whose steps only count (the loop's bookkeeping, without a network)."""
+
+    def __init__(self):
+        self.run_state = type("State", (), {"step": 0})()
+
+    def step(self):
+        self.run_state.step += 1
+        return 0.0
+
+
+def test_train_for_evaluates_at_the_start_and_the_end_and_stops_at_the_step_count():
+    runner = _Steps()
+    seen = []
+
+    def evaluate(clock):
+        seen.append(runner.run_state.step)
+        return {"seconds": clock, "steps": runner.run_state.step}
+
+    points = train_for(runner, 1e9, [5e8, 1e9], evaluate, check_every=4, stop_step=10, device=torch.device("cpu"))
+    assert seen == [0, 10]  # the budget outlasts the step count: one evaluation at its end
+    assert points[0]["seconds"] == 0.0 and points[-1]["steps"] == 10
+
+
+def test_train_for_evaluates_once_when_a_check_passes_several_marks():
+    runner = _Steps()
+    points = train_for(runner, 1e-12, [1e-13, 1e-12], lambda clock: {"seconds": clock, "steps": runner.run_state.step},
+                       check_every=3, stop_step=100, device=torch.device("cpu"))
+    assert [p["steps"] for p in points] == [0, 3]
