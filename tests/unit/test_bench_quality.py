@@ -83,3 +83,47 @@ def test_train_for_evaluates_once_when_a_check_passes_several_marks():
     points = train_for(runner, 1e-12, [1e-13, 1e-12], lambda clock: {"seconds": clock, "steps": runner.run_state.step},
                        check_every=3, stop_step=100, device=torch.device("cpu"))
     assert [p["steps"] for p in points] == [0, 3]
+
+
+def _row(kind, steps, fd, seconds):
+    return {"sampler": kind, "steps": steps, "fd": fd, "seconds": seconds, "precision": 0.5, "recall": 0.5,
+            "images_per_s": 1000 / seconds}
+
+
+ABOUT = {"device": "CPU", "date_utc": "2026-01-01 00:00", "commit": "abc1234", "run": "RUN", "step": 10, "count": 1000}
+
+
+def test_sampler_verdict_picks_the_cheapest_dpmsolver_within_five_percent_of_ddim50():
+    from diffscale.bench.sampler_quality import markdown, verdict
+
+    rows = [_row("ddim", 50, 10.0, 1.0), _row("ddim", 20, 11.0, 0.4), _row("dpmsolver", 15, 10.4, 0.3),
+            _row("dpmsolver", 20, 10.1, 0.4), _row("dpmsolver", 10, 10.2, 0.2)]
+    summary = verdict(rows)
+    # dpmsolver 10 is not a candidate (outside 15-20 steps), 15 is the cheapest within 5 %
+    assert summary["dpmsolver_within"] is True and summary["default_candidate"] == "dpmsolver:15"
+    assert summary["cost_ratio"] == pytest.approx(1.0 / 0.3)
+    assert rows[2]["fd_vs_ddim50"] == pytest.approx(0.04) and rows[2]["speedup_vs_ddim50"] == pytest.approx(1 / 0.3)
+    table = markdown(rows, summary, ABOUT)
+    assert "| dpmsolver | 15 | 10.400 | +4.0% | 0.500 | 0.500 | 0.3000 | 3,333 | 0.30 x |" in table
+    assert "dpmsolver:15 samples 3.33 x cheaper" in table
+
+
+def test_sampler_verdict_keeps_ddim_when_dpmsolver_is_worse_or_missing():
+    from diffscale.bench.sampler_quality import markdown, verdict
+
+    rows = [_row("ddim", 50, 10.0, 1.0), _row("dpmsolver", 15, 10.6, 0.3), _row("dpmsolver", 20, 10.51, 0.4)]
+    summary = verdict(rows)
+    assert summary["dpmsolver_within"] is False and summary["default_candidate"] is None
+    assert "not within 5% of DDIM-50's FD: DDIM stays the default" in markdown(rows, summary, ABOUT)
+    assert verdict([_row("ddim", 20, 10.0, 1.0)])["dpmsolver_within"] is None
+    assert verdict([_row("ddim", 50, 10.0, 1.0), _row("dpmsolver", 10, 9.0, 0.2)])["dpmsolver_within"] is None
+
+
+def test_sampler_list_refuses_what_is_not_kind_and_steps():
+    from diffscale.bench.sampler_quality import parse_samplers
+    from diffscale.errors import UserError
+
+    assert parse_samplers(["ddim:50", "dpmsolver:15"]) == [("ddim", 50), ("dpmsolver", 15)]
+    for bad in ("ddim", "euler:10", "ddim:0", "ddim:x"):
+        with pytest.raises(UserError, match="is not KIND:STEPS"):
+            parse_samplers([bad])
