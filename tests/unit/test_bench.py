@@ -210,8 +210,12 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
 
     out = tmp_path / "sampling.json"
     assert sampling.main(["--preset", "tiny", "--batch", "2", "--steps", "3", "--repeats", "1", "--json", str(out),
-                          "--set", "model.block_out_channels=[16,32,32]"]) == 0
+                          "--set", "model.block_out_channels=[16,32,32]", "--strong-reference"]) == 0
     record = json.loads(out.read_text())
+    # beside the pipeline as shipped, the pipeline with fp16 weights (compiled only on CUDA)
+    assert record["pipeline_strong_s"] > 0 and record["speedup_vs_strong"] > 0
+    setup = record["pipeline_strong_setup"]
+    assert setup.startswith("fp16 weights, channels_last, torch.compile(mode='reduce-overhead'")
     assert record["ddim_steps"] == 3 and record["batch"] == 2
     assert record["ddimpipeline_s"] > 0 and record["diffscale_s"] > 0 and record["speedup"] > 0
     assert record["precision"] == "fp32" and record["compiled"] is False  # CPU: eager fp32, like the CLI
