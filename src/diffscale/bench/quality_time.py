@@ -40,6 +40,8 @@ from diffscale.errors import UserError
 
 if TYPE_CHECKING:  # annotations only; the functions import these where they run
     from diffscale.bench.plain import PlainRunner
+    from diffscale.runtime.device import DevicePolicy
+    from diffscale.runtime.distributed import DistContext
     from diffscale.training.state import RunState
     from diffscale.training.step import StepRunner
 
@@ -247,13 +249,8 @@ class RunPlan:
 
 def run_one(plan: RunPlan, overrides: list[str], spec: EvalSpec, runs_dir: Path, say: Callable[[str], None]) -> dict:
     """One recipe trained for the budget, with its points; a diffscale run's last state is kept."""
-    from rich.console import Console
-
-    from diffscale.bench.worker import make_runner
-    from diffscale.runtime.device import configure_backends, pick_device, resolve_policy, synchronize
+    from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
     from diffscale.runtime.distributed import detect_launch, init_distributed
-    from diffscale.training.state import RunState
-    from diffscale.training.step import StepRunner
 
     cfg = _config(plan.preset, plan.recipe, [*overrides, *plan.variant.overrides], spec)
     launch = detect_launch()
@@ -262,38 +259,49 @@ def run_one(plan: RunPlan, overrides: list[str], spec: EvalSpec, runs_dir: Path,
     configure_backends(policy)
     ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
-    run_dir = runs_dir / f"{plan.preset}-{plan.name}"
     try:
-        say(f"{plan.preset} {plan.name}: building, {plan.warmup} warm-up steps (compiles)")
-        start = time.perf_counter()
-        run_state = RunState(cfg, run_dir, ctx, policy, Console(quiet=True))
-        run_state.task.prepare_quality()  # the cached feature network and the data's features
-        runner = make_runner(run_state, plan.recipe, plan.plain_workers)
-        for _ in range(plan.warmup):
-            runner.step()
-        synchronize(device)
-        startup = time.perf_counter() - start
-
-        def evaluate(clock: float) -> dict:
-            point = evaluate_point(run_state, runner, spec, clock)
-            say(f"{plan.preset} {plan.name}: {clock:6.1f} s, step {point['steps']}, FD {point['fd']:.3f} "
-                f"(evaluated in {point['eval_s']:.1f} s)")
-            return point
-
-        points = train_for(runner, plan.seconds, eval_marks(plan.seconds, plan.evals), evaluate,
-                           check_every=plan.check_every, stop_step=cfg.train.steps, device=device)
-        kept = _keep(run_state, runner, cfg) if isinstance(runner, StepRunner) else None
-        trained_s = points[-1]["seconds"]
-        images = points[-1]["images"] - plan.warmup * runner.effective
-        return {"preset": plan.preset, "recipe": plan.recipe, "label": plan.variant.label or None, "name": plan.name,
-                "overrides": [*overrides, *plan.variant.overrides], "device": policy.name,
-                "precision": policy.precision.value, "compiled": policy.compile, "effective_batch": runner.effective,
-                "budget_s": plan.seconds, "startup_s": startup, "warmup_steps": plan.warmup,
-                "samples_per_s": images / trained_s if trained_s > 0 else None,
-                "eval_total_s": sum(p["eval_s"] for p in points), "points": points, "run_dir": kept}
+        record = _trained(plan, cfg, ctx, policy, spec, runs_dir / f"{plan.preset}-{plan.name}", say)
     finally:
         ctx.shutdown()
-        _release()
+    _release()  # the run's network, graphs and loader are gone with _trained's frame
+    return {**record, "overrides": [*overrides, *plan.variant.overrides]}
+
+
+def _trained(plan: RunPlan, cfg: C.RunConfig, ctx: DistContext, policy: DevicePolicy, spec: EvalSpec,
+             run_dir: Path, say: Callable[[str], None]) -> dict:
+    from rich.console import Console
+
+    from diffscale.bench.worker import make_runner
+    from diffscale.runtime.device import synchronize
+    from diffscale.training.state import RunState
+    from diffscale.training.step import StepRunner
+
+    say(f"{plan.preset} {plan.name}: building, {plan.warmup} warm-up steps (compiles)")
+    start = time.perf_counter()
+    run_state = RunState(cfg, run_dir, ctx, policy, Console(quiet=True))
+    run_state.task.prepare_quality()  # the cached feature network and the data's features
+    runner = make_runner(run_state, plan.recipe, plan.plain_workers)
+    for _ in range(plan.warmup):
+        runner.step()
+    synchronize(policy.device)
+    startup = time.perf_counter() - start
+
+    def evaluate(clock: float) -> dict:
+        point = evaluate_point(run_state, runner, spec, clock)
+        say(f"{plan.preset} {plan.name}: {clock:6.1f} s, step {point['steps']}, FD {point['fd']:.3f} "
+            f"(evaluated in {point['eval_s']:.1f} s)")
+        return point
+
+    points = train_for(runner, plan.seconds, eval_marks(plan.seconds, plan.evals), evaluate,
+                       check_every=plan.check_every, stop_step=cfg.train.steps, device=policy.device)
+    kept = _keep(run_state, runner, cfg) if isinstance(runner, StepRunner) else None
+    trained_s = points[-1]["seconds"]
+    images = points[-1]["images"] - plan.warmup * runner.effective  # those of the clock's steps
+    return {"preset": plan.preset, "recipe": plan.recipe, "label": plan.variant.label or None, "name": plan.name,
+            "device": policy.name, "precision": policy.precision.value, "compiled": policy.compile,
+            "effective_batch": runner.effective, "budget_s": plan.seconds, "startup_s": startup,
+            "warmup_steps": plan.warmup, "samples_per_s": images / trained_s if trained_s > 0 else None,
+            "eval_total_s": sum(p["eval_s"] for p in points), "points": points, "run_dir": kept}
 
 
 def _keep(run_state: RunState, runner: StepRunner, cfg: C.RunConfig) -> str:
@@ -355,9 +363,6 @@ def _plans(args: argparse.Namespace) -> list[RunPlan]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from diffscale.bench.runs import provenance
-    from diffscale.io.atomic import write_text
-
     args = parse_args(argv)
     plans = _plans(args)
     spec = EvalSpec(count=args.count, steps=args.eval_steps, sampler=args.sampler)
@@ -367,21 +372,30 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     features = {p: prepare_features(p, args.set, spec, say) for p in dict.fromkeys(plan.preset for plan in plans)}
-    records = []
+    records: list[dict] = []
+    table = ""
     for plan in plans:
         record = run_one(plan, args.set, spec, args.runs or args.out / "runs", say)
         record["feature_network"] = features[plan.preset]
         records.append(record)
+        table = write_results(args, records, spec)  # after each run: a call cut short keeps what it finished
+    print(table, flush=True)
+    return 0
+
+
+def write_results(args: argparse.Namespace, records: list[dict], spec: EvalSpec) -> str:
+    """quality_time.json, .md and .png of the runs so far; returns the markdown."""
+    from diffscale.bench.runs import provenance
+    from diffscale.io.atomic import write_text
+
     summary = summarize(records)
-    info = provenance(args, command=_command())
-    about = {**info, "device": records[0]["device"], "eval": vars(spec)}
+    about = {**provenance(args, command=_command()), "device": records[0]["device"], "eval": vars(spec)}
     write_text(args.out / "quality_time.json", json.dumps({"about": about, "summary": summary, "runs": records},
                                                           indent=1))
     table = markdown(records, summary, about)
     write_text(args.out / "quality_time.md", table)
     write_chart(records, args.out / "quality_time.png")
-    print(table, flush=True)
-    return 0
+    return table
 
 
 def _command() -> str:

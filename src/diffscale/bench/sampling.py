@@ -7,7 +7,7 @@ strongest setup a user could build from diffusers' own advice: fp16 weights, cha
 ``torch.compile(pipe.unet, mode=..., fullgraph=True)`` (``--pipeline-compile-mode``, default
 ``reduce-overhead``: CUDA graphs), each ratio printed. ``--preset`` repeats (one process, so the
 imports are paid once); ``--batch 0`` takes each preset's batch of docs/benchmarks.md. One preset
-writes one JSON record, several a list.
+writes one JSON record, several a list (rewritten as each preset finishes).
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{record['ddimpipeline_s']:.4f} s ({record['speedup']:.2f} x), strongest pipeline "
                   f"{record['pipeline_strong_s']:.4f} s ({record['speedup_vs_strong']:.2f} x)", flush=True)
         records.append(record)
-    Path(args.json).write_text(json.dumps(records[0] if len(records) == 1 else records, indent=1))
+        # written after each preset, so a call cut short keeps the presets it finished
+        Path(args.json).write_text(json.dumps(records[0] if len(records) == 1 else records, indent=1))
     return 0
 
 
