@@ -20,6 +20,10 @@ def test_eval_marks_end_at_the_budget():
     assert eval_marks(60, 4) == [15.0, 30.0, 45.0, 60.0]
 
 
+ABOUT_RUNS = {"device": "CPU", "date_utc": "2026-01-01 00:00", "commit": "abc1234",
+              "eval": {"count": 512, "sampler": "ddim", "steps": 20}}
+
+
 def _run(preset, recipe, name, points, startup=5.0):
     rows = [{"seconds": s, "steps": i, "images": i * 100, "fd": fd, "fd_ema": fd, "fd_raw": None}
             for i, (s, fd) in enumerate(points)]
@@ -45,13 +49,15 @@ def test_summary_compares_each_diffscale_run_with_the_plain_recipe_of_its_preset
     medium = summary[("medium", "fast")]
     assert medium["reach_plain_final_s"] == pytest.approx(8.0) and medium["target_met"] is True  # 13 %
 
-    table = markdown(records, summarize(records), {"device": "CPU", "date_utc": "2026-01-01 00:00",
-                                                   "commit": "abc1234",
-                                                   "eval": {"count": 512, "sampler": "ddim", "steps": 20}})
+    table = markdown(records, summarize(records), ABOUT_RUNS)
     assert "| small | fast | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | missed |" in table
     assert "| small | fast-minsnr | 5.0 | 1,000 | 100.00 | 80.00 | never | - | missed |" in table
     assert "| medium | fast | 5.0 | 1,000 | 90.00 | 200.00 | 8.0 (80) | 13.3% | met |" in table
     assert "| small | plain | 60.0 | 2 | 200 | 80.00 | 80.00 | - |" in table
+    assert "| small | plain | 5.0 | 1,000 | 80.00 |  |  |  |  |" in table  # the reference itself: nothing to compare
+    # a diffscale run without a plain recipe beside it is listed, with nothing to compare
+    alone = [_run("xl", "fast", "fast", [(0, 300), (60, 100)])]
+    assert "| xl | fast | 5.0 | 1,000 | 100.00 |  |  |  |  |" in markdown(alone, summarize(alone), ABOUT_RUNS)
 
 
 class _Steps:

@@ -116,17 +116,17 @@ def markdown(records: list[dict], summary: list[dict], about: dict) -> str:
                          f"{p['fd']:.2f} | {p['fd_ema']:.2f} | {_num(p.get('fd_raw'), '.2f')} |")
     lines += ["", "| preset | run | start-up s | samples/s | final FD | plain final FD | reaches it at s (images) "
               "| of plain's time | target <= 40 % |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    runs = {r["name"]: r for r in records}
-    for s in summary:
-        run = runs[s["run"]]
-        reach = "never" if s["reach_plain_final_s"] is None else \
-            f"{s['reach_plain_final_s']:.1f} ({s['reach_plain_final_images']:,.0f})"
-        lines.append(f"| {s['preset']} | {s['run']} | {run['startup_s']:.1f} | {run['samples_per_s']:,.0f} | "
-                     f"{s['final_fd']:.2f} | {s['plain_final_fd']:.2f} | {reach} | "
-                     f"{_num(s['share_of_plain_time'], '.1%')} | {'met' if s['target_met'] else 'missed'} |")
-    for r in (r for r in records if r["recipe"] == "plain"):
-        lines.append(f"| {r['preset']} | {r['name']} | {r['startup_s']:.1f} | {r['samples_per_s']:,.0f} | "
-                     f"{r['points'][-1]['fd']:.2f} | | | | |")
+    compared = {(s["preset"], s["run"]): s for s in summary}
+    for r in records:
+        s = compared.get((r["preset"], r["name"]))
+        cells = ["", "", "", ""]  # the plain recipe itself, or a run with no plain recipe to compare with
+        if s is not None:
+            reach = "never" if s["reach_plain_final_s"] is None else \
+                f"{s['reach_plain_final_s']:.1f} ({s['reach_plain_final_images']:,.0f})"
+            cells = [f"{s['plain_final_fd']:.2f}", reach, _num(s["share_of_plain_time"], ".1%"),
+                     "met" if s["target_met"] else "missed"]
+        lines.append(f"| {r['preset']} | {r['name']} | {r['startup_s']:.1f} | {_num(r['samples_per_s'], ',.0f')} | "
+                     f"{r['points'][-1]['fd']:.2f} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
