@@ -1,30 +1,31 @@
 #!/usr/bin/env bash
 # The image rows of "fast where users feel it", in one call on one GPU, each part writing under
 # $OUT as it finishes (a call cut short keeps the parts it finished):
-#   quality   time to quality: the plain recipe and diffscale's defaults, SECONDS of training each,
-#             FD along the way (python -m diffscale.bench.quality_time)      -> $OUT/quality/
+#   startup   `diffscale train` cold and resumed to its first logged step, with the steady samples/s
+#             of one more window (python -m diffscale.bench.startup)              -> $OUT/startup/
+#   quality   time to quality: the plain recipe and diffscale's defaults, SECONDS_PER_RUN of training
+#             each, FD along the way (python -m diffscale.bench.quality_time)      -> $OUT/quality/
 #   samplers  DPM-Solver++ 10/15/20 and DDIM 10/20 against DDIM-50: FD and sampling time from the
 #             checkpoint the quality part kept (python -m diffscale.bench.sampler_quality) -> $OUT/samplers/
 #   pipeline  DDIM-50 against DDIMPipeline as shipped and with fp16 weights + a compiled UNet, per
 #             preset at the batches of docs/benchmarks.md (python -m diffscale.bench.sampling) -> $OUT/pipeline/
-#   startup   `diffscale train` cold and resumed to its first logged step (python -m diffscale.bench.startup)
-#             -> $OUT/startup/
 # then prints the summary ($OUT/summary.md). Usage (repository root):
 #   OUT=DIR bash scripts/gpu/speed_images.sh
-# Settings (environment): PARTS (default "quality samplers pipeline startup", in this order),
-# SECONDS_PER_RUN (45), QUALITY_PRESETS (small), PIPELINE_PRESETS (small medium xl), STARTUP_PRESETS
-# (small), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
-# it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny sizes:
-# a dry run of every part on a CPU in a few minutes; its figures mean nothing).
-# The startup part runs last but is still cold: the parts before it keep their compiled kernels
-# and the built-in data in $WORK, and bench.startup gives its jobs caches of their own.
+# Settings (environment): PARTS (default "startup quality samplers pipeline", run in that order),
+# SECONDS_PER_RUN (40), QUALITY_PRESETS (small), PIPELINE_PRESETS (xl small medium: the preset
+# furthest from its target first), STARTUP_PRESETS (small), BUDGET_S (570: a part that would start
+# past it is skipped, and each part is stopped at it), WORK (scratch: run folders, caches; default
+# /tmp/diffscale-speed-images), SMOKE=1 (tiny sizes: a dry run of every part on a CPU in a few
+# minutes; its figures mean nothing).
+# The startup part comes first, on a machine where nothing is compiled yet (bytecode cached, as
+# the recorded start-up figures were); the parts after it reuse its compiled kernels and data.
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
 WORK=${WORK:-/tmp/diffscale-speed-images}
-PARTS=${PARTS:-quality samplers pipeline startup}
-SECONDS_PER_RUN=${SECONDS_PER_RUN:-45}
+PARTS=${PARTS:-startup quality samplers pipeline}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-40}
 QUALITY_PRESETS=${QUALITY_PRESETS:-small}
-PIPELINE_PRESETS=${PIPELINE_PRESETS:-small medium xl}
+PIPELINE_PRESETS=${PIPELINE_PRESETS:-xl small medium}
 STARTUP_PRESETS=${STARTUP_PRESETS:-small}
 BUDGET_S=${BUDGET_S:-570}
 PY=${PYTHON:-python3}
@@ -37,7 +38,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
 QUALITY_ARGS=(--seconds "$SECONDS_PER_RUN")
 SAMPLER_ARGS=()
 PIPELINE_ARGS=(--batch 0 --steps 50 --repeats 3)
-STARTUP_ARGS=(--skip-preview --windows 3)
+STARTUP_ARGS=(--skip-preview --windows 2)
 if [ "${SMOKE:-0}" = 1 ]; then
   QUALITY_PRESETS=tiny; PIPELINE_PRESETS=tiny; STARTUP_PRESETS=tiny
   TINY=(--set train.batch_per_gpu=16 --set "model.block_out_channels=[16,32,32]")
@@ -70,9 +71,13 @@ part() {
 
 presets() { local flag=$1; shift; for p in "$@"; do printf '%s\n' "$flag" "$p"; done; }
 
-# Compiled kernels of the first parts stay in $WORK (Triton's too), so the startup part's cold
-# jobs find none of them in its own caches.
-export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton" DIFFSCALE_CACHE_DIR="$WORK/cache"
+# Bytecode cached once (torch's installation may ship none: every process would compile it again).
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$WORK/pycache}
+"$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" \
+  > "$OUT/logs/bytecode.log" 2>&1
+# Kernels and data of the parts after the startup part: the startup run's own when it ran.
+export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" DIFFSCALE_CACHE_DIR="$WORK/cache"
 for name in $PARTS; do
   case $name in
     quality)
@@ -99,7 +104,12 @@ for name in $PARTS; do
       rm -rf "$WORK/startup"
       part startup 300 env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
         "$PY" -m diffscale.bench.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
-        --json "$OUT/startup/startup.jsonl" ;;
+        --json "$OUT/startup/startup.jsonl"
+      FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)
+      if [ -d "$WORK/startup/startup-$FIRST/cache/inductor" ]; then
+        export TORCHINDUCTOR_CACHE_DIR="$WORK/startup/startup-$FIRST/cache/inductor"
+        export DIFFSCALE_CACHE_DIR="$WORK/startup/cache"
+      fi ;;
     *) STATUS+=("$name: unknown part (quality, samplers, pipeline, startup)") ;;
   esac
 done

@@ -1,7 +1,7 @@
 """Time to quality: the plain recipe and diffscale's defaults, trained one after the other on the
 same card for the same wall-clock budget, with the Frechet distance measured along the way.
 
-``python -m diffscale.bench.quality_time --preset small --seconds 60 --out DIR``
+``python -m diffscale.bench.quality_time --preset small --seconds 40 --out DIR``
 
 Each run drives the bench's step runners (``bench.worker.make_runner``: the plain recipe of
 ``bench.plain``, or diffscale's own step on the parallelized network) on the preset's built-in
@@ -324,7 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m diffscale.bench.quality_time", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", action="append", help="image preset, repeatable (default small)")
-    parser.add_argument("--seconds", type=float, default=60, help="training seconds of each run (default 60)")
+    parser.add_argument("--seconds", type=float, default=40, help="training seconds of each run (default 40)")
     parser.add_argument("--evals", type=int, default=8, help="evaluations along the way, besides the one at 0 s")
     parser.add_argument("--count", type=int, default=512, help="samples per evaluation (and data images scored "
                         "against; default 512)")
