@@ -74,8 +74,10 @@ presets() { local flag=$1; shift; for p in "$@"; do printf '%s\n' "$flag" "$p"; 
 # Bytecode cached once (torch's installation may ship none: every process would compile it again).
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$WORK/pycache}
-"$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" \
-  > "$OUT/logs/bytecode.log" 2>&1
+if [ "${SMOKE:-0}" != 1 ]; then
+  "$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" \
+    > "$OUT/logs/bytecode.log" 2>&1
+fi
 # Kernels and data of the parts after the startup part: the startup run's own when it ran.
 export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" DIFFSCALE_CACHE_DIR="$WORK/cache"
 for name in $PARTS; do
