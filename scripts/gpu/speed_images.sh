@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
 # The image rows of "fast where users feel it", in one call on one GPU, each part writing under
 # $OUT as it finishes (a call cut short keeps the parts it finished):
-#   startup   `diffscale train` cold and resumed to its first logged step, with the steady samples/s
-#             of one more window (python -m diffscale.bench.startup)              -> $OUT/startup/
 #   quality   time to quality: the plain recipe and diffscale's defaults, SECONDS_PER_RUN of training
 #             each, FD along the way (python -m diffscale.bench.quality_time)      -> $OUT/quality/
 #   samplers  DPM-Solver++ 10/15/20 and DDIM 10/20 against DDIM-50: FD and sampling time from the
 #             checkpoint the quality part kept (python -m diffscale.bench.sampler_quality) -> $OUT/samplers/
 #   pipeline  DDIM-50 against DDIMPipeline as shipped and with fp16 weights + a compiled UNet, per
 #             preset at the batches of docs/benchmarks.md (python -m diffscale.bench.sampling) -> $OUT/pipeline/
+#   startup   `diffscale train` cold and resumed to its first logged step, with the steady samples/s
+#             of one more window (python -m diffscale.bench.startup)              -> $OUT/startup/
 # then prints the summary ($OUT/summary.md). Usage (repository root):
 #   OUT=DIR bash scripts/gpu/speed_images.sh
-# Settings (environment): PARTS (default "startup quality samplers pipeline", run in that order),
-# SECONDS_PER_RUN (40), QUALITY_PRESETS (small), PIPELINE_PRESETS (xl small medium: the preset
-# furthest from its target first), STARTUP_PRESETS (small), BUDGET_S (570: a part that would start
-# past it is skipped, and each part is stopped at it), WORK (scratch: run folders, caches; default
-# /tmp/diffscale-speed-images), SMOKE=1 (tiny sizes: a dry run of every part on a CPU in a few
-# minutes; its figures mean nothing).
-# The startup part comes first, on a machine where nothing is compiled yet (bytecode cached, as
-# the recorded start-up figures were); the parts after it reuse its compiled kernels and data.
+# Settings (environment): PARTS (default "quality samplers pipeline startup", run in that order:
+# the rows with no figure yet first), SECONDS_PER_RUN (40), QUALITY_PRESETS (small),
+# PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
+# (small), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
+# it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
+# sizes: a dry run of every part on a CPU in a few minutes; its figures mean nothing).
+# The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
+# too) and data in $WORK, and bench.startup gives its jobs caches of their own. A startup part
+# named first leaves its kernels and data to the parts after it.
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
 WORK=${WORK:-/tmp/diffscale-speed-images}
-PARTS=${PARTS:-startup quality samplers pipeline}
+PARTS=${PARTS:-quality samplers pipeline startup}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-40}
 QUALITY_PRESETS=${QUALITY_PRESETS:-small}
 PIPELINE_PRESETS=${PIPELINE_PRESETS:-xl small medium}
@@ -78,8 +79,8 @@ if [ "${SMOKE:-0}" != 1 ]; then
   "$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" \
     > "$OUT/logs/bytecode.log" 2>&1
 fi
-# Kernels and data of the parts after the startup part: the startup run's own when it ran.
-export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" DIFFSCALE_CACHE_DIR="$WORK/cache"
+# Kernels and data of the parts other than startup (after it: the startup run's own).
+export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton" DIFFSCALE_CACHE_DIR="$WORK/cache"
 for name in $PARTS; do
   case $name in
     quality)
@@ -111,6 +112,7 @@ for name in $PARTS; do
       if [ -d "$WORK/startup/startup-$FIRST/cache/inductor" ]; then
         export TORCHINDUCTOR_CACHE_DIR="$WORK/startup/startup-$FIRST/cache/inductor"
         export DIFFSCALE_CACHE_DIR="$WORK/startup/cache"
+        unset TRITON_CACHE_DIR  # the startup jobs' Triton kernels are in Triton's default cache
       fi ;;
     *) STATUS+=("$name: unknown part (quality, samplers, pipeline, startup)") ;;
   esac
