@@ -134,9 +134,10 @@ if pipeline.is_file():
     print("\n| preset | batch | diffscale s | DDIMPipeline as shipped s | x | fp16 + compiled UNet s | x (target >= 2) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in records if isinstance(records, list) else [records]:
-        strong = r.get("pipeline_strong_s")
+        strong, ratio = r.get("pipeline_strong_s"), r.get("speedup_vs_strong")
         print(f"| {r['preset']} | {r['batch']} | {r['diffscale_s']:.4f} | {r['ddimpipeline_s']:.4f} | "
-              f"{r['speedup']:.2f} | {strong or 0:.4f} | {r.get('speedup_vs_strong') or 0:.2f} |")
+              f"{r['speedup']:.2f} | {'-' if strong is None else f'{strong:.4f}'} | "
+              f"{'-' if ratio is None else f'{ratio:.2f}'} |")
     print(f"\n{records[0]['device'] if isinstance(records, list) else records['device']}; strong setup: "
           f"{(records[0] if isinstance(records, list) else records).get('pipeline_strong_setup')}")
 startup = out / "startup" / "startup.jsonl"
