@@ -14,6 +14,11 @@ from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 
+SAMPLE_DEFAULT = ("ddim", 50)
+"""`diffscale sample`'s default sampler and step count. The switch to DPM-Solver++ (e.g.
+("dpmsolver", 20)) waits for `python -m diffscale.bench.sampler_quality` to show it within 5 % of
+DDIM-50's FD on a trained run (docs/benchmarks.md, "Sampling at equal quality")."""
+
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
     """A verb's flags as config sources; resuming without a config reads the run's own one."""
@@ -279,12 +284,12 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cond", metavar="FILE", help="fields runs: conditions (N x C, the data's units) in a .npy, or "
                    "the array 'cond' of a .npz; writes their ensembles and conditions to --out (an .npz)")
     p.add_argument("--members", type=int, metavar="M", help="ensemble members per condition of --cond (default 16)")
-    p.add_argument("--steps", type=int, default=50,
-                   help="denoising steps (default 50; at most the run's diffusion.num_train_timesteps, to which "
-                        "more are capped)")
-    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"], default="ddim",
-                   help="ddim, dpmsolver (DPM-Solver++: fewer steps for the same quality) or ddpm; --steps applies "
-                        "to each (DDPM strided)")
+    p.add_argument("--steps", type=int, default=SAMPLE_DEFAULT[1],
+                   help=f"denoising steps (default {SAMPLE_DEFAULT[1]}; at most the run's "
+                        "diffusion.num_train_timesteps, to which more are capped)")
+    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"], default=SAMPLE_DEFAULT[0],
+                   help=f"ddim, dpmsolver (DPM-Solver++: fewer steps for the same quality) or ddpm (default "
+                        f"{SAMPLE_DEFAULT[0]}); --steps applies to each (DDPM strided)")
     p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
                    "imageio-ffmpeg is installed (pip install 'diffscale[video]')")

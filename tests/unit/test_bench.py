@@ -148,6 +148,28 @@ def test_gpu_reproduction_script_dry_runs_on_the_cpu(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_image_speed_script_runs_its_parts_in_order_and_summarizes(tmp_path):
+    """scripts/gpu/speed_images.sh with SMOKE=1 (tiny sizes): a part that needs another's run is
+    skipped with the reason, the pipeline part runs, and the summary has its row."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHON=sys.executable, SMOKE="1", PARTS="samplers pipeline bogus", OUT=str(out),
+               WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu" / "speed_images.sh")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (out / "summary.md").read_text()
+    assert f"- samplers: skipped (no trained run in {tmp_path / 'work' / 'runs' / 'tiny-fast'}" in summary
+    assert "- pipeline: exit 0 in " in summary and "- bogus: unknown part" in summary
+    assert "| tiny | 2 | " in summary and "strong setup: fp16 weights, channels_last" in summary
+    assert json.loads((out / "pipeline" / "sampling.json").read_text())["pipeline_strong_s"] > 0
+
+
 def test_profile_kinds_classify_kernel_names():
     from diffscale.bench.profile import kind_of
 
@@ -210,8 +232,12 @@ def test_sampling_bench_compares_with_ddimpipeline_on_cpu(tmp_path, capsys):
 
     out = tmp_path / "sampling.json"
     assert sampling.main(["--preset", "tiny", "--batch", "2", "--steps", "3", "--repeats", "1", "--json", str(out),
-                          "--set", "model.block_out_channels=[16,32,32]"]) == 0
+                          "--set", "model.block_out_channels=[16,32,32]", "--strong-reference"]) == 0
     record = json.loads(out.read_text())
+    # beside the pipeline as shipped, the pipeline with fp16 weights (compiled only on CUDA)
+    assert record["pipeline_strong_s"] > 0 and record["speedup_vs_strong"] > 0
+    setup = record["pipeline_strong_setup"]
+    assert setup.startswith("fp16 weights, channels_last, torch.compile(mode='reduce-overhead'")
     assert record["ddim_steps"] == 3 and record["batch"] == 2
     assert record["ddimpipeline_s"] > 0 and record["diffscale_s"] > 0 and record["speedup"] > 0
     assert record["precision"] == "fp32" and record["compiled"] is False  # CPU: eager fp32, like the CLI

@@ -281,9 +281,10 @@ def command_line(args) -> str:
     return shlex.join(parts + ["--out", str(args.out)])
 
 
-def provenance(args) -> dict:
+def provenance(args, command: str | None = None) -> dict:
     """Date, command, commit and software of this call, for the record (docs/benchmarks.md asks
-    every figure for its card, date, command and commit)."""
+    every figure for its card, date, command and commit); ``command``: another bench's command
+    line (default: this ``diffscale bench`` call's)."""
     import torch
 
     root = Path(__file__).resolve().parents[3]
@@ -299,5 +300,5 @@ def provenance(args) -> dict:
     dirty = bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None
     devices = ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                if torch.cuda.is_available() else ["CPU"])
-    return {"date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command_line(args),
+    return {"date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), "command": command or command_line(args),
             "commit": commit, "uncommitted_changes": dirty, "torch": torch.__version__, "devices": devices}

@@ -239,15 +239,15 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
             for rank, (c, other, gap, host) in enumerate(rows)]
 
 
-def _runner(args: argparse.Namespace, run_state: RunState) -> PlainRunner | StepRunner:
+def make_runner(run_state: RunState, recipe: str, plain_workers: int = 4) -> PlainRunner | StepRunner:
     """The recipe's step runner: the plain recipe, or the fast one on the parallelized network."""
     from diffscale.bench.plain import PlainRunner
     from diffscale.runtime.parallelize import parallelize
     from diffscale.training.step import StepRunner
     from diffscale.training.step_graph import records_whole_steps
 
-    if args.recipe == "plain":
-        return PlainRunner(run_state, workers=args.plain_workers)
+    if recipe == "plain":
+        return PlainRunner(run_state, workers=plain_workers)
     model = parallelize(run_state.net, cfg=run_state.cfg, ctx=run_state.ctx, policy=run_state.policy,
                         say=lambda text: None, whole_steps=records_whole_steps(run_state))
     return StepRunner(run_state, model, run_state.make_batcher())
@@ -268,7 +268,7 @@ def measure(args: argparse.Namespace) -> dict | None:
         with tempfile.TemporaryDirectory() as tmp:
             run_state = RunState(cfg, Path(tmp), ctx, policy, Console(quiet=True))
             flops = count_step_flops(run_state)
-            runner = _runner(args, run_state)
+            runner = make_runner(run_state, args.recipe, args.plain_workers)
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             synchronize(device)
