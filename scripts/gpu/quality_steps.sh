@@ -6,7 +6,8 @@
 # Writes $OUT/quality-steps/<preset>/<sampler>-<steps>.json (the runs under RUNS, default the same
 # folder) and prints one table.
 # Usage: bash scripts/gpu/quality_steps.sh [PRESETS] [STEPS_LIST]
-# EXTRA="--set train.steps=20" (added to every train command) makes a quick dry run.
+# EXTRA="--set train.steps=20" (added to every train command) makes a quick dry run; TABLE_ONLY=1
+# prints the table of what $OUT/quality-steps holds (e.g. after one call per preset side by side).
 set -euo pipefail
 PRESETS=${1:-"tiny field-icon policy-tiny"}; STEPS_LIST=${2:-"10 20 50"}
 ROOT=${OUT:-out}/quality-steps; PY=${PYTHON:-python}; CORES_EACH=${CORES_EACH:-4}; FIRST=${FIRST_CORE:-0}
@@ -33,6 +34,7 @@ one_preset() {  # preset, first core
 }
 core=$FIRST
 pids=()
+[ "${TABLE_ONLY:-0}" = 1 ] && PRESETS=""
 for preset in $PRESETS; do
   one_preset "$preset" "$core" &
   pids+=($!); core=$(( core + CORES_EACH ))
