@@ -15,7 +15,8 @@
 #    0 and 1 (an idle 2-core machine's equivalent).
 # On a 16-core host 1 and 2 run on cores 0-5 (the plain recipe's 4 loader workers included) and
 # the nine trainings of 3 on cores 6-14; with fewer cores 3 runs after 1 and 2.
-# Each piece stops on its own deadline (below), so the call ends in about 7 minutes.
+# Each piece stops on its own deadline (below; FIELDS_DEADLINE_S, POLICY_DEADLINE_S), so the
+# call ends in about 7 minutes.
 set -euo pipefail
 OUT=${1:?usage: bash scripts/gpu/speed_fields_policy.sh OUT_DIR}
 mkdir -p "$OUT"
@@ -27,6 +28,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels
 fi
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 CORES=$(nproc)
+command -v taskset >/dev/null || taskset() { shift 2; "$@"; }  # without util-linux: unpinned
 if [ "${DRY:-0}" = 1 ]; then
   FIELDS=(--device cpu --steps-scale 0.01 --cases 32 --members 4 --sample-steps 2 --plain-steps 20 --plain-evals 2
           --plain-workers 0 --warmup 2 --evals 3 --set model.hidden=32 --set model.depth=1)
@@ -34,8 +36,8 @@ if [ "${DRY:-0}" = 1 ]; then
   STEPS=(--steps 4 8 --seeds 0 1 --episodes 4)
   LATENCY=(--repeats 3 --warmup 1)
 else
-  FIELDS=(--deadline-s 150 --group-s 40)
-  POLICY=(--deadline-s 210 --overhead-s 20 --max-train-s 40 --plain-max-train-s 110)
+  FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-150}" --group-s 40)
+  POLICY=(--deadline-s "${POLICY_DEADLINE_S:-210}" --overhead-s 20 --max-train-s 40 --plain-max-train-s 110)
   STEPS=(--steps 800 1600 2400 --seeds 0 1 2 --deadline-s 420)
   LATENCY=(--repeats 100 --warmup 5)
 fi

@@ -160,6 +160,9 @@ def measure_group(args: argparse.Namespace, settings: list[Setting], scorer: lis
     """The settings of one batch size on one run state: one warm-up (compilation, recording),
     then each setting from the initial weights."""
     cfgs = [resolve(args, s) for s in settings]
+    # Compiled as a new process would: a batch size after another would otherwise be compiled
+    # for any batch size (torch.compile's automatic dynamic shapes), not the one it trains with.
+    torch._dynamo.reset()
     run_state, runner, rewind = build_run(cfgs[0], tmp / settings[0].label)
     startup = warm_up(runner.step, args.warmup, run_state.device)
     if not scorer:
