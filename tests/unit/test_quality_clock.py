@@ -69,6 +69,7 @@ def test_settings_become_overrides_with_scaled_step_counts():
     assert setting.overrides(preset, 0.01) == ["train.batch_per_gpu=128", "optim.lr=0.002", "optim.schedule=constant",
                                                "train.steps=20", "optim.warmup_steps=1"]
     assert len({s.label for s in fields_quality.GRID}) == len(fields_quality.GRID)
+    assert fields_quality._checkpoints(2000, 10) == (50, 100, *range(200, 2001, 200))
 
 
 def _row(label, seconds, recipe="fast", batch=16):
@@ -102,7 +103,7 @@ def test_fields_quality_scores_the_plain_loop_and_settings_against_the_ideal_for
     assert [r["label"] for r in record["runs"]] == ["preset", "plain", "b128-lr2e-3"]
     assert [r["recipe"] for r in record["runs"]] == ["fast", "plain", "fast"]
     assert record["runs"][2]["batch"] == 128 and record["runs"][1]["schedule"] == "constant"
-    assert [p["step"] for p in record["runs"][1]["points"]] == [2, 4]
+    assert [p["step"] for p in record["runs"][1]["points"]] == [1, 2, 4]
     assert 0 < record["crps_ideal"] < record["crps_climatology"] and record["crps_ideal_ensemble"] > 0
     for run in record["runs"]:
         assert run["points"][-1]["over_ideal"] == pytest.approx(run["points"][-1]["crps"] / record["crps_ideal"])

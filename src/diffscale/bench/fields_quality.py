@@ -15,9 +15,11 @@ arithmetic (about 40 small kernels, 0.44 ms a step at batch 16 on an H100, recor
 graph; a batch of 512 through the 1 M-parameter MLP is about 3 GFLOP, microseconds of an
 H100's matrix units). So about 2,000 steps fit in a second at any of these batches, and a
 larger batch buys less gradient noise per step almost for free; the learning rate is raised
-with it. Shorter schedules (1,000 / 1,200 steps) anneal within the second; one constant
-schedule asks whether annealing matters at this length. Runs of one batch size share one
-compiled, recorded step (the learning rate and schedule are read each step).
+with it. On a CPU (fp32) batches of 128 and 512 came within 2 % of the ideal by their first
+score, at step 500, where the preset's batch 16 needed 1,800 steps: so short schedules (500
+steps, annealed within a quarter of a second) are measured at those batches, beside the same
+rate held constant. Runs of one batch size share one compiled, recorded step (the learning
+rate and schedule are read each step).
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ GRID = (
     Setting("b128-lr1e-3", batch=128, lr=1e-3, steps=2000),
     Setting("b128-lr2e-3", batch=128, lr=2e-3, steps=2000),
     Setting("b128-lr2e-3-constant", batch=128, lr=2e-3, steps=2000, schedule="constant"),
-    Setting("b512-lr2e-3", batch=512, lr=2e-3, steps=2000),
+    Setting("b128-lr2e-3-500", batch=128, lr=2e-3, steps=500, warmup=50),
+    Setting("b512-lr2e-3-500", batch=512, lr=2e-3, steps=500, warmup=50),
     Setting("b512-lr4e-3", batch=512, lr=4e-3, steps=2000),
-    Setting("b512-lr2e-3-1000", batch=512, lr=2e-3, steps=1000),
+    Setting("b512-lr4e-3-500", batch=512, lr=4e-3, steps=500, warmup=50),
 )
 """The settings measured (see the module docstring for why these)."""
 
@@ -139,7 +142,10 @@ class FieldScorer:
 
 
 def _checkpoints(steps: int, evals: int) -> tuple[int, ...]:
-    return tuple(sorted({max(1, round(steps * i / evals)) for i in range(1, evals + 1)}))
+    """``evals`` step counts evenly to ``steps``, and two before the first (1/40 and 1/20 of the
+    run): a large batch may come close within its first tenth."""
+    even = {max(1, round(steps * i / evals)) for i in range(1, evals + 1)}
+    return tuple(sorted(even | {max(1, steps // 40), max(1, steps // 20)}))
 
 
 def _record(label: str, cfg: C.RunConfig, points: list[dict[str, Any]], startup_s: float,
