@@ -36,9 +36,9 @@ if [ "${DRY:-0}" = 1 ]; then
   STEPS=(--steps 4 8 --seeds 0 1 --episodes 4)
   LATENCY=(--repeats 3 --warmup 1)
 else
-  FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-150}" --group-s 40)
-  POLICY=(--deadline-s "${POLICY_DEADLINE_S:-210}" --overhead-s 20 --max-train-s 40 --plain-max-train-s 110)
-  STEPS=(--steps 800 1600 2400 --seeds 0 1 2 --deadline-s 420)
+  FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-130}" --group-s 35)
+  POLICY=(--deadline-s "${POLICY_DEADLINE_S:-190}" --overhead-s 20 --max-train-s 35 --plain-max-train-s 100)
+  STEPS=(--steps 800 1600 2400 --seeds 0 1 2 --deadline-s 390)
   LATENCY=(--repeats 100 --warmup 5)
 fi
 if [ "$CORES" -ge 16 ]; then GPU_CORES=0-5; CPU_CORES=6-14; BESIDE=1; else GPU_CORES=0-$((CORES - 1)); CPU_CORES=$GPU_CORES; BESIDE=0; fi
