@@ -36,8 +36,8 @@ if [ "${DRY:-0}" = 1 ]; then
   STEPS=(--steps 4 8 --seeds 0 1 --episodes 4)
   LATENCY=(--repeats 3 --warmup 1)
 else
-  FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-130}" --group-s 35)
-  POLICY=(--deadline-s "${POLICY_DEADLINE_S:-190}" --overhead-s 20 --max-train-s 35 --plain-max-train-s 100)
+  FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-160}" --group-s 30)
+  POLICY=(--deadline-s "${POLICY_DEADLINE_S:-180}" --overhead-s 20 --max-train-s 35 --plain-max-train-s 100)
   STEPS=(--steps 800 1600 2400 --seeds 0 1 2 --deadline-s 390)
   LATENCY=(--repeats 100 --warmup 5)
 fi

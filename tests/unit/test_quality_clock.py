@@ -146,3 +146,14 @@ def test_policy_steps_trains_each_pair_in_its_own_process_and_tabulates_it(tmp_p
     (run,) = record["runs"]
     assert run["steps"] == 2 and run["seed"] == 0 and run["finished"] and run["episodes"] == 2
     assert record["by_steps"][0]["steps"] == 2 and "| 2 |" in md.read_text()
+
+
+def test_settings_group_by_batch_size_in_the_order_named():
+    import argparse
+
+    args = argparse.Namespace(preset="field-icon", set=None, steps_scale=1.0, device="cpu")
+    named = {s.label: s for s in fields_quality.GRID}
+    order = ["b512-lr4e-3", "preset", "b128-lr2e-3", "b512-lr4e-3-500", "b16-1200"]
+    groups = fields_quality._groups([named[label] for label in order], args)
+    assert [[s.label for s in group] for group in groups] == [["b512-lr4e-3", "b512-lr4e-3-500"],
+                                                              ["preset", "b16-1200"], ["b128-lr2e-3"]]

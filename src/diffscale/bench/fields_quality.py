@@ -218,11 +218,11 @@ def _groups(settings: list[Setting], args: argparse.Namespace) -> list[list[Sett
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    chosen = [s for s in GRID if not args.only or s.label in args.only]
-    unknown = sorted(set(args.only or []) - {s.label for s in GRID})
+    by_label = {s.label: s for s in GRID}
+    unknown = sorted(set(args.only or []) - set(by_label))
     if unknown:
-        raise UserError(f"--only {' '.join(unknown)}: no such setting",
-                        f"choose from {', '.join(s.label for s in GRID)}")
+        raise UserError(f"--only {' '.join(unknown)}: no such setting", f"choose from {', '.join(by_label)}")
+    chosen = [by_label[label] for label in dict.fromkeys(args.only)] if args.only else list(GRID)
     deadline, rows, skipped = Deadline(args.deadline_s), [], []
     scorer: list[FieldScorer] = []  # built by the first run, then shared
     with tempfile.TemporaryDirectory() as tmp:
@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diffscale.bench.fields_quality",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="field-icon")
-    parser.add_argument("--only", nargs="+", metavar="LABEL", help="these settings of GRID only (default: all)")
+    parser.add_argument("--only", nargs="+", metavar="LABEL",
+                        help="these settings of GRID only, batch sizes in the order named (default: all, as listed)")
     parser.add_argument("--evals", type=int, default=10, help="scores along each diffscale run")
     parser.add_argument("--plain-steps", type=int, default=4800, help="steps of the plain loop (0: leave it out)")
     parser.add_argument("--plain-evals", type=int, default=8, help="scores along the plain loop")
