@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Time to quality on one GPU, and policy-tiny's step count on the CPU cores beside it, in one call.
-# Usage (repository root): bash scripts/gpu/speed_fields_policy.sh OUT_DIR
+# Usage (repository root): bash scripts/gpu/speed_fields_policy.sh OUT_DIR (default: $OUT)
 #   DRY=1 bash scripts/gpu/speed_fields_policy.sh OUT_DIR: every step at tiny sizes on the CPU
 #   (checks the script; its figures mean nothing).
 # 1. OUT/fields_quality.{json,md}: held-out CRPS of field-icon's built-in data against training
@@ -18,7 +18,7 @@
 # Each piece stops on its own deadline (below; FIELDS_DEADLINE_S, POLICY_DEADLINE_S), so the
 # call ends in about 7 minutes.
 set -euo pipefail
-OUT=${1:?usage: bash scripts/gpu/speed_fields_policy.sh OUT_DIR}
+OUT=${1:-${OUT:?usage: bash scripts/gpu/speed_fields_policy.sh OUT_DIR (or OUT set)}}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
