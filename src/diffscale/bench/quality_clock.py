@@ -5,10 +5,11 @@ A run trains in segments; only the steps are timed (the device synchronised at e
 end), and between segments the EMA weights are scored with the clock stopped. Start-up
 (compilation, CUDA-graph recording, a loader's workers, library handles) is taken out of the
 clock and reported on its own: warm-up steps run first, then ``Rewind`` puts the weights, the
-EMA, the optimizer's moments, the step counter and the data stream back to where a fresh run
-starts, in place. In place matters: a recorded step (``runtime.step_graph``) and a compiled
-network read these tensors where they were when they were recorded, so nothing compiles or
-records again, and the rewound run computes what a fresh run of the same seed computes.
+EMA, the optimizer's moments, the step counter and (for the fast recipe) the data stream back to
+where a fresh run starts, in place. In place matters: a recorded step (``runtime.step_graph``)
+and a compiled network read these tensors where they were when they were recorded, so nothing
+compiles or records again, and a rewound fast run computes what a fresh run of the same seed
+computes. The plain recipe's loader goes on with its shuffled epoch (its workers keep running).
 
 Scores are taken on a separate evaluation network (``eval_network``) that the EMA weights are
 copied into before each score: one network for every run of a process, as sampling runs it with
