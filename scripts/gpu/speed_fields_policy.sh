@@ -27,7 +27,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels
   export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
 fi
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-CORES=$(nproc)
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc would follow OMP_NUM_THREADS
 command -v taskset >/dev/null || taskset() { shift 2; "$@"; }  # without util-linux: unpinned
 if [ "${DRY:-0}" = 1 ]; then
   FIELDS=(--device cpu --steps-scale 0.01 --cases 32 --members 4 --sample-steps 2 --plain-steps 20 --plain-evals 2
