@@ -3,7 +3,8 @@
 The task's own network (the same one), fp16 autocast + GradScaler where the task's
 reference loop uses it (images) and fp32 elsewhere, fp32 AdamW (PyTorch's default
 implementation), a CPU DataLoader with 4 workers and pin_memory over the task's reference
-data, DDP with default settings, a per-parameter EMA loop and ``loss.item()`` every step.
+data, DDP with default settings, a per-parameter EMA loop (with diffusers' ``EMAModel`` warm-up)
+and ``loss.item()`` every step.
 It is deliberately *not* tuned: it is the baseline ``diffscale bench`` compares to.
 """
 
@@ -78,7 +79,9 @@ class PlainRunner:
         self.scaler.step(self.opt)
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
-        decay = tr.cfg.train.ema_decay
+        # diffusers' EMAModel's default warm-up, (1 + step) / (10 + step) up to the decay: a constant
+        # decay from step 0 would keep the initial weights in the average for thousands of steps
+        decay = min(tr.cfg.train.ema_decay, (1 + tr.step) / (10 + tr.step))
         with torch.no_grad():
             for ema, param in zip(self.ema, tr.net.parameters(), strict=True):
                 ema.mul_(decay).add_(param.detach(), alpha=1 - decay)
