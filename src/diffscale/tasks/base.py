@@ -232,10 +232,10 @@ def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
 def no_classes(task: str, classes: Sequence[str], guidance: float | None, *,
                trained: str = "not class-conditional") -> None:
     """Refuse classes and a guidance scale in the sampling of a model without classes."""
-    if classes or guidance is not None:
-        given = " and ".join(flag for flag, on in (("--class", bool(classes)), ("--guidance", guidance is not None))
-                             if on)
-        raise UserError(f"this {task} run is {trained}: {given} need a class-conditional images run",
+    flags = [flag for flag, given in (("--class", bool(classes)), ("--guidance", guidance is not None)) if given]
+    if flags:
+        raise UserError(f"{' and '.join(flags)} {'need' if len(flags) > 1 else 'needs'} a class-conditional "
+                        f"images run; this {task} run is {trained}",
                         "drop --class and --guidance, or train on labelled images with "
                         "--set model.class_conditional=on")
 
