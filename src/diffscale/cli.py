@@ -280,8 +280,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
-    """Verbs that read a run folder (sample, export, eval, report) and the catalogue ones."""
+def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = verb(sub, "sample", "generate samples from a trained run (EMA weights)",
              "diffscale sample runs/tiny --n 64 --steps 50 --gif")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
@@ -307,6 +306,11 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     _device_flag(p)
     p.add_argument("--out", help="PNG path, or with --cond an .npz (default RUN_DIR/samples/...)")
     p.set_defaults(func=cmd_sample)
+
+
+def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
+    """Verbs that read a run folder (sample, export, eval, report) and the catalogue ones."""
+    _add_sample(sub)
 
     _add_export(sub)
 

@@ -153,10 +153,7 @@ def sample(
         if progress is not None:
             progress.start(sampler.kind, steps, shape[0])  # DDIM runs exactly `steps` timesteps
         try:
-            inputs = denoise.condition + (denoise.unconditional or ())
-            scale = None if denoise.unconditional is None else denoise.guidance
-            key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in inputs), steps, id(diffusion), scale)
-            x = loops.run(key, ddim_loop(denoise.network, diffusion, steps, scale), x, inputs)
+            x = _replayed(loops, denoise, diffusion, steps, x)
             if progress is not None:
                 progress.advance(steps)
         finally:
@@ -206,6 +203,15 @@ def _recorded_loops(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
         return None
     loops = getattr(denoise.network, "loops", None)
     return loops if isinstance(loops, LoopCache) else None
+
+
+def _replayed(loops: LoopCache, denoise: Conditioned, diffusion: GaussianDiffusion, steps: int,
+              x: torch.Tensor) -> torch.Tensor:
+    """``steps`` DDIM steps from ``x`` as the recorded loop of ``denoise`` (recorded at its first use)."""
+    inputs = denoise.condition + (denoise.unconditional or ())
+    scale = None if denoise.unconditional is None else denoise.guidance
+    key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in inputs), steps, id(diffusion), scale)
+    return loops.run(key, ddim_loop(denoise.network, diffusion, steps, scale), x, inputs)
 
 
 def ddim_loop(network: Any, diffusion: GaussianDiffusion, steps: int,

@@ -79,6 +79,8 @@ class ImageTask:
         self._stream: StreamingBatcher | None = None
         self._featurizer: Featurizer | None = None
         self._real_features: torch.Tensor | None = None
+        self._known: list[int] = []
+        """The classes of the data (set by ``prepare_quality``); empty: every class of the run."""
 
     def _data(self) -> torch.Tensor:
         assert self.images is not None, "built with load_data=False, or streamed"
@@ -250,6 +252,8 @@ class ImageTask:
             self._featurizer = user_features(t.eval_features)
         else:
             labelled = self._labels(images.shape[0])
+            if labelled is not None:  # the classes the data's classifier knows: those evaluations ask for
+                self._known = sorted(set(labelled[0].tolist()))
             path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
             self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
         self._featurizer.network.to(self.device)
@@ -271,8 +275,11 @@ class ImageTask:
         return self._featurizer.features(generated.samples)
 
     def _evaluated_labels(self, count: int) -> torch.Tensor | None:
-        """The classes quality evaluations generate: every class in turn (None: unconditional)."""
-        return balanced_labels(len(self.class_names), count) if self.class_names else None
+        """The classes quality evaluations generate: each class the data holds in turn (None: unconditional)."""
+        if not self.class_names:
+            return None
+        known = torch.as_tensor(self._known or range(len(self.class_names)), dtype=torch.long)
+        return known[balanced_labels(len(known), count)]
 
     def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
         self.prepare_quality()
@@ -284,7 +291,9 @@ class ImageTask:
             if head is not None:  # the share of samples the data's classifier finds in the class asked
                 with torch.no_grad():
                     logits = head(features.to(next(head.parameters()).device))
-                result["class_accuracy"] = accuracy(logits, balanced_labels(len(self.class_names), len(features)))
+                labels = self._evaluated_labels(len(features))
+                assert labels is not None
+                result["class_accuracy"] = accuracy(logits, labels)
         return result
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
