@@ -125,11 +125,34 @@ def test_sampling_at_guidance_one_is_the_conditional_path_and_guidance_changes_i
     assert torch.equal(draw(4.0), draw(4.0))  # seeded
 
 
-def test_ranks_sharing_a_conditional_preview_give_the_single_process_samples():
+def test_the_recorded_ddim_loop_guides_as_the_per_call_loop_does():
+    """The loop body ``InferenceNetwork`` records as one CUDA graph, run here without recording."""
+    from diffscale.diffusion import Sampler, sample
+    from diffscale.diffusion.sampler import ddim_loop
+
+    class Recordable:  # what a recorded loop calls on an InferenceNetwork
+        def __init__(self, network):
+            self.loop_step = network
+
+    torch.manual_seed(0)
+    task = _task(*CLASSES)
+    network = task.build_network().eval()
+    start = torch.randn((4, 1, 8, 8), generator=torch.Generator().manual_seed(3))
+    labels, none = torch.tensor([1, 1, 6, 6]), torch.full((4,), 10)
+    with torch.no_grad():
+        looped = ddim_loop(Recordable(network), task.diffusion, 4, 3.0)(start.clone(), (labels, none))
+    per_call, _ = sample(Conditioned(network, (labels,), None, (none,), 3.0), task.diffusion, (4, 1, 8, 8),
+                         sampler=Sampler(steps=4), generator=torch.Generator(), device=CPU, x_init=start)
+    torch.testing.assert_close(looped.clamp(-1, 1), per_call, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conditional_preview_shows_classes_in_rows_and_ranks_share_it_exactly():
     torch.manual_seed(0)
     task = _task(*CLASSES)
     network = task.build_network().eval()
     whole = task.generate(network, count=6, steps=3, seed=1).samples
+    # 6 samples: a 2 x 3 grid, rows of the classes 0 and 5
+    assert torch.equal(whole, task.generate(network, count=6, steps=3, seed=1, classes=["0", "5"]).samples)
     parts = [task.generate(network, count=6, steps=3, seed=1, rows=slice(r * 3, r * 3 + 3)).samples for r in (0, 1)]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-6)
 
