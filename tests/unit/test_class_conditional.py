@@ -23,13 +23,15 @@ from helpers import MICRO, micro_args
 
 CPU = torch.device("cpu")
 CLASSES = ["model.class_conditional=on"]
+LEARN_STEPS = 80
 # Enough for the numerals' classes to show at 8 px in few steps: the network predicts the clean
 # image (its early predictions are each class's blurred mean, which the classifier tells apart, where
-# early noise predictions sample noise), a wider UNet than the micro one, a fast EMA.
+# early noise predictions sample noise), a wider UNet than the micro one, a fast EMA; one quality
+# evaluation at the end of training.
 LEARNS = [*CLASSES, "diffusion.prediction_type=sample", "model.block_out_channels=[16,32]",
           "model.attention=[false,false]", "train.batch_per_gpu=64", "optim.lr=3e-3", "train.ema_decay=0.8",
-          "train.checkpoint_every=1000", "train.log_every=100"]
-LEARN_STEPS = 80
+          "train.checkpoint_every=1000", "train.log_every=100", f"train.eval_every={LEARN_STEPS}",
+          "train.eval_count=20"]
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +186,8 @@ def test_samples_of_a_conditional_run_are_the_asked_classes(trained, capsys):
     unguided = run.task._generate(run.network, labels, 0.0, count=100, steps=10, seed=0, sampler="ddim", rows=None,
                                   autocast=None).samples
     assert accuracy(featurizer.head(featurizer.features(unguided)), labels) < record["class_accuracy"] - 0.1
+    while_training = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert {"class_accuracy", "guidance"} <= next(r for r in while_training if r.get("count") == 20).keys()
 
 
 def test_sample_draws_the_asked_classes_from_the_command_line(trained, tmp_path, capsys):
@@ -193,7 +197,7 @@ def test_sample_draws_the_asked_classes_from_the_command_line(trained, tmp_path,
     assert capsys.readouterr().out.strip() == str(out) and out.is_file()
     assert main(["sample", str(trained), "--class", "1,8", "--class", "3", "--n", "9", "--steps", "3"]) == 0
     written = capsys.readouterr().out.strip()
-    assert written.endswith(f"samples/sample_step{LEARN_STEPS:08d}_seed0_ddim3_class18-3.png"), written
+    assert written.endswith(f"samples/sample_step{LEARN_STEPS:08d}_seed0_ddim3_class1-8-3.png"), written
 
 
 def test_export_keeps_the_classes_and_samples_a_class(trained, tmp_path, capsys):

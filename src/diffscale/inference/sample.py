@@ -166,7 +166,8 @@ def _class_suffix(classes: Sequence[str], guidance: float | None) -> str:
     """What a file name adds for the classes and the guidance asked (safe characters only)."""
     suffix = ""
     if classes:
-        names = "-".join(re.sub(r"[^A-Za-z0-9]+", "", str(c)) or "x" for c in classes)
+        parts = [part for entry in classes for part in str(entry).split(",")]
+        names = "-".join(re.sub(r"[^A-Za-z0-9]+", "", part) or "x" for part in parts)
         suffix += f"_class{names[:40]}"
     if guidance is not None:
         suffix += f"_w{guidance:g}"
