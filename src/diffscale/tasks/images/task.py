@@ -182,9 +182,7 @@ class ImageTask:
         A class-conditional run draws the ``classes`` asked (names or indices; none: classes spread
         over the grid's rows) with guidance scale ``guidance`` (None: ``train.sample_guidance``)."""
         if not self.class_names:
-            if classes or guidance is not None:
-                no_classes(self.name, classes, guidance, trained="trained without classes "
-                           "(model.class_conditional off)")
+            no_classes(self.name, classes, guidance, trained="trained without classes (model.class_conditional off)")
             return self._generate(network, None, 1.0, count=count, steps=steps, seed=seed, sampler=sampler,
                                   rows=rows, autocast=autocast, trajectory=trajectory)
         chosen = pick_classes(classes, self.class_names) if classes else spread(len(self.class_names), count)
