@@ -70,6 +70,14 @@ def test_asked_classes_are_resolved_by_name_then_index_and_laid_out_in_grid_rows
     assert grid_labels(list(range(5)), 4).tolist() == [0, 1, 2, 3]  # more classes than rows: a block of samples each
 
 
+def test_kernel_cache_keys_of_unconditional_runs_are_as_before_and_the_switch_changes_them():
+    plain = resolve_config(ConfigSources(device="cpu", overrides=MICRO))
+    conditional = resolve_config(ConfigSources(device="cpu", overrides=[*MICRO, *CLASSES]))
+    before = {k: v for k, v in plain.to_dict()["model"].items() if k not in ("class_conditional", "label_dropout")}
+    assert plain.model_key() == before
+    assert conditional.model_key() == {**before, "class_conditional": True}
+
+
 def test_labels_are_drawn_last_with_the_batch_and_dropped_at_the_set_rate():
     plain, conditional = _task(), _task(*CLASSES)
     assert conditional.class_names == [str(d) for d in range(10)] and not plain.class_names

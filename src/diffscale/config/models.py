@@ -17,6 +17,9 @@ class ModelConfig:
 
     FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("channels",)
     """Sizes that 0 leaves to the data."""
+    KEYED_AS_BEFORE: ClassVar[dict[str, object]] = {"class_conditional": False, "label_dropout": 0.1}
+    """Fields added after kernel caches and compiled-graph keys hashed this section: left out of
+    those keys at these values (``RunConfig.model_key``), so runs that do not use them keep theirs."""
     sample_size: int = 28
     """Image side in pixels; data is resized/cropped to it."""
     channels: int = 0

@@ -406,6 +406,12 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
 
+    def model_key(self) -> dict[str, Any]:
+        """The ``model`` section as the keys of compiled graphs and kernel caches hash it: without
+        the fields its class keys as before (``KEYED_AS_BEFORE``) where they hold those values."""
+        before: dict[str, Any] = getattr(type(self.model), "KEYED_AS_BEFORE", {})
+        return {k: v for k, v in _to_plain(self.model).items() if k not in before or before[k] != v}
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
