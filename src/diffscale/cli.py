@@ -119,6 +119,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
     at_least(args.steps, 1, "--steps", "50")
     at_least(args.members, 1, "--members", "16")
     check_seed(args.seed)
+    if args.guidance is not None and not args.guidance >= 0:
+        raise UserError(f"--guidance {args.guidance} is negative",
+                        "use 0 or more (1: the class-conditional prediction alone, no guidance; the run's default "
+                        "is train.sample_guidance, 2)")
+    if args.cond and (args.classes or args.guidance is not None):
+        raise UserError("--class and --guidance are for class-conditional image runs; --cond is for fields runs",
+                        "drop --class and --guidance, or drop --cond")
     if args.cond:
         return sample_ensembles(args)
     if args.members is not None:
@@ -128,7 +135,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         file_target(args.out, "--out", example="samples.png")
     status = Console(stderr=True, soft_wrap=True)  # progress and notes on stderr: stdout lists the files written
     written = sample_run(args.run_dir, n=args.n or 64, steps=args.steps, seed=args.seed, sampler=args.sampler,
-                         gif=args.gif, out=args.out, device=args.device, console=status)
+                         gif=args.gif, out=args.out, device=args.device, console=status, classes=args.classes or (),
+                         guidance=args.guidance)
     for path in written:
         print(path)
     if args.gif and not mp4_writer_installed():
@@ -275,8 +283,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
-    """Verbs that read a run folder (sample, export, eval, report) and the catalogue ones."""
+def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = verb(sub, "sample", "generate samples from a trained run (EMA weights)",
              "diffscale sample runs/tiny --n 64 --steps 50 --gif")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run (the --out of diffscale train)")
@@ -284,6 +291,12 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cond", metavar="FILE", help="fields runs: conditions (N x C, the data's units) in a .npy, or "
                    "the array 'cond' of a .npz; writes their ensembles and conditions to --out (an .npz)")
     p.add_argument("--members", type=int, metavar="M", help="ensemble members per condition of --cond (default 16)")
+    p.add_argument("--class", dest="classes", action="append", metavar="A",
+                   help="class-conditional image runs: the class to draw, a name or an index (a comma list, or "
+                        "repeated: each class a block of grid rows; default: classes spread over the rows)")
+    p.add_argument("--guidance", type=float, metavar="W",
+                   help="class-conditional image runs: classifier-free guidance scale, eps_u + W (eps_c - eps_u) "
+                        "(1: no guidance, 0: unconditional; default: the run's train.sample_guidance, 2)")
     p.add_argument("--steps", type=int, default=SAMPLE_DEFAULT[1],
                    help=f"denoising steps (default {SAMPLE_DEFAULT[1]}; at most the run's "
                         "diffusion.num_train_timesteps, to which more are capped)")
@@ -296,6 +309,11 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     _device_flag(p)
     p.add_argument("--out", help="PNG path, or with --cond an .npz (default RUN_DIR/samples/...)")
     p.set_defaults(func=cmd_sample)
+
+
+def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
+    """Verbs that read a run folder (sample, export, eval, report) and the catalogue ones."""
+    _add_sample(sub)
 
     _add_export(sub)
 

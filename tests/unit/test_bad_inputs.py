@@ -55,6 +55,11 @@ def _run(ws: Path) -> None:
     shutil.copytree(TRAINED["run"], ws / "run")
 
 
+def _class_run(ws: Path) -> None:
+    """A copy of the module's class-conditional run (the built-in numerals, classes 0-9) as ``{run}``."""
+    shutil.copytree(TRAINED["classes"], ws / "run")
+
+
 def _each_checkpoint(action: Callable[[Path], None]) -> Setup:
     def make(ws: Path) -> None:
         for step in sorted((ws / "run" / "checkpoints").iterdir()):
@@ -182,6 +187,12 @@ CASES = [
          (_zeros("flat.npz", (10, 0, 5)),)),
     Case("train --data npz:{ws}/none.npz --out {ws}/t", "has shape (0, 8, 8): no images",
          (_zeros("none.npz", (0, 8, 8)),)),
+    Case("train --data npz:{ws}/plain.npz --set model.class_conditional=on --out {ws}/t",
+         "plain.npz' has no labels -- set model.class_conditional to off, or train on labelled data",
+         (_zeros("plain.npz", (16, 8, 8)),)),
+    Case("train --set model.class_conditional=maybe", "config model.class_conditional: expected true or false"),
+    Case("train --set model.label_dropout=1", "config model.label_dropout: 1.0 is outside [0, 1)"),
+    Case("train --set train.sample_guidance=-1", "config train.sample_guidance: must be 0 or more (got -1.0)"),
     Case("train --out {run}", "already holds checkpoints", RUN),
     Case("train --out {run} --resume auto", "every checkpoint in", (_run, _damaged)),
     Case("train --out {run} --resume auto", "is not readable", (_run, _unreadable), locked=True),
@@ -224,6 +235,15 @@ CASES = [
     Case("sample {ws}/fresh", "has no usable checkpoint", (_file("fresh/config.yaml", "train: {}\n"),)),
     Case("sample {ws}/fresh", "permission denied", (_file("fresh/config.yaml", "train: {}\n", 0),), locked=True),
     Case("sample {run} --out {ws}/locked/x.png", "no permission to write", (_run, LOCKED_DIR), locked=True),
+    Case("sample {run} --class 3", "--class needs a class-conditional images run; this images run is trained "
+         "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
+    Case("sample {run} --guidance 3", "--guidance needs a class-conditional images run", RUN),
+    Case("sample {run} --class A --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("sample {run} --class A", "--class 'A' is not a class of this run (its classes: 0, 1, 2, 3, 4, 5, 6, 7, 8, "
+         "9) -- pass a class name or an index from 0 to 9", (_class_run,)),
+    Case("sample {run} --class 3,10", "--class '10' is not a class of this run", (_class_run,)),
+    Case("sample {run} --cond {ws}/c.npz --class 3", "--class and --guidance are for class-conditional image runs; "
+         "--cond is for fields runs", (_class_run,)),
     Case("sample", "the following arguments are required: RUN_DIR"),
     # export
     Case("export {run} --diffusers {ws}/afile", "is a regular file, not a folder", (_run, _file("afile"))),
@@ -494,6 +514,9 @@ def trained_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("trained") / "run"
     assert main(["train", "--out", str(run), *micro_args(steps=8)]) == 0
     TRAINED["run"] = run
+    classes = run.parent / "classes"
+    assert main(["train", "--out", str(classes), *micro_args("model.class_conditional=on", steps=4)]) == 0
+    TRAINED["classes"] = classes
     yield run
 
 

@@ -17,6 +17,9 @@ class ModelConfig:
 
     FOLLOW_DATA: ClassVar[tuple[str, ...]] = ("channels",)
     """Sizes that 0 leaves to the data."""
+    KEYED_AS_BEFORE: ClassVar[dict[str, object]] = {"class_conditional": False, "label_dropout": 0.1}
+    """Fields added after kernel caches and compiled-graph keys hashed this section: left out of
+    those keys at these values (``RunConfig.model_key``), so runs that do not use them keep theirs."""
     sample_size: int = 28
     """Image side in pixels; data is resized/cropped to it."""
     channels: int = 0
@@ -31,6 +34,14 @@ class ModelConfig:
     """GroupNorm groups; must divide every width in ``block_out_channels``."""
     dropout: float = 0.0
     """Dropout in the ResNet blocks."""
+    class_conditional: bool = False
+    """Train a class-conditional model on the data's labels (the built-in glyphs, an image folder
+    with one folder per class, npz with ``labels``) with classifier-free guidance: the UNet gets a
+    class embedding with one extra "no class" entry, which ``label_dropout`` of the training
+    examples see instead of their label. Sampled with ``diffscale sample --class A --guidance W``."""
+    label_dropout: float = 0.1
+    """Share of training examples whose label is replaced by "no class" (class-conditional runs):
+    what teaches the unconditional prediction that guidance extrapolates from."""
 
     def __post_init__(self) -> None:
         self.block_out_channels = tuple(int(c) for c in self.block_out_channels)
@@ -67,10 +78,14 @@ class ModelConfig:
             _fail("model.layers_per_block", "must be at least 1", "set it to 1 or 2")
         if not 0.0 <= self.dropout < 1.0:
             _fail("model.dropout", f"{self.dropout} is outside [0, 1)", "use e.g. 0.0 or 0.1")
+        if not 0.0 <= self.label_dropout < 1.0:
+            _fail("model.label_dropout", f"{self.label_dropout} is outside [0, 1)", "use e.g. 0.1")
 
     def summary(self) -> str:
         attention = "/".join("yes" if a else "no" for a in self.attention)
-        return f"UNet2D {self.sample_size} px, widths {_widths(self.block_out_channels)}, attention {attention}"
+        classes = ", class-conditional" if self.class_conditional else ""
+        widths = _widths(self.block_out_channels)
+        return f"UNet2D {self.sample_size} px, widths {widths}, attention {attention}{classes}"
 
 
 def _widths(values: tuple[int, ...]) -> str:

@@ -260,6 +260,12 @@ class TrainConfig:
     sample_sampler: SamplerName = SamplerName.DDIM
     """Reverse process of the grids and quality evaluations written during training (``ddim``,
     ``dpmsolver`` or ``ddpm``)."""
+    sample_guidance: float = 2.0
+    """Classifier-free guidance scale w of class-conditional image runs (``model.class_conditional``):
+    each step predicts eps_u + w (eps_c - eps_u) from the unconditional and the class-conditional
+    prediction; 1: the conditional prediction alone, 0: the unconditional one. Used by the grids and
+    quality evaluations written during training, and as ``diffscale sample --guidance``'s default;
+    other runs ignore it."""
     eval_every: int = 0
     """Compute the task's quality metrics (images: Frechet distance, precision/recall in a feature
     network's space) every N steps into metrics.jsonl and TensorBoard (0: never while training)."""
@@ -287,6 +293,9 @@ class TrainConfig:
         if self.eval_features and self.eval_features.count(":") != 1:
             _fail("train.eval_features", f"'{self.eval_features}' is not module:function",
                   "name a function returning a torch module, e.g. mypackage.features:build")
+        if not self.sample_guidance >= 0.0:
+            _fail("train.sample_guidance", f"must be 0 or more (got {self.sample_guidance})",
+                  "use 0 or more (1: no guidance; 2 is the default)")
         if not 0.0 <= self.ema_decay < 1.0:
             _fail("train.ema_decay", f"{self.ema_decay} is outside [0, 1)", "use e.g. 0.999")
 
@@ -397,6 +406,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return _to_plain(self)
+
+    def model_key(self) -> dict[str, Any]:
+        """The ``model`` section as the keys of compiled graphs and kernel caches hash it: without
+        the fields its class keys as before (``KEYED_AS_BEFORE``) where they hold those values."""
+        before: dict[str, Any] = getattr(type(self.model), "KEYED_AS_BEFORE", {})
+        return {k: v for k, v in _to_plain(self.model).items() if k not in before or before[k] != v}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

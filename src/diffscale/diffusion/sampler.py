@@ -39,18 +39,42 @@ class Sampler:
 class Conditioned:
     """The denoiser ``x_t, t -> network(x_t, t, *condition)`` (under ``autocast`` when given).
 
+    With ``unconditional`` (the condition that stands for none, e.g. the "no class" label), the
+    prediction is classifier-free guided: eps_u + ``guidance`` (eps_c - eps_u) (:func:`guided`).
+
     Passed to :func:`sample` instead of a closure, it lets a DDIM loop on a network that
     records loops (``InferenceNetwork.loops``) run as one replayed CUDA graph."""
 
     network: Callable[..., torch.Tensor]
     condition: tuple[torch.Tensor, ...] = ()
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    unconditional: tuple[torch.Tensor, ...] | None = None
+    """Shaped like ``condition``: the input of the unconditional prediction; None: no guidance."""
+    guidance: float = 1.0
+    """The guidance scale w (1: the conditional prediction alone, 0: the unconditional one)."""
 
     def __call__(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         if self.autocast is None:
-            return self.network(x, t, *self.condition)
+            return guided(self.network, x, t, self.condition, self.unconditional, self.guidance)
         with self.autocast():
-            return self.network(x, t, *self.condition)
+            return guided(self.network, x, t, self.condition, self.unconditional, self.guidance)
+
+
+def guided(network: Callable[..., torch.Tensor], x: torch.Tensor, t: torch.Tensor, condition: tuple[torch.Tensor, ...],
+           unconditional: tuple[torch.Tensor, ...] | None, guidance: float) -> torch.Tensor:
+    """Classifier-free guidance: eps_u + ``guidance`` (eps_c - eps_u), eps_c the prediction for
+    ``condition`` and eps_u for ``unconditional``, both from one network call on the doubled batch
+    (x (B, ...) twice, each condition (B, ...) with its unconditional rows after it). Scale 1 calls
+    the network on ``condition`` alone and 0 on ``unconditional`` alone: the same outputs, half
+    the work. Without ``unconditional``: ``network(x, t, *condition)``."""
+    if unconditional is None or guidance == 1.0:
+        return network(x, t, *condition)
+    if guidance == 0.0:
+        return network(x, t, *unconditional)
+    both = network(torch.cat([x, x]), torch.cat([t, t]),
+                   *(torch.cat([c, u]) for c, u in zip(condition, unconditional, strict=True)))
+    eps_c, eps_u = both.float().chunk(2)
+    return eps_u + guidance * (eps_c - eps_u)
 
 
 @contextlib.contextmanager
@@ -129,8 +153,7 @@ def sample(
         if progress is not None:
             progress.start(sampler.kind, steps, shape[0])  # DDIM runs exactly `steps` timesteps
         try:
-            key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in denoise.condition), steps, id(diffusion))
-            x = loops.run(key, ddim_loop(denoise.network, diffusion, steps), x, denoise.condition)
+            x = _replayed(loops, denoise, diffusion, steps, x)
             if progress is not None:
                 progress.advance(steps)
         finally:
@@ -182,16 +205,30 @@ def _recorded_loops(denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return loops if isinstance(loops, LoopCache) else None
 
 
-def ddim_loop(network: Any, diffusion: GaussianDiffusion,
-              steps: int) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
+def _replayed(loops: LoopCache, denoise: Conditioned, diffusion: GaussianDiffusion, steps: int,
+              x: torch.Tensor) -> torch.Tensor:
+    """``steps`` DDIM steps from ``x`` as the recorded loop of ``denoise`` (recorded at its first use)."""
+    inputs = denoise.condition + (denoise.unconditional or ())
+    scale = None if denoise.unconditional is None else denoise.guidance
+    key = (tuple(x.shape), tuple((c.shape, c.dtype) for c in inputs), steps, id(diffusion), scale)
+    return loops.run(key, ddim_loop(denoise.network, diffusion, steps, scale), x, inputs)
+
+
+def ddim_loop(network: Any, diffusion: GaussianDiffusion, steps: int,
+              guidance: float | None = None) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
     """The DDIM loop :func:`sample` runs step by step, as one function to record: diffusers'
-    scheduler computes each update from host-side schedule values, which recording fixes."""
+    scheduler computes each update from host-side schedule values, which recording fixes.
+    With ``guidance``, the loop's condition holds the conditional inputs followed by as many
+    unconditional ones (:func:`guided`)."""
     def body(x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> torch.Tensor:
         scheduler = diffusion.ddim_scheduler()
         scheduler.set_timesteps(steps)
+        half = len(condition) // 2
+        given, unconditional = (condition, None) if guidance is None else (condition[:half], condition[half:])
         for t in scheduler.timesteps:
             t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
-            x = scheduler.step(network.loop_step(x, t_batch, *condition).float(), t, x, eta=0.0).prev_sample
+            eps = guided(network.loop_step, x, t_batch, given, unconditional, 1.0 if guidance is None else guidance)
+            x = scheduler.step(eps.float(), t, x, eta=0.0).prev_sample
         return x
     return body
 

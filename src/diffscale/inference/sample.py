@@ -5,9 +5,10 @@ a log)."""
 from __future__ import annotations
 
 import os
+import re
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,9 +125,13 @@ def bytes_per_sample(task: Task, network: torch.nn.Module, *, frames: int = 0) -
 
 def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int = 0, sampler: str = "ddim",
                gif: bool = False, out: Path | str | None = None, device: str | None = None,
-               console: Console | None = None) -> list[Path]:
+               console: Console | None = None, classes: Sequence[str] = (),
+               guidance: float | None = None) -> list[Path]:
     """Generate ``n`` samples from a trained run's EMA weights (``diffscale sample``, from Python).
 
+    A class-conditional run draws ``classes`` (names or indices, each a row block of the grid; none:
+    classes spread over the rows) with classifier-free guidance scale ``guidance`` (None: the run's
+    ``train.sample_guidance``); other runs refuse both.
     Writes ``out`` (default ``RUN_DIR/samples/sample_step..._seed.._ddimN.png``, N the steps run),
     plus the denoising trajectory as GIF (and MP4 where imageio-ffmpeg is installed) with ``gif``;
     returns the files written. ``steps`` above the run's ``diffusion.num_train_timesteps`` run that
@@ -150,11 +155,23 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     fits = max(1, int(n * memory_free(device_name)[0] // max(need, 1)))
     check_fits(need, f"sampling --n {n}", f"ask for fewer at a time (--n {min(fits, n - 1)} or less) and "
                "run sample again with other --seed values", device_name)
-    name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}.png"
+    name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}{_class_suffix(classes, guidance)}.png"
     target = Path(out) if out else run.run_dir / "samples" / name
     with reporting(progress_for(status)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
-                       seed=seed, sampler=sampler, trajectory=gif)
+                       seed=seed, sampler=sampler, trajectory=gif, classes=classes, guidance=guidance)
+
+
+def _class_suffix(classes: Sequence[str], guidance: float | None) -> str:
+    """What a file name adds for the classes and the guidance asked (safe characters only)."""
+    suffix = ""
+    if classes:
+        parts = [part for entry in classes for part in str(entry).split(",")]
+        names = "-".join(re.sub(r"[^A-Za-z0-9]+", "", part) or "x" for part in parts)
+        suffix += f"_class{names[:40]}"
+    if guidance is not None:
+        suffix += f"_w{guidance:g}"
+    return suffix
 
 
 def read_conditions(path: Path | str) -> np.ndarray:

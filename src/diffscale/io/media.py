@@ -24,11 +24,17 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return arr.permute(0, 2, 3, 1).cpu().numpy()
 
 
+def grid_shape(count: int) -> tuple[int, int]:
+    """(rows, columns) of the grid ``make_grid`` tiles ``count`` images into by default."""
+    columns = max(1, math.ceil(math.sqrt(count)))
+    return math.ceil(count / columns), columns
+
+
 def make_grid(images: torch.Tensor, *, columns: int | None = None, pad: int = 2, scale: int = 1) -> np.ndarray:
     """Tile (B, C, H, W) images in [-1, 1] into one (rows*H, cols*W, C) uint8 array."""
     pictures = to_uint8(images)
     count, h, w, c = pictures.shape
-    columns = columns or math.ceil(math.sqrt(count))
+    columns = columns or grid_shape(count)[1]
     rows = math.ceil(count / columns)
     grid = np.zeros((rows * (h + pad) + pad, columns * (w + pad) + pad, c), dtype=np.uint8)
     for i, picture in enumerate(pictures):

@@ -29,7 +29,7 @@ def graph_key(cfg: RunConfig, world_size: int) -> str:
     """What decides a run's compiled graph (the network, runtime settings, per-rank batch, world
     size): elements that agree on it share one kernel cache. Torch and source versions are keyed by
     the cache itself."""
-    parts = {"task": cfg.task, "model": cfg.to_dict()["model"], "runtime": cfg.to_dict()["runtime"],
+    parts = {"task": cfg.task, "model": cfg.model_key(), "runtime": cfg.to_dict()["runtime"],
              "batch_per_gpu": cfg.train.batch_per_gpu, "grad_accum": cfg.train.grad_accum, "world_size": world_size}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

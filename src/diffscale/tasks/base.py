@@ -19,7 +19,7 @@ a method.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +132,12 @@ class Task(Protocol):
 
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                  rows: slice | None = None, autocast: Autocast | None = None,
-                 trajectory: bool = False) -> Generated:
+                 trajectory: bool = False, classes: Sequence[str] = (), guidance: float | None = None) -> Generated:
         """``count`` samples from ``seed``; with ``rows``, only those rows of the same seeded draw
-        (ranks sharing the work together produce exactly the single-process samples)."""
+        (ranks sharing the work together produce exactly the single-process samples). A
+        class-conditional model draws the ``classes`` given (names or indices; none: the task's
+        choice) with classifier-free guidance scale ``guidance`` (None: the run's); other models
+        refuse both (``no_classes``)."""
         ...
 
     def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
@@ -226,6 +229,17 @@ def no_environment(task: str, env: str, max_episode_steps: int | None) -> None:
                         "policy runs", "drop --env and --max-episode-steps")
 
 
+def no_classes(task: str, classes: Sequence[str], guidance: float | None, *,
+               trained: str = "not class-conditional") -> None:
+    """Refuse classes and a guidance scale in the sampling of a model without classes."""
+    flags = [flag for flag, given in (("--class", bool(classes)), ("--guidance", guidance is not None)) if given]
+    if flags:
+        raise UserError(f"{' and '.join(flags)} {'need' if len(flags) > 1 else 'needs'} a class-conditional "
+                        f"images run; this {task} run is {trained}",
+                        "drop --class and --guidance, or train on labelled images with "
+                        "--set model.class_conditional=on")
+
+
 def no_given_data(task: str, data: str | None) -> None:
     """Refuse held-out data in the evaluation of a task that scores no pairs."""
     if data is not None:
@@ -263,10 +277,11 @@ class WithoutQualityMetrics:
 
 
 def preview(task: Task, network: torch.nn.Module, path: Path, *, count: int, steps: int, seed: int,
-            sampler: str = "ddim", trajectory: bool = False, autocast: Autocast | None = None) -> list[Path]:
+            sampler: str = "ddim", trajectory: bool = False, autocast: Autocast | None = None,
+            classes: Sequence[str] = (), guidance: float | None = None) -> list[Path]:
     """Generate and write in one process (``diffscale sample``)."""
     generated = task.generate(network, count=count, steps=steps, seed=seed, sampler=sampler, trajectory=trajectory,
-                              autocast=autocast)
+                              autocast=autocast, classes=classes, guidance=guidance)
     return task.write_samples(generated, path)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
-from diffscale.config import from_dict, load_yaml
+from diffscale.config import RunConfig, from_dict, load_yaml, write_yaml
 from diffscale.errors import UserError
 
 TaskType = TypeVar("TaskType")
@@ -47,3 +47,15 @@ def load_exported(task_class: Any, path: str | Path, files: ExportFiles, *, what
     network = task.build_network()
     network.load_state_dict(load_file(str(path / files.weights)))
     return task, network.to(task.device).eval()
+
+
+def write_exported(files: ExportFiles, out_dir: Path, *, cfg: RunConfig, signature: dict[str, Any],
+                   network: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """The files ``load_exported`` reads back: the network's weights (fp32, on the CPU), the task's
+    state tensors, the run's config and the network's signature (JSON)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().float().cpu().contiguous() for k, v in network.state_dict().items()}
+    save_file(weights, str(out_dir / files.weights))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / files.state))
+    write_yaml(cfg, out_dir / files.config)
+    (out_dir / files.signature).write_text(json.dumps(signature, indent=2))

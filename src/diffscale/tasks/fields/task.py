@@ -8,6 +8,7 @@ batch and undone on every generated sample.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from diffscale.tasks.base import (
     WithoutQualityMetrics,
     into,
     kept,
+    no_classes,
     no_environment,
     no_feature_network,
 )
@@ -246,8 +248,9 @@ class FieldTask(WithoutQualityMetrics):
     @torch.no_grad()
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                  rows: slice | None = None, autocast: Autocast | None = None,
-                 trajectory: bool = False) -> Generated:
+                 trajectory: bool = False, classes: Sequence[str] = (), guidance: float | None = None) -> Generated:
         """``count`` fields for the preview conditions in turn (sample i for condition i mod 4)."""
+        no_classes(self.name, classes, guidance)
         groups = min(PREVIEW_CONDITIONS, count)
         cond = self.preview_cond[torch.arange(count, device=self.device) % groups]
         generator = torch.Generator().manual_seed(seed)

@@ -158,8 +158,7 @@ def builtin_labels(variant: str, count: int) -> tuple[torch.Tensor, list[str]]:
     if variant == "digits":
         return digits[:count], names
     per_glyph = {"glyphs": 6, "numerals": 12, "mix": 20}[variant]
-    rendered = count - (len(digits) if variant == "mix" else 0)
-    fonts = rendered // (len(names) * per_glyph)
+    fonts = sum((_font_dir() / name).is_file() for name in GLYPH_FONTS)  # as _rendered skips missing ones
     glyphs = torch.arange(len(names)).repeat_interleave(per_glyph).repeat(fonts)
     return torch.cat([glyphs, digits.long()])[:count], names
 

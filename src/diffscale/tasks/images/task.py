@@ -1,7 +1,9 @@
-"""Unconditional image diffusion (DDPM/DDIM on a diffusers UNet2DModel)."""
+"""Image diffusion (DDPM/DDIM/DPM-Solver++ on a diffusers UNet2DModel), unconditional or
+class-conditional with classifier-free guidance (``model.class_conditional``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from diffscale.data.feed import Feed
 from diffscale.data.streaming import StreamingBatcher, resident_choice, stream_workers
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
+from diffscale.evaluation.quality import accuracy
 from diffscale.io.media import save_animation, save_grid
 from diffscale.tasks.base import (
     Autocast,
@@ -21,9 +24,11 @@ from diffscale.tasks.base import (
     ReferenceData,
     into,
     kept,
+    no_classes,
     no_environment,
     no_given_data,
 )
+from diffscale.tasks.images.classes import balanced_labels, grid_labels, pick_classes, spread, training_classes
 from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
@@ -61,9 +66,21 @@ class ImageTask:
                 # uint8 on the device: an EMNIST-size set is ~90 MB and needs no loader workers.
                 self.images = fit_channels(self.data.tensor(), channels).to(device)
         self.channels = channels or 1
+        self.labels: torch.Tensor | None = None
+        """A class-conditional run's class of each training image (N,) int64 on the device."""
+        self.class_names: list[str] = []
+        """A class-conditional run's classes (empty: unconditional); index ``len`` means "no class"."""
+        if self.model.class_conditional:
+            if self.data is not None:
+                self.labels, self.class_names = training_classes(self._labels(self.num_items()), cfg.data.source)
+                self.labels = self.labels.to(device)
+            else:
+                self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
         self._stream: StreamingBatcher | None = None
         self._featurizer: Featurizer | None = None
         self._real_features: torch.Tensor | None = None
+        self._known: list[int] = []
+        """The classes of the data (set by ``prepare_quality``); empty: every class of the run."""
 
     def _data(self) -> torch.Tensor:
         assert self.images is not None, "built with load_data=False, or streamed"
@@ -78,7 +95,8 @@ class ImageTask:
         return f"{self.cfg.data.source} ({describe(self.data.shape)}; {self.placement})"
 
     def build_network(self) -> torch.nn.Module:
-        return Denoiser(build_unet(self.model, self.channels))
+        classes = len(self.class_names)
+        return Denoiser(build_unet(self.model, self.channels, classes), classes)
 
     def signature(self) -> dict[str, Any]:
         m = self.model
@@ -90,6 +108,7 @@ class ImageTask:
             "attention": list(m.attention),
             "layers_per_block": m.layers_per_block,
             "norm_num_groups": m.norm_num_groups,
+            **({"classes": self.class_names} if m.class_conditional else {}),
         }
 
     def batcher(self, global_batch: int, seed: int, position: DataPosition, feed: Feed) -> DeviceBatcher:
@@ -107,7 +126,7 @@ class ImageTask:
         size = self.model.sample_size
         shift = self.cfg.data.shift_px
         device = self.device
-        return {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
+        drawn = {  # into a recorded step's inputs where ``out`` has them: the same draws, no copies
             "indices": kept(out, "indices", indices),
             "noise": torch.randn((n, self.channels, size, size), generator=generator, device=device,
                                  out=into(out, "noise")),
@@ -117,6 +136,11 @@ class ImageTask:
                                     out=into(out, "shifts")),
             "flips": torch.lt(torch.rand((n,), generator=generator, device=device), 0.5, out=into(out, "flips")),
         }
+        if self.labels is not None:  # drawn last: an unconditional run's draws stay as they were
+            dropped = torch.rand((n,), generator=generator, device=device) < self.model.label_dropout
+            labels = self.labels[drawn["indices"]].masked_fill(dropped, len(self.class_names))
+            drawn["labels"] = kept(out, "labels", labels)
+        return drawn
 
     def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         """``x0``: (b, C, H, W) in [-1, 1], shifted and flipped as drawn."""
@@ -137,28 +161,56 @@ class ImageTask:
         xt = self.diffusion.q_sample(x0, noise, t)
         if channels_last:
             xt = xt.contiguous(memory_format=torch.channels_last)
-        return self.diffusion.loss(network(xt, t), x0, noise, t)
+        condition = (batch["labels"][rows],) if self.class_names else ()
+        return self.diffusion.loss(network(xt, t, *condition), x0, noise, t)
 
     def example_inputs(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         size = self.model.sample_size
-        return (torch.randn(batch_size, self.channels, size, size, device=self.device),
-                torch.randint(0, self.diffusion.num_timesteps, (batch_size,), device=self.device))
+        inputs: tuple[torch.Tensor, ...] = (torch.randn(batch_size, self.channels, size, size, device=self.device),
+                                            torch.randint(0, self.diffusion.num_timesteps, (batch_size,),
+                                                          device=self.device))
+        if self.class_names:
+            inputs += (torch.randint(0, len(self.class_names) + 1, (batch_size,), device=self.device),)
+        return inputs
 
     @torch.no_grad()
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
-                 rows: slice | None = None, autocast: Autocast | None = None, trajectory: bool = False) -> Generated:
+                 rows: slice | None = None, autocast: Autocast | None = None, trajectory: bool = False,
+                 classes: Sequence[str] = (), guidance: float | None = None) -> Generated:
         """``count`` images (B, C, H, W) in [-1, 1] from ``seed``; with ``rows``, only those rows of
-        that same draw (so ranks sharing the work together produce exactly the single-process images)."""
+        that same draw (so ranks sharing the work together produce exactly the single-process images).
+        A class-conditional run draws the ``classes`` asked (names or indices; none: classes spread
+        over the grid's rows) with guidance scale ``guidance`` (None: ``train.sample_guidance``)."""
+        if not self.class_names:
+            no_classes(self.name, classes, guidance, trained="trained without classes (model.class_conditional off)")
+            return self._generate(network, None, 1.0, count=count, steps=steps, seed=seed, sampler=sampler,
+                                  rows=rows, autocast=autocast, trajectory=trajectory)
+        chosen = pick_classes(classes, self.class_names) if classes else spread(len(self.class_names), count)
+        scale = self.cfg.train.sample_guidance if guidance is None else guidance
+        return self._generate(network, grid_labels(chosen, count), scale, count=count, steps=steps, seed=seed,
+                              sampler=sampler, rows=rows, autocast=autocast, trajectory=trajectory)
+
+    def _generate(self, network: torch.nn.Module, labels: torch.Tensor | None, guidance: float, *, count: int,
+                  steps: int, seed: int, sampler: str, rows: slice | None, autocast: Autocast | None,
+                  trajectory: bool = False) -> Generated:
+        """``generate`` with the class of each of the ``count`` samples given (labels (count,)),
+        or None for an unconditional run."""
         size = self.model.sample_size
         generator = torch.Generator().manual_seed(seed)
         start = torch.randn((count, self.channels, size, size), generator=generator)
         if rows is not None:
             start = start[rows]
+            labels = None if labels is None else labels[rows]
         if start.shape[0] == 0:
             return Generated(start)
+        denoise = Conditioned(network, (), autocast)
+        if labels is not None:
+            labels = labels.to(self.device)
+            denoise = Conditioned(network, (labels,), autocast, (torch.full_like(labels, len(self.class_names)),),
+                                  guidance)
         with evaluating(network):
             images, frames = sample(
-                Conditioned(network, (), autocast), self.diffusion, tuple(start.shape),
+                denoise, self.diffusion, tuple(start.shape),
                 sampler=Sampler(SamplerKind(sampler), steps), generator=generator, device=self.device,
                 trajectory_every=max(1, steps // 25) if trajectory else 0, x_init=start,
             )
@@ -198,6 +250,8 @@ class ImageTask:
             self._featurizer = user_features(t.eval_features)
         else:
             labelled = self._labels(images.shape[0])
+            if labelled is not None:  # the classes the data's classifier knows: those evaluations ask for
+                self._known = sorted(set(labelled[0].tolist()))
             path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
             self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
         self._featurizer.network.to(self.device)
@@ -214,14 +268,31 @@ class ImageTask:
                          rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
         self.prepare_quality()
         assert self._featurizer is not None
-        generated = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler, rows=rows,
-                                  autocast=autocast)
+        generated = self._generate(network, self._evaluated_labels(count), self.cfg.train.sample_guidance,
+                                   count=count, steps=steps, seed=seed, sampler=sampler, rows=rows, autocast=autocast)
         return self._featurizer.features(generated.samples)
+
+    def _evaluated_labels(self, count: int) -> torch.Tensor | None:
+        """The classes quality evaluations generate: each class the data holds in turn (None: unconditional)."""
+        if not self.class_names:
+            return None
+        known = torch.as_tensor(self._known or range(len(self.class_names)), dtype=torch.long)
+        return known[balanced_labels(len(known), count)]
 
     def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
         self.prepare_quality()
         assert self._featurizer is not None and self._real_features is not None
-        return scores(self._featurizer, self._real_features, features)
+        result = scores(self._featurizer, self._real_features, features)
+        head = self._featurizer.head
+        if self.class_names:  # the samples were drawn for every class in turn (_evaluated_labels)
+            result["guidance"] = self.cfg.train.sample_guidance
+            if head is not None:  # the share of samples the data's classifier finds in the class asked
+                with torch.no_grad():
+                    logits = head(features.to(next(head.parameters()).device))
+                labels = self._evaluated_labels(len(features))
+                assert labels is not None
+                result["class_accuracy"] = accuracy(logits, labels)
+        return result
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
@@ -237,7 +308,8 @@ class ImageTask:
                             f"pass --count 2 or more (default {self.cfg.train.eval_count})")
         self.prepare_quality()
         assert self._featurizer is not None
-        generated = self.generate(network, count=count, steps=steps, seed=seed, sampler=sampler)
+        generated = self._generate(network, self._evaluated_labels(count), self.cfg.train.sample_guidance,
+                                   count=count, steps=steps, seed=seed, sampler=sampler, rows=None, autocast=None)
         save_grid(generated.samples[:64], Path(out_dir) / "samples.png")
         result: dict[str, float | str] = {"sampler": sampler, "count": count,
                                           **self.quality_scores(self._featurizer.features(generated.samples)),
@@ -245,14 +317,21 @@ class ImageTask:
         return result
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:
-        from diffscale.tasks.images.export import export_ddpm_pipeline
+        from diffscale.tasks.images.export import export_class_conditional, export_ddpm_pipeline
 
         if not isinstance(network, Denoiser):
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
+        if self.class_names:
+            export_class_conditional(self, network, out_dir)
+            return (f"from diffscale.tasks.images.exported import load_export; task, net = load_export('{out_dir}'); "
+                    f"task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
+                    f"classes=[{self.class_names[0]!r}]).samples")
         export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
         return "diffusers.DDPMPipeline.from_pretrained"
 
     def hub_listing(self) -> HubListing:
+        if self.class_names:
+            return self._class_conditional_listing()
         steps = min(50, self.diffusion.num_timesteps)
         code = ("import torch\n"
                 "from diffusers import DDPMPipeline\n\n"
@@ -261,6 +340,18 @@ class ImageTask:
                 "generator=torch.Generator().manual_seed(0)).images  # PIL images\n")
         return HubListing("diffusers", "unconditional-image-generation",
                           ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
+
+    def _class_conditional_listing(self) -> HubListing:
+        """No diffusers pipeline samples a UNet2DModel by class: diffscale loads the folder."""
+        shown = ", ".join(self.class_names[:40]) + (", ..." if len(self.class_names) > 40 else "")
+        code = ("from diffscale.tasks.images.exported import load_export\n\n"
+                "task, net = load_export(folder)\n"
+                f"# its {len(self.class_names)} classes (task.class_names): {shown}\n"
+                f"images = task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
+                f"classes=[{self.class_names[0]!r}], guidance={self.cfg.train.sample_guidance:g}).samples"
+                "  # (8, C, H, W) in [-1, 1]\n")
+        return HubListing("diffscale", None,  # none of the Hub's categories is class-conditional generation
+                          ("diffscale", "diffusion", "class-conditional", "classifier-free-guidance"), code)
 
     def reference_data(self) -> ReferenceData:
         assert self.data is not None, "built with load_data=False"

@@ -11,6 +11,7 @@ state, kept in every checkpoint beside the weights.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from diffscale.tasks.base import (
     WithoutQualityMetrics,
     into,
     kept,
+    no_classes,
     no_feature_network,
     no_given_data,
 )
@@ -199,9 +201,10 @@ class PolicyTask(WithoutQualityMetrics):
     @torch.no_grad()
     def generate(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                  rows: slice | None = None, autocast: Autocast | None = None,
-                 trajectory: bool = False) -> Generated:
+                 trajectory: bool = False, classes: Sequence[str] = (), guidance: float | None = None) -> Generated:
         """``count`` action chunks (count, T, A) for observation histories drawn from ``seed``
         among the preview observations (episode starts of the data)."""
+        no_classes(self.name, classes, guidance)
         if self.preview_obs is None:
             raise UserError("the policy has no preview observations", "load a checkpoint of the run first")
         generator = torch.Generator().manual_seed(seed)
