@@ -43,3 +43,23 @@ def test_dpmsolver_clips_each_clean_sample_prediction_where_ddim_does():
     x0 = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)) * 3
     assert clipping.config.thresholding and not free.config.thresholding
     assert torch.equal(clipping._threshold_sample(x0), x0.clamp(-1, 1))  # what DDIM's clip_sample does
+
+
+def test_dpmsolver_at_as_many_steps_as_trained_gives_finite_samples():
+    """The field preset's 50 trained steps sampled in 50: linspace spacing repeats a timestep."""
+    from diffscale import config as C
+    from diffscale.diffusion.process import GaussianDiffusion
+    from diffscale.diffusion.sampler import set_distinct_timesteps
+
+    diffusion = GaussianDiffusion(C.DiffusionConfig(num_train_timesteps=50, beta_schedule=C.BetaSchedule.COSINE,
+                                                    prediction_type=C.Prediction.V_PREDICTION, clip_sample=False))
+    scheduler = diffusion.dpmsolver_scheduler()
+    set_distinct_timesteps(scheduler, 50)
+    assert sorted(scheduler.timesteps.tolist()) == list(range(50))
+    x, generator = torch.randn(4, 8), torch.Generator().manual_seed(0)
+    for t in scheduler.timesteps:
+        x = scheduler.step(0.1 * torch.randn(4, 8, generator=generator), t, x).prev_sample
+    assert torch.isfinite(x).all()
+    images = diffusion.dpmsolver_scheduler()
+    set_distinct_timesteps(images, 20)  # no repeats: the spacing the quality tables measured is kept
+    assert images.config.timestep_spacing == "linspace"

@@ -161,7 +161,7 @@ def sample(
                 progress.finish()
         return _bounded(x, diffusion).cpu(), frames
     scheduler = _scheduler(diffusion, sampler.kind)
-    scheduler.set_timesteps(steps)  # DDPM too: ancestral steps strided over the trained timesteps
+    set_distinct_timesteps(scheduler, steps)  # DDPM too: ancestral steps strided over the trained timesteps
     extra: dict[str, Any] = {"eta": 0.0} if sampler.kind == SamplerKind.DDIM else {}
     if progress is not None:
         progress.start(sampler.kind, len(scheduler.timesteps), shape[0])
@@ -181,6 +181,17 @@ def sample(
         if progress is not None:
             progress.finish()
     return _bounded(x, diffusion).cpu(), frames
+
+
+def set_distinct_timesteps(scheduler: Any, steps: int) -> None:
+    """``scheduler.set_timesteps(steps)`` with no timestep twice: DPM-Solver++'s "linspace" spacing
+    rounds to a repeated timestep when ``steps`` nears the trained count (50 of 50 repeats 24), and
+    its update divides by the zero step between them (NaN samples). "trailing" spacing, which starts
+    at the last trained timestep as linspace does, has no repeats."""
+    scheduler.set_timesteps(steps)
+    if len(torch.unique(scheduler.timesteps)) < len(scheduler.timesteps):
+        scheduler.register_to_config(timestep_spacing="trailing")
+        scheduler.set_timesteps(steps)
 
 
 def _scheduler(diffusion: GaussianDiffusion, kind: SamplerKind) -> Any:
