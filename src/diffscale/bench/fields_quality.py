@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from diffscale.bench.quality_clock import (
     first_reaching,
     load_ema,
     markdown_table,
+    publish,
     scoring_runtime,
     train_curve,
     warm_up,
@@ -312,14 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the table here")
     args = parser.parse_args(argv)
     record = measure(args)
-    text = render(record)
-    print(text)
-    from diffscale.io.atomic import write_text
-
-    if args.json:
-        write_text(args.json, json.dumps(record, indent=1))
-    if args.markdown:
-        write_text(args.markdown, text)
+    publish(record, render(record), args.json, args.markdown)
     return 0
 
 

@@ -15,7 +15,6 @@ workers), reported apart (``bench.quality_clock``).
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from diffscale.bench.quality_clock import (
     first_reaching,
     load_ema,
     markdown_table,
+    publish,
     scoring_runtime,
     train_curve,
     warm_up,
@@ -167,14 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the table here")
     args = parser.parse_args(argv)
     record = measure(args)
-    text = render(record)
-    print(text)
-    from diffscale.io.atomic import write_text
-
-    if args.json:
-        write_text(args.json, json.dumps(record, indent=1))
-    if args.markdown:
-        write_text(args.markdown, text)
+    publish(record, render(record), args.json, args.markdown)
     return 0
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diffscale.bench.quality_clock import markdown_table
+from diffscale.bench.quality_clock import markdown_table, publish
 
 EPISODE_SEED = 1000
 SUCCESS_BAR = 0.9
@@ -196,12 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 
     record = {"preset": args.preset, "data": args.data, "episodes": args.episodes, "seeds": args.seeds,
               "cpu": _cpu_name(), "torch": torch.__version__, "runs": rows, "by_steps": summarize(rows)}
-    text = render(record)
-    print(text)
-    if args.json:
-        write_text(args.json, json.dumps(record, indent=1))
-    if args.markdown:
-        write_text(args.markdown, text)
+    publish(record, render(record), args.json, args.markdown)
     return 0 if all("error" not in r for r in rows) else 1
 
 

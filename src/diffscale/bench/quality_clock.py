@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -189,3 +190,14 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
+
+
+def publish(record: dict[str, Any], text: str, json_path: Path | None, markdown_path: Path | None) -> None:
+    """Print a bench's table; write its record (JSON) and the table (markdown) where asked."""
+    from diffscale.io.atomic import write_text
+
+    print(text)
+    if json_path:
+        write_text(json_path, json.dumps(record, indent=1))
+    if markdown_path:
+        write_text(markdown_path, text)

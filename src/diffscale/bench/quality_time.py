@@ -249,16 +249,10 @@ class RunPlan:
 
 def run_one(plan: RunPlan, overrides: list[str], spec: EvalSpec, runs_dir: Path, say: Callable[[str], None]) -> dict:
     """One recipe trained for the budget, with its points; a diffscale run's last state is kept."""
-    from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
-    from diffscale.runtime.distributed import detect_launch, init_distributed
+    from diffscale.bench.worker import join
 
     cfg = _config(plan.preset, plan.recipe, [*overrides, *plan.variant.overrides], spec)
-    launch = detect_launch()
-    device = pick_device(cfg.runtime.device, launch.local_rank)
-    policy = resolve_policy(cfg.runtime, device)
-    configure_backends(policy)
-    ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
-                           collective_timeout_s=cfg.runtime.collective_timeout_s)
+    ctx, policy = join(cfg)
     try:
         record = _trained(plan, cfg, ctx, policy, spec, runs_dir / f"{plan.preset}-{plan.name}", say)
     finally:

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from diffscale import config as C
 from diffscale.bench.profile import profile_steps
-from diffscale.runtime.device import configure_backends, pick_device, resolve_policy, synchronize
-from diffscale.runtime.distributed import detect_launch, init_distributed
+from diffscale.runtime.device import DevicePolicy, configure_backends, pick_device, resolve_policy, synchronize
+from diffscale.runtime.distributed import DistContext, detect_launch, init_distributed
 
 if TYPE_CHECKING:  # annotations only; the functions import these where they run
     from diffscale.bench.plain import PlainRunner
@@ -253,17 +253,24 @@ def make_runner(run_state: RunState, recipe: str, plain_workers: int = 4) -> Pla
     return StepRunner(run_state, model, run_state.make_batcher())
 
 
-def measure(args: argparse.Namespace) -> dict | None:
-    from diffscale.runtime.parallelize import training_compile_mode
-    from diffscale.training.state import RunState
-
-    cfg = _config(args)
+def join(cfg: C.RunConfig) -> tuple[DistContext, DevicePolicy]:
+    """This process's place in the run (torchrun's ranks, or one process) and its device policy."""
     launch = detect_launch()
     device = pick_device(cfg.runtime.device, launch.local_rank)
     policy = resolve_policy(cfg.runtime, device)
     configure_backends(policy)
     ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
                            collective_timeout_s=cfg.runtime.collective_timeout_s)
+    return ctx, policy
+
+
+def measure(args: argparse.Namespace) -> dict | None:
+    from diffscale.runtime.parallelize import training_compile_mode
+    from diffscale.training.state import RunState
+
+    cfg = _config(args)
+    ctx, policy = join(cfg)
+    device = ctx.device
     try:
         with tempfile.TemporaryDirectory() as tmp:
             run_state = RunState(cfg, Path(tmp), ctx, policy, Console(quiet=True))
