@@ -25,6 +25,7 @@ from diffscale.config.schema import (
     RunConfig,
     RuntimeConfig,
     SamplerName,
+    TimestepSpacing,
     Toggle,
     TrainConfig,
 )
@@ -34,7 +35,7 @@ __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",
     "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
-    "SamplerName", "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
+    "SamplerName", "TimestepSpacing", "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
     "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",
     "parse_overrides", "write_yaml",
 ]

@@ -18,6 +18,7 @@ from diffscale.config.schema import (
     OptimConfig,
     Prediction,
     RunConfig,
+    TimestepSpacing,
     TrainConfig,
 )
 from diffscale.envs.reach2d import ACTION_DIM as REACH2D_ACTION_DIM
@@ -105,9 +106,11 @@ def _field_diffusion(steps: int) -> DiffusionConfig:
     1000 steps stops at 60 % signal after 50). v-prediction: at the last step the signal is
     ~1e-3 of the noise, where recovering the field from a predicted noise amplifies its error
     ~1000 times; the velocity target keeps every step well conditioned, and standardised
-    fields are unbounded, so no clipping."""
+    fields are unbounded, so no clipping. Trailing spacing: any number of sampling steps starts at
+    the last of the 50 trained timesteps."""
     return DiffusionConfig(num_train_timesteps=steps, beta_schedule=BetaSchedule.COSINE,
-                           prediction_type=Prediction.V_PREDICTION, clip_sample=False)
+                           prediction_type=Prediction.V_PREDICTION, clip_sample=False,
+                           timestep_spacing=TimestepSpacing.TRAILING)
 
 
 def field_icon() -> RunConfig:

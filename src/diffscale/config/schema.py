@@ -91,6 +91,13 @@ class BetaSchedule(str, enum.Enum):
     COSINE = "squaredcos_cap_v2"
 
 
+class TimestepSpacing(str, enum.Enum):
+    """Which trained timesteps a sampler of fewer steps visits, as diffusers' schedulers name it."""
+
+    LEADING = "leading"
+    TRAILING = "trailing"
+
+
 class Prediction(str, enum.Enum):
     """What the network predicts: the noise, the velocity or the clean sample."""
 
@@ -141,6 +148,12 @@ class DiffusionConfig:
     clip_sample: bool = True
     """Clip each sampling step's clean-sample estimate to [-1, 1] (data scaled to that range:
     images, min/max-normalised actions); off for standardised data such as fields."""
+    timestep_spacing: TimestepSpacing = TimestepSpacing.LEADING
+    """Which trained timesteps DDIM and strided DDPM sampling visit. ``leading`` (diffusers'
+    default) starts N steps at timestep (N-1) x (T // N), ``trailing`` at the last one, T-1, for
+    every N: with few trained timesteps leading starts far from pure noise (20 of 50 start at 38)
+    and loses quality, so the field presets use trailing (docs/benchmarks.md, "Each CPU preset
+    trained to its full step count"). DPM-Solver++ starts at T-1 either way."""
 
     def __post_init__(self) -> None:
         if self.num_train_timesteps < 2:

@@ -42,10 +42,10 @@ class GaussianDiffusion:
         )
 
     def ddpm_scheduler(self) -> DDPMScheduler:
-        return DDPMScheduler(**self.scheduler_kwargs())
+        return DDPMScheduler(**self.scheduler_kwargs(), timestep_spacing=self.cfg.timestep_spacing.value)
 
     def ddim_scheduler(self) -> DDIMScheduler:
-        return DDIMScheduler(**self.scheduler_kwargs())
+        return DDIMScheduler(**self.scheduler_kwargs(), timestep_spacing=self.cfg.timestep_spacing.value)
 
     def dpmsolver_scheduler(self) -> DPMSolverMultistepScheduler:
         """DPM-Solver++ (second order, multistep). It has no ``clip_sample``; with it set, each
