@@ -45,11 +45,14 @@ def test_ddpm_loop_is_diffusers_ancestral_sampler_and_ddim_its_deterministic_one
     what diffusers' DDPMScheduler / DDIMScheduler give from the same generator draws."""
     task, net = task_and_net
     history = task.preview_obs[:3]
-    for sampler in ("ddpm", "ddim"):
+    plans = {}
+    for sampler in ("ddpm", "ddim", "dpmsolver"):
         controller = LoopController(task, net, sampler=sampler, steps=10)
         controller.reset(5)
         reference = task.plan(net, history, steps=10, sampler=sampler, generator=torch.Generator().manual_seed(5))
-        assert torch.allclose(controller.plan(history), reference.samples, atol=1e-5), sampler
+        plans[sampler] = controller.plan(history)
+        assert torch.allclose(plans[sampler], reference.samples, atol=1e-5), sampler
+    assert not torch.allclose(plans["dpmsolver"], plans["ddim"], atol=1e-3)  # its own solver, not DDIM's
 
 
 def test_select_action_keeps_history_and_queue_and_replans_every_action_horizon(task_and_net):
@@ -134,7 +137,8 @@ def test_bad_inputs_each_end_in_one_error_naming_the_fix(task_and_net):
         "before a batch of another size")
     controller.reset()
     assert controller.select_action(np.zeros((2, 4), np.float32)).shape == (2, 2)
-    assert _message(lambda: LoopController(task, net, sampler="euler")) == "unknown sampler 'euler' -- use ddpm or ddim"
+    assert _message(lambda: LoopController(task, net, sampler="euler")) == (
+        "unknown sampler 'euler' -- use ddpm, ddim or dpmsolver")
     assert _message(lambda: LoopController(task, net, steps=0)) == (
         "steps=0: a plan needs at least one denoising step -- pass steps >= 1")
 

@@ -25,6 +25,7 @@ import torch
 
 from diffscale.diffusion import SamplerKind
 from diffscale.diffusion.graphed import LoopCache
+from diffscale.diffusion.sampler import set_distinct_timesteps
 from diffscale.errors import UserError
 
 DEFAULT_SAMPLER = "ddpm"
@@ -50,7 +51,7 @@ class Controller:
         try:
             self.kind = SamplerKind(str(sampler).lower())
         except ValueError:
-            raise UserError(f"unknown sampler '{sampler}'", "use ddpm or ddim") from None
+            raise UserError(f"unknown sampler '{sampler}'", "use ddpm, ddim or dpmsolver") from None
         if int(steps) < 1:
             raise UserError(f"steps={steps}: a plan needs at least one denoising step", "pass steps >= 1")
         self.task, self.network = task, network
@@ -142,7 +143,9 @@ class Controller:
             condition += (torch.randn((self.steps, *shape), generator=self.generator),)
         x, condition = x.to(device), tuple(c.to(device) for c in condition)
         loops = getattr(self.network, "loops", None)
-        if isinstance(loops, LoopCache):  # the whole loop as one replayed CUDA graph
+        if self.kind == SamplerKind.DPMSOLVER:  # multistep state kept in its scheduler: a network call at a time
+            out = self.dpmsolver(x, condition[0])
+        elif isinstance(loops, LoopCache):  # the whole loop as one replayed CUDA graph
             key = ("policy", self.kind.value, self.steps, tuple(x.shape), tuple(c.shape for c in condition))
             step = getattr(self.network, "loop_step")  # noqa: B009 (an InferenceNetwork's; a Module to mypy)
             out = loops.run(key, self.loop(step), x, condition)
@@ -151,6 +154,15 @@ class Controller:
         if self.task.diffusion.cfg.clip_sample:
             out = out.clamp(-1, 1)
         return self.action_norm.unnormalize(out.float().cpu())
+
+    def dpmsolver(self, x: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """DPM-Solver++ over ``x`` (B, T, A) given ``obs`` (B, To * O): deterministic, as DDIM."""
+        scheduler = self.task.diffusion.dpmsolver_scheduler()
+        set_distinct_timesteps(scheduler, self.steps)
+        for t in scheduler.timesteps:
+            t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
+            x = scheduler.step(self.network(x, t_batch, obs).float(), t, x).prev_sample
+        return x
 
     def loop(self, call: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]],
                                                                    torch.Tensor]:
