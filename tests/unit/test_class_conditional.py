@@ -19,7 +19,7 @@ from diffscale.tasks.images import quality
 from diffscale.tasks.images.classes import grid_labels, pick_classes, spread
 from diffscale.tasks.images.task import ImageTask
 
-from helpers import MICRO, micro_args
+from helpers import MICRO, emnist_letters, micro_args
 
 CPU = torch.device("cpu")
 CLASSES = ["model.class_conditional=on"]
@@ -224,3 +224,19 @@ def test_export_keeps_the_classes_and_samples_a_class(trained, tmp_path, capsys)
     ours = task.generate(network, count=4, steps=3, seed=2, classes=["5"]).samples
     theirs = run.task.generate(run.network, count=4, steps=3, seed=2, classes=["5"]).samples
     assert torch.equal(ours, theirs)
+
+
+def test_emnist_letters_train_a_conditional_run_that_samples_a_letter(tmp_path, capsys):
+    root = emnist_letters(tmp_path / "emnist", [1 + i % 26 for i in range(52)])
+    run = tmp_path / "run"
+    assert main(["train", "--data", f"emnist:{root}:letters", "--out", str(run), *micro_args(*CLASSES, steps=4)]) == 0
+    trained = load_trained(run, "cpu")
+    assert trained.task.class_names == list("abcdefghijklmnopqrstuvwxyz")
+    assert trained.network.unet.class_embedding.num_embeddings == 27  # 26 letters and "no class"
+    task = ImageTask(resolve_config(ConfigSources(device="cpu", data=f"emnist:{root}:letters",
+                                                  overrides=[*MICRO, *CLASSES])), CPU)
+    assert task.labels.tolist() == [i % 26 for i in range(52)]
+    capsys.readouterr()
+    assert main(["sample", str(run), "--class", "b", "--n", "4", "--steps", "3"]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written.endswith("_classb.png") and (run / "samples" / written.rsplit("/", 1)[-1]).is_file(), written

@@ -72,7 +72,8 @@ class ImageTask:
         """A class-conditional run's classes (empty: unconditional); index ``len`` means "no class"."""
         if self.model.class_conditional:
             if self.data is not None:
-                self.labels, self.class_names = training_classes(self._labels(self.num_items()), cfg.data.source)
+                self.labels, self.class_names = training_classes(self._labels(self.num_items(), required=True),
+                                                                  cfg.data.source)
                 self.labels = self.labels.to(device)
             else:
                 self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
@@ -258,11 +259,12 @@ class ImageTask:
         rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
         self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
 
-    def _labels(self, count: int) -> tuple[torch.Tensor, list[str]] | None:
-        """The data's class of each image and the class names, where the data has them."""
+    def _labels(self, count: int, required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
+        """The data's class of each image and the class names, where the data has them (``required``:
+        a missing labels file the data set keeps beside its images ends in a message naming it)."""
         if self.data is not None and self.data.labels is not None:
             return torch.as_tensor(self.data.labels[:count]).long(), list(self.data.class_names or ())
-        return load_labels(self.cfg.data.source, count)
+        return load_labels(self.cfg.data.source, count, required=required)
 
     def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                          rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
