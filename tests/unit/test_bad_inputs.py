@@ -249,6 +249,9 @@ CASES = [
          "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
     Case("sample {run} --guidance 3", "--guidance needs a class-conditional images run", RUN),
     Case("sample {run} --class A --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("eval {run} --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("eval {run} --guidance 3", "--guidance needs a class-conditional images run; this images run is trained "
+         "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
     Case("sample {run} --class A", "--class 'A' is not a class of this run (its classes: 0, 1, 2, 3, 4, 5, 6, 7, 8, "
          "9) -- pass a class name or an index from 0 to 9", (_class_run,)),
     Case("sample {run} --class 3,10", "--class '10' is not a class of this run", (_class_run,)),
