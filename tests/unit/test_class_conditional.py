@@ -238,3 +238,20 @@ def test_emnist_letters_train_a_conditional_run_that_samples_a_letter(tmp_path, 
     assert main(["sample", str(run), "--class", "b", "--n", "4", "--steps", "3"]) == 0
     written = capsys.readouterr().out.strip()
     assert written.endswith("_classb.png") and (run / "samples" / written.rsplit("/", 1)[-1]).is_file(), written
+
+
+def test_the_sampling_memory_estimate_counts_the_doubled_batch_of_guidance():
+    from diffscale.inference.sample import bytes_per_sample
+
+    torch.manual_seed(0)
+    task = _task(*CLASSES)
+    network = task.build_network()
+    one_call = bytes_per_sample(task, network, classes=["3"], guidance=1.0)
+    assert bytes_per_sample(task, network, classes=["3"], guidance=0.0) == one_call  # the unconditional call alone
+    guided_call = bytes_per_sample(task, network, classes=["3"], guidance=3.0)
+    sample = 8 * 8 * 4
+    # the output and the activations twice over; the sample and its noise once
+    assert guided_call - 2 * sample == 2 * (one_call - 2 * sample), (one_call, guided_call)
+    assert bytes_per_sample(task, network) == guided_call  # the run's default scale, 2, guides too
+    plain = _task()
+    assert bytes_per_sample(plain, plain.build_network()) < guided_call
