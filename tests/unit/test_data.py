@@ -165,6 +165,13 @@ def test_emnist_labels_are_kept_in_the_decoded_cache_with_the_images_order(tmp_p
         assert data.shape == (4, 1, 8, 8)
         ink = np.asarray(data.images).reshape(4, -1).sum(axis=1)  # each letter a bar as long as its label
         assert ink.argsort().tolist() == [1, 2, 0, 3]
+    labels_file = root / "EMNIST" / "raw" / "emnist-letters-train-labels-idx1-ubyte.gz"
+    labels_file.rename(tmp_path / "aside.gz")
+    assert open_image_data(f"emnist:{root}:letters", 8, say=lambda _: None).labels is None
+    (tmp_path / "aside.gz").rename(labels_file)  # a labels file copied in later: the entry is built again
+    notes: list[str] = []
+    assert open_image_data(f"emnist:{root}:letters", 8, say=notes.append).labels.tolist() == [2, 0, 1, 25, 4]
+    assert "the source files changed" in notes[-1]
 
 
 def test_bad_emnist_labels_files_say_so(tmp_path):
