@@ -72,8 +72,8 @@ class ImageTask:
         """A class-conditional run's classes (empty: unconditional); index ``len`` means "no class"."""
         if self.model.class_conditional:
             if self.data is not None:
-                self.labels, self.class_names = training_classes(self._labels(self.num_items(), required=True),
-                                                                  cfg.data.source)
+                found = self._labels(self.num_items(), required=True)
+                self.labels, self.class_names = training_classes(found, cfg.data.source)
                 self.labels = self.labels.to(device)
             else:
                 self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
