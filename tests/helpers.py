@@ -32,6 +32,36 @@ def micro_args(*extra: str, steps: int = 8) -> list[str]:
     return args
 
 
+def write_idx(path: Path, array) -> Path:
+    """An IDX file as MNIST and EMNIST ship them: uint8 images (N, H, W) or labels (N,), gzipped
+    where ``path`` ends in .gz; its folders made."""
+    import gzip
+
+    import numpy as np
+
+    array = np.asarray(array)
+    magic = 2051 if array.ndim == 3 else 2049
+    header = b"".join(v.to_bytes(4, "big") for v in (magic, *array.shape))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "wb") as out:
+        out.write(header + array.astype(np.uint8).tobytes())
+    return path
+
+
+def emnist_letters(root: Path, labels: list[int]) -> Path:
+    """An EMNIST letters root (torchvision's layout) of one 28 px image per label (1-26 name
+    'a'..'z'): each image a bar as long as its label, so the classes differ."""
+    import numpy as np
+
+    images = np.zeros((len(labels), 28, 28), np.uint8)
+    for i, label in enumerate(labels):
+        images[i, 2:2 + label, 12:16] = 255
+    raw = root / "EMNIST" / "raw"
+    write_idx(raw / "emnist-letters-train-images-idx3-ubyte.gz", images)
+    write_idx(raw / "emnist-letters-train-labels-idx1-ubyte.gz", labels)
+    return root
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m diffscale ARGS`` as a user would; returns the completed process."""

@@ -109,6 +109,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return outcome.exit_code
 
 
+def _check_guidance(guidance: float | None) -> None:
+    if guidance is not None and not guidance >= 0:
+        raise UserError(f"--guidance {guidance} is negative",
+                        "use 0 or more (1: the class-conditional prediction alone, no guidance; the run's default "
+                        "is train.sample_guidance, 2)")
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -119,10 +126,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     at_least(args.steps, 1, "--steps", "50")
     at_least(args.members, 1, "--members", "16")
     check_seed(args.seed)
-    if args.guidance is not None and not args.guidance >= 0:
-        raise UserError(f"--guidance {args.guidance} is negative",
-                        "use 0 or more (1: the class-conditional prediction alone, no guidance; the run's default "
-                        "is train.sample_guidance, 2)")
+    _check_guidance(args.guidance)
     if args.cond and (args.classes or args.guidance is not None):
         raise UserError("--class and --guidance are for class-conditional image runs; --cond is for fields runs",
                         "drop --class and --guidance, or drop --cond")
@@ -189,9 +193,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--features '{args.features}' is not module:function",
                         "name a function returning a torch module, e.g. mypackage.features:build")
     check_seed(args.seed)
+    _check_guidance(args.guidance)
     return evaluate_run(Path(args.run_dir), count=args.count, steps=args.steps, seed=args.seed,
                         device=args.device, as_json=args.json, env=args.env, max_episode_steps=args.max_episode_steps,
-                        sampler=args.sampler, checkpoint=args.checkpoint, features=args.features, data=args.data)
+                        sampler=args.sampler, checkpoint=args.checkpoint, features=args.features, data=args.data,
+                        guidance=args.guidance)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
@@ -329,6 +335,9 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
                    "network (a torch module, images in [-1, 1] -> features) instead of diffscale's per-data-set one")
     p.add_argument("--steps", type=int,
                    help="denoising steps per generated sample (default: the run's train.sample_steps)")
+    p.add_argument("--guidance", type=float, metavar="W",
+                   help="class-conditional image runs: the classifier-free guidance scale the samples are drawn "
+                        "with (default: the run's train.sample_guidance, 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the rollouts / ensembles (default 0)")
     p.add_argument("--env", default="auto",
                    help="where a policy is rolled out: auto (reach2d or reach2d-routes for the built-in data), "

@@ -21,7 +21,7 @@ import pytest
 
 from diffscale.cli import main
 
-from helpers import micro_args
+from helpers import micro_args, write_idx
 from unprivileged import unavailable, without_root_bypass
 
 Setup = Callable[[Path], None]
@@ -110,6 +110,13 @@ def _sparse_idx(name: str, count: int) -> Setup:
     return make
 
 
+def _emnist_images_only(ws: Path) -> None:
+    """An EMNIST letters root ``{ws}/em`` holding the images file and not the labels file."""
+    import numpy as np
+
+    write_idx(ws / "em" / "EMNIST" / "raw" / "emnist-letters-train-images-idx3-ubyte.gz", np.zeros((16, 28, 28)))
+
+
 def _utf16(name: str, text: str) -> Setup:
     def make(ws: Path) -> None:
         (ws / name).write_bytes(text.encode("utf-16"))  # with its byte-order mark, as Windows editors save
@@ -190,6 +197,9 @@ CASES = [
     Case("train --data npz:{ws}/plain.npz --set model.class_conditional=on --out {ws}/t",
          "plain.npz' has no labels -- set model.class_conditional to off, or train on labelled data",
          (_zeros("plain.npz", (16, 8, 8)),)),
+    Case("train --data emnist:{ws}/em:letters --set model.class_conditional=on --out {ws}/t",
+         "/em' (looked for EMNIST/raw/emnist-letters-train-labels-idx1-ubyte[.gz] beside the images) -- copy "
+         "emnist-letters-train-labels-idx1-ubyte beside the images file", (_emnist_images_only,)),
     Case("train --set model.class_conditional=maybe", "config model.class_conditional: expected true or false"),
     Case("train --set model.label_dropout=1", "config model.label_dropout: 1.0 is outside [0, 1)"),
     Case("train --set train.sample_guidance=-1", "config train.sample_guidance: must be 0 or more (got -1.0)"),
@@ -239,6 +249,9 @@ CASES = [
          "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
     Case("sample {run} --guidance 3", "--guidance needs a class-conditional images run", RUN),
     Case("sample {run} --class A --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("eval {run} --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("eval {run} --guidance 3", "--guidance needs a class-conditional images run; this images run is trained "
+         "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
     Case("sample {run} --class A", "--class 'A' is not a class of this run (its classes: 0, 1, 2, 3, 4, 5, 6, 7, 8, "
          "9) -- pass a class name or an index from 0 to 9", (_class_run,)),
     Case("sample {run} --class 3,10", "--class '10' is not a class of this run", (_class_run,)),

@@ -12,14 +12,13 @@ from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.diffusion.sampler import Conditioned, guided
 from diffscale.errors import UserError
-from diffscale.evaluation.quality import accuracy
 from diffscale.inference.trained import load_trained
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.tasks.images import quality
 from diffscale.tasks.images.classes import grid_labels, pick_classes, spread
 from diffscale.tasks.images.task import ImageTask
 
-from helpers import MICRO, micro_args
+from helpers import MICRO, emnist_letters, micro_args
 
 CPU = torch.device("cpu")
 CLASSES = ["model.class_conditional=on"]
@@ -181,19 +180,18 @@ def test_a_resumed_conditional_run_is_bit_for_bit_the_uninterrupted_one(tmp_path
 
 def test_samples_of_a_conditional_run_are_the_asked_classes(trained, capsys):
     """The data's classifier finds the asked class in far more samples than chance (1 in 10), and
-    in more with guidance than without (measured: 0.13 unguided, 0.37 at the default scale 2)."""
+    in more with guidance than without (``eval --guidance 0``; measured: 0.13 unguided, 0.37 at the
+    default scale 2)."""
     capsys.readouterr()
     assert main(["eval", str(trained), "--count", "100", "--steps", "10", "--json"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["guidance"] == 2.0 and record["class_accuracy"] > 0.25, record
     assert record["feature_net_accuracy"] > 0.9, record
+    assert main(["eval", str(trained), "--count", "100", "--steps", "10", "--guidance", "0", "--json"]) == 0
+    unguided = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert unguided["guidance"] == 0.0 and unguided["class_accuracy"] < record["class_accuracy"] - 0.1, unguided
     run = load_trained(trained, "cpu")
-    run.task.prepare_quality()
-    featurizer = run.task._featurizer
-    labels = torch.arange(100) % 10
-    unguided = run.task._generate(run.network, labels, 0.0, count=100, steps=10, seed=0, sampler="ddim", rows=None,
-                                  autocast=None).samples
-    assert accuracy(featurizer.head(featurizer.features(unguided)), labels) < record["class_accuracy"] - 0.1
+    assert run.cfg.train.sample_guidance == 2.0  # eval --guidance leaves the run's default as it is
     while_training = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert {"class_accuracy", "guidance"} <= next(r for r in while_training if r.get("count") == 20).keys()
 
@@ -224,3 +222,36 @@ def test_export_keeps_the_classes_and_samples_a_class(trained, tmp_path, capsys)
     ours = task.generate(network, count=4, steps=3, seed=2, classes=["5"]).samples
     theirs = run.task.generate(run.network, count=4, steps=3, seed=2, classes=["5"]).samples
     assert torch.equal(ours, theirs)
+
+
+def test_emnist_letters_train_a_conditional_run_that_samples_a_letter(tmp_path, capsys):
+    root = emnist_letters(tmp_path / "emnist", [1 + i % 26 for i in range(52)])
+    run = tmp_path / "run"
+    assert main(["train", "--data", f"emnist:{root}:letters", "--out", str(run), *micro_args(*CLASSES, steps=4)]) == 0
+    trained = load_trained(run, "cpu")
+    assert trained.task.class_names == list("abcdefghijklmnopqrstuvwxyz")
+    assert trained.network.unet.class_embedding.num_embeddings == 27  # 26 letters and "no class"
+    task = ImageTask(resolve_config(ConfigSources(device="cpu", data=f"emnist:{root}:letters",
+                                                  overrides=[*MICRO, *CLASSES])), CPU)
+    assert task.labels.tolist() == [i % 26 for i in range(52)]
+    capsys.readouterr()
+    assert main(["sample", str(run), "--class", "b", "--n", "4", "--steps", "3"]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written.endswith("_classb.png") and (run / "samples" / written.rsplit("/", 1)[-1]).is_file(), written
+
+
+def test_the_sampling_memory_estimate_counts_the_doubled_batch_of_guidance():
+    from diffscale.inference.sample import bytes_per_sample
+
+    torch.manual_seed(0)
+    task = _task(*CLASSES)
+    network = task.build_network()
+    one_call = bytes_per_sample(task, network, classes=["3"], guidance=1.0)
+    assert bytes_per_sample(task, network, classes=["3"], guidance=0.0) == one_call  # the unconditional call alone
+    guided_call = bytes_per_sample(task, network, classes=["3"], guidance=3.0)
+    sample = 8 * 8 * 4
+    # the output and the activations twice over; the sample and its noise once
+    assert guided_call - 2 * sample == 2 * (one_call - 2 * sample), (one_call, guided_call)
+    assert bytes_per_sample(task, network) == guided_call  # the run's default scale, 2, guides too
+    plain = _task()
+    assert bytes_per_sample(plain, plain.build_network()) < guided_call

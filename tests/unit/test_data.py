@@ -1,8 +1,5 @@
 """Data specs: real loaders on small files made here, and the messages for bad input."""
 
-import gzip
-import struct
-
 import numpy as np
 import pytest
 import torch
@@ -13,9 +10,9 @@ from diffscale.data.device_loader import DeviceBatcher, micro_slice, shift_augme
 from diffscale.errors import UserError
 from diffscale.tasks.images.dataset import open_image_data
 from diffscale.tasks.images.formats import parse_spec
-from diffscale.tasks.images.sources import load_images
+from diffscale.tasks.images.sources import emnist_classes, load_images, load_labels
 
-from helpers import micro_args
+from helpers import emnist_letters, micro_args, write_idx
 
 
 def test_builtin_sets_ship_with_dependencies():
@@ -111,7 +108,7 @@ def test_max_items_of_mnist_keeps_the_first_images(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
     digits = np.arange(4 * 28 * 28, dtype=np.int64).reshape(4, 28, 28) % 251
-    _write_idx(raw / "train-images-idx3-ubyte.gz", digits)
+    write_idx(raw / "train-images-idx3-ubyte.gz", digits)
     whole = load_images(f"mnist:{tmp_path}", 14)
     assert torch.equal(load_images(f"mnist:{tmp_path}", 14, max_items=3), whole[:3])
 
@@ -125,26 +122,68 @@ def test_npz_errors(tmp_path):
         load_images(f"npz:{tmp_path / 'none.npz'}", 8)
 
 
-def _write_idx(path, images):
-    header = struct.pack(">IIII", 2051, *images.shape)
-    with gzip.open(path, "wb") as fh:
-        fh.write(header + images.astype(np.uint8).tobytes())
-
-
 def test_mnist_and_emnist_read_from_disk_without_download(tmp_path):
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
     digits = np.zeros((3, 28, 28), dtype=np.uint8)
     digits[:, 5:20, 10:12] = 255  # a vertical bar
-    _write_idx(raw / "train-images-idx3-ubyte.gz", digits)
+    write_idx(raw / "train-images-idx3-ubyte.gz", digits)
     images = load_images(f"mnist:{tmp_path}", 28)
     assert images.shape == (3, 1, 28, 28) and images[0, 0, 10, 11] == 255
     eraw = tmp_path / "EMNIST" / "raw"
     eraw.mkdir(parents=True)
-    _write_idx(eraw / "emnist-letters-train-images-idx3-ubyte.gz", digits)
+    write_idx(eraw / "emnist-letters-train-images-idx3-ubyte.gz", digits)
     letters = load_images(f"emnist:{tmp_path}:letters", 28)
     assert letters[0, 0, 11, 10] == 255  # EMNIST is stored transposed: the bar becomes horizontal
     assert parse_spec(f"emnist:{tmp_path}").option == "balanced"
+
+
+def test_mnist_and_emnist_labels_follow_their_images_with_the_split_class_names(tmp_path):
+    digits = np.zeros((5, 28, 28), np.uint8)
+    write_idx(tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz", digits)
+    assert load_labels(f"mnist:{tmp_path}", 5) is None  # no labels file: an unconditional run needs none
+    write_idx(tmp_path / "MNIST" / "raw" / "train-labels-idx1-ubyte.gz", [3, 1, 4, 1, 5])
+    labels, names = load_labels(f"mnist:{tmp_path}", 3)
+    assert labels.tolist() == [3, 1, 4] and names == list("0123456789")
+    # letters: 1-26 renumbered 0-25; uncompressed files, as torchvision leaves them
+    raw = tmp_path / "EMNIST" / "raw"
+    write_idx(raw / "emnist-letters-train-images-idx3-ubyte", digits[:4])
+    write_idx(raw / "emnist-letters-train-labels-idx1-ubyte", [1, 2, 26, 2])
+    labels, names = load_labels(f"emnist:{tmp_path}:letters", 4)
+    assert labels.tolist() == [0, 1, 25, 1] and names == list("abcdefghijklmnopqrstuvwxyz")
+    balanced, byclass = emnist_classes("balanced"), emnist_classes("byclass")
+    assert len(balanced) == 47 and balanced[10] == "A" and balanced[36:] == list("abdefghnqrt")
+    assert emnist_classes("bymerge") == balanced and emnist_classes("digits") == list("0123456789")
+    assert len(byclass) == 62 and byclass[:11] == [*"0123456789", "A"] and byclass[36] == "a" and byclass[-1] == "z"
+
+
+def test_emnist_labels_are_kept_in_the_decoded_cache_with_the_images_order(tmp_path):
+    root = emnist_letters(tmp_path, [3, 1, 2, 26, 5])
+    for _ in range(2):  # built, then opened from the cache
+        data = open_image_data(f"emnist:{root}:letters", 8, max_items=4, say=lambda _: None)
+        assert data.labels.tolist() == [2, 0, 1, 25] and data.class_names[:3] == ["a", "b", "c"]
+        assert data.shape == (4, 1, 8, 8)
+        ink = np.asarray(data.images).reshape(4, -1).sum(axis=1)  # each letter a bar as long as its label
+        assert ink.argsort().tolist() == [1, 2, 0, 3]
+    labels_file = root / "EMNIST" / "raw" / "emnist-letters-train-labels-idx1-ubyte.gz"
+    labels_file.rename(tmp_path / "aside.gz")
+    assert open_image_data(f"emnist:{root}:letters", 8, say=lambda _: None).labels is None
+    (tmp_path / "aside.gz").rename(labels_file)  # a labels file copied in later: the entry is built again
+    notes: list[str] = []
+    assert open_image_data(f"emnist:{root}:letters", 8, say=notes.append).labels.tolist() == [2, 0, 1, 25, 4]
+    assert "the source files changed" in notes[-1]
+
+
+def test_bad_emnist_labels_files_say_so(tmp_path):
+    root = emnist_letters(tmp_path, [1, 2, 0])  # 0 names no letter
+    with pytest.raises(UserError, match=r"holds label 0, outside the 26 classes of EMNIST letters"):
+        load_labels(f"emnist:{root}:letters", 3)
+    with pytest.raises(UserError, match=r"holds 3 labels for 4 images"):
+        load_labels(f"emnist:{root}:letters", 4)
+    (root / "EMNIST" / "raw" / "emnist-letters-train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(UserError) as info:
+        load_labels(f"emnist:{root}:letters", 3, required=True)
+    assert "looked for EMNIST/raw/emnist-letters-train-labels-idx1-ubyte[.gz]" in info.value.message
 
 
 def test_missing_torchvision_files_say_how_to_get_them(tmp_path):

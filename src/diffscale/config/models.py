@@ -36,9 +36,10 @@ class ModelConfig:
     """Dropout in the ResNet blocks."""
     class_conditional: bool = False
     """Train a class-conditional model on the data's labels (the built-in glyphs, an image folder
-    with one folder per class, npz with ``labels``) with classifier-free guidance: the UNet gets a
-    class embedding with one extra "no class" entry, which ``label_dropout`` of the training
-    examples see instead of their label. Sampled with ``diffscale sample --class A --guidance W``."""
+    with one folder per class, EMNIST/MNIST with their labels file, npz with ``labels``) with
+    classifier-free guidance: the UNet gets a class embedding with one extra "no class" entry,
+    which ``label_dropout`` of the training examples see instead of their label. Sampled with
+    ``diffscale sample --class A --guidance W``."""
     label_dropout: float = 0.1
     """Share of training examples whose label is replaced by "no class" (class-conditional runs):
     what teaches the unconditional prediction that guidance extrapolates from."""

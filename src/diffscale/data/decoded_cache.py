@@ -33,8 +33,9 @@ import numpy as np
 
 from diffscale.errors import UserError
 
-CACHE_FORMAT = 1
-"""Bump when the layout or the decoding changes: entries of another format are rebuilt."""
+CACHE_FORMAT = 2
+"""Bump when the layout or the decoding changes: entries of another format are rebuilt (2: EMNIST and
+MNIST entries carry their labels)."""
 WAIT_S = 3600.0
 """How long a process waits for another one building the same entry."""
 

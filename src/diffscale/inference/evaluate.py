@@ -23,7 +23,8 @@ from diffscale.io.atomic import write_text
 
 def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: int, device: str | None,
                  as_json: bool, env: str = "auto", max_episode_steps: int | None = None, sampler: str | None = None,
-                 checkpoint: int | None = None, features: str | None = None, data: str | None = None) -> int:
+                 checkpoint: int | None = None, features: str | None = None, data: str | None = None,
+                 guidance: float | None = None) -> int:
     check_seed(seed, "eval's seed")
     run = load_trained(run_dir, device, step=checkpoint, eval_features=features)
     steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
@@ -33,7 +34,8 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     network = sampling_network(run.network, run.cfg.runtime)
     try:
         scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,
-                                   max_episode_steps=max_episode_steps, data=data, sampler=sampler)
+                                   max_episode_steps=max_episode_steps, data=data, sampler=sampler,
+                                   guidance=guidance)
     except BaseException:
         if made is not None:  # a task that cannot evaluate (or an interrupted one) leaves no empty folders
             shutil.rmtree(made, ignore_errors=True)

@@ -95,32 +95,35 @@ TRAJECTORY_FRAMES = 26
 """Frames a denoising animation holds (``trajectory_every = steps // 25``, and the last)."""
 
 
-def bytes_per_sample(task: Task, network: torch.nn.Module, *, frames: int = 0) -> int:
-    """Memory one more sample takes while a batch is generated, estimated from one forward pass on
-    one example: the sample, its noise and the network's output (each the size of the input), the
-    trajectory's frames, and the network's three largest activations (one in flight, its input,
-    a skip connection held for the way up)."""
+def bytes_per_sample(task: Task, network: torch.nn.Module, *, frames: int = 0, sampler: str = "ddim",
+                     classes: Sequence[str] = (), guidance: float | None = None) -> int:
+    """Memory one more sample takes while a batch is generated, estimated from one denoising step
+    of one sample as sampling runs it (``classes`` and ``guidance`` as asked): the sample and its
+    noise (each the size of the input), the trajectory's frames, the network's output and its
+    three largest activations (one in flight, its input, a skip connection held for the way up).
+    Classifier-free guidance calls the network on the batch twice over: the output and the
+    activations measured are then those of two rows."""
     import torch
 
-    from diffscale.diffusion.sampler import evaluating
-
-    inputs = task.example_inputs(1)
     sizes: list[int] = []
+    outputs: list[int] = []
 
-    def record(module: torch.nn.Module, args: object, output: object) -> None:
-        if isinstance(output, torch.Tensor):
-            sizes.append(output.numel() * output.element_size())
+    def record(into: list[int]) -> Callable[[torch.nn.Module, object, object], None]:
+        def hook(module: torch.nn.Module, args: object, output: object) -> None:
+            if isinstance(output, torch.Tensor):
+                into.append(output.numel() * output.element_size())
+        return hook
 
     leaves = [m for m in network.modules() if not any(True for _ in m.children())]
-    hooks = [m.register_forward_hook(record) for m in leaves]
+    hooks = [m.register_forward_hook(record(sizes)) for m in leaves]
+    hooks.append(network.register_forward_hook(record(outputs)))
     try:
-        with torch.no_grad(), evaluating(network):
-            network(*inputs)
+        task.generate(network, count=1, steps=1, seed=0, sampler=sampler, classes=classes, guidance=guidance)
     finally:
         for hook in hooks:
             hook.remove()
-    sample = inputs[0].numel() * 4
-    return sample * (3 + frames) + sum(sorted(sizes)[-3:])
+    sample = task.example_inputs(1)[0].numel() * 4
+    return sample * (2 + frames) + max(outputs, default=sample) + sum(sorted(sizes)[-3:])
 
 
 def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int = 0, sampler: str = "ddim",
@@ -150,7 +153,8 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
         status.print(f"note: --steps {steps} is more than the {trained} timesteps this run was trained with: "
                      f"sampling {trained} steps", markup=False, highlight=False)
         steps = trained
-    need = n * bytes_per_sample(run.task, run.network, frames=TRAJECTORY_FRAMES if gif else 0)
+    need = n * bytes_per_sample(run.task, run.network, frames=TRAJECTORY_FRAMES if gif else 0, sampler=sampler,
+                                classes=classes, guidance=guidance)
     device_name = str(next(run.network.parameters()).device)
     fits = max(1, int(n * memory_free(device_name)[0] // max(need, 1)))
     check_fits(need, f"sampling --n {n}", f"ask for fewer at a time (--n {min(fits, n - 1)} or less) and "

@@ -162,7 +162,8 @@ class Task(Protocol):
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
-                 data: str | None = None, sampler: str | None = None) -> Mapping[str, float | str]:
+                 data: str | None = None, sampler: str | None = None,
+                 guidance: float | None = None) -> Mapping[str, float | str]:
         """Score the trained ``network`` (EMA weights, as sampling runs it) and write what shows
         it (plots, rollout GIFs) to ``out_dir``: ``count`` rollouts or ensemble members (None:
         the task's default), ``steps`` denoising steps each; a task that rolls out in an
@@ -170,7 +171,9 @@ class Task(Protocol):
         ``max_episode_steps`` (None: the environment's limit), and the others refuse those
         (``no_environment``); ``data``: a data spec of held-out pairs to score on, for a task
         that scores pairs (the others refuse it). ``sampler``: the reverse process (None: the
-        task's own choice). Raises ``UserError`` where the task has no evaluation."""
+        task's own choice). ``guidance``: a class-conditional model's classifier-free guidance
+        scale (None: the run's; models without classes refuse it, ``no_classes``). Raises
+        ``UserError`` where the task has no evaluation."""
         ...
 
     def prepare_quality(self) -> None:

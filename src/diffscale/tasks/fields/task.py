@@ -300,7 +300,8 @@ class FieldTask(WithoutQualityMetrics):
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
                  env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
-                 sampler: str | None = None, cases: int = EVAL_CASES) -> dict[str, float]:
+                 sampler: str | None = None, guidance: float | None = None,
+                 cases: int = EVAL_CASES) -> dict[str, float]:
         """Probabilistic scores of ``count``-member ensembles (None: 16) on ``cases`` conditions
         (held-out pairs of ``data``, a field data spec, where given), against climatology and a
         deterministic MLP trained here on the same data; writes ``out_dir/evaluation.png``.
@@ -308,6 +309,7 @@ class FieldTask(WithoutQualityMetrics):
         from diffscale.tasks.fields.evaluation import evaluate_fields
 
         no_environment(self.name, env, max_episode_steps)
+        no_classes(self.name, (), guidance)
         no_feature_network(self.name, self.cfg.train.eval_features)
         if count is not None and count < 2:  # refused before sampling: spread and ranks need two members
             raise UserError(f"--count {count}: a fields evaluation scores ensembles, and the spread-skill ratio and "

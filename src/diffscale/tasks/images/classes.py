@@ -11,7 +11,7 @@ from diffscale.errors import UserError
 from diffscale.io.media import grid_shape
 
 LABELLED_DATA = ("builtin:glyphs, an image folder with one folder per class (imagefolder:DIR), "
-                 "or an npz holding 'labels'")
+                 "emnist:ROOT[:split] or mnist:ROOT, or an npz holding 'labels'")
 
 
 def training_classes(found: tuple[torch.Tensor, list[str]] | None, source: str) -> tuple[torch.Tensor, list[str]]:

@@ -15,7 +15,7 @@ from diffscale.tasks.images import formats
 from diffscale.tasks.images.decoded import cached_decode, stderr_say
 from diffscale.tasks.images.formats import parse_spec
 from diffscale.tasks.images.jobs import Listing, fingerprint
-from diffscale.tasks.images.sources import load_images
+from diffscale.tasks.images.sources import load_images, load_labels
 
 DECODED_KINDS = ("imagefolder", "webdataset", "parquet")
 """Kinds decoded image by image, in parallel."""
@@ -97,22 +97,28 @@ def _cached_array(spec: str, source: str, kind: str, path: str, size: int, max_i
     def build(out: Path) -> Built:
         images = load_images(spec, size, max_items=max_items).numpy()
         out.write_bytes(np.ascontiguousarray(images).tobytes())
-        return Built(tuple(images.shape), _array_labels(kind, Path(path), images.shape[0]))
+        labels, names = _array_labels(spec, kind, Path(path), images.shape[0])
+        return Built(tuple(images.shape), labels, names)
 
     name, label = entry_of(kind, source, size)
     return open_or_build(name, label, fingerprint(files), build, say=say)
 
 
-def _array_labels(kind: str, path: Path, count: int) -> np.ndarray | None:
-    """An npz file's ``labels`` (or ``y``) array, when it has one label per image."""
+def _array_labels(spec: str, kind: str, path: Path, count: int) -> tuple[np.ndarray | None, list[str] | None]:
+    """(labels (count,) int64, class names) of an array source: an npz file's ``labels`` (or ``y``)
+    array when it has one label per image (no names), EMNIST/MNIST's labels file with the split's
+    class names; (None, None) where there are none."""
+    if kind in ("emnist", "mnist"):
+        found = load_labels(spec, count)
+        return (found[0].numpy(), found[1]) if found is not None else (None, None)
     if kind != "npz" or path.suffix != ".npz":
-        return None
+        return None, None
     with np.load(path, allow_pickle=False) as archive:
         key = next((k for k in ("labels", "y") if k in archive.files), None)
         if key is None:
-            return None
+            return None, None
         labels = np.asarray(archive[key]).reshape(-1)
     if labels.shape[0] < count or not np.issubdtype(labels.dtype, np.integer):
-        return None
-    return labels[:count].astype(np.int64)
+        return None, None
+    return labels[:count].astype(np.int64), None
 

@@ -10,6 +10,7 @@ in a message saying how to get it.
 from __future__ import annotations
 
 import gzip
+import string
 import zipfile
 from pathlib import Path
 
@@ -47,13 +48,17 @@ def load_images(spec: str, size: int, *, max_items: int = 0) -> torch.Tensor:
     return images.contiguous()
 
 
-def load_labels(spec: str, count: int) -> tuple[torch.Tensor, list[str]] | None:
+def load_labels(spec: str, count: int, *, required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
     """The class of each of the ``count`` images ``load_images(spec, ...)`` returns ((count,) int64
-    indices) and the class names, or None where the source carries no labels (image folders and
-    EMNIST/MNIST files are read without theirs yet)."""
+    indices) and the class names, or None where the source carries no labels (image folders are
+    labelled by the decoded cache instead). ``required``: an EMNIST/MNIST root without its labels
+    file ends in a message naming the file, rather than None."""
     parsed = parse_spec(spec)
     if parsed.kind == "builtin":
         return builtin.builtin_labels(parsed.option, count)
+    if parsed.kind in ("emnist", "mnist"):
+        return idx_labels(Path(parsed.path), parsed.option if parsed.kind == "emnist" else None, count,
+                          required=required)
     if parsed.kind == "npz":
         with open(parsed.path, "rb") as fid:
             archive = np.load(fid, allow_pickle=False)
@@ -132,10 +137,7 @@ def _npz(path: Path, size: int, max_items: int = 0) -> torch.Tensor:
 
 def _idx_dataset(root: Path, size: int, *, emnist_split: str | None, max_items: int = 0) -> torch.Tensor:
     """MNIST/EMNIST from files already on disk (torchvision's folder layout)."""
-    name = "EMNIST" if emnist_split else "MNIST"
-    if emnist_split and emnist_split not in EMNIST_SPLITS:
-        raise UserError(f"unknown EMNIST split '{emnist_split}'{closest(emnist_split, EMNIST_SPLITS)}",
-                        f"use one of: {', '.join(EMNIST_SPLITS)}")
+    name = _check_split(emnist_split)
     images = _torchvision_images(root, emnist_split)
     if images is None:
         stem = f"emnist-{emnist_split}-train-images-idx3-ubyte" if emnist_split else "train-images-idx3-ubyte"
@@ -158,6 +160,14 @@ def _idx_dataset(root: Path, size: int, *, emnist_split: str | None, max_items: 
     return resize_square(data, size).round().clamp(0, 255).to(torch.uint8)
 
 
+def _check_split(emnist_split: str | None) -> str:
+    """The data set's name ("EMNIST" or "MNIST"), once the split is known to be one of EMNIST's."""
+    if emnist_split and emnist_split not in EMNIST_SPLITS:
+        raise UserError(f"unknown EMNIST split '{emnist_split}'{closest(emnist_split, EMNIST_SPLITS)}",
+                        f"use one of: {', '.join(EMNIST_SPLITS)}")
+    return "EMNIST" if emnist_split else "MNIST"
+
+
 def _torchvision_images(root: Path, emnist_split: str | None) -> torch.Tensor | None:
     """Use torchvision's loader when it is installed (download=False: never hangs)."""
     try:
@@ -173,14 +183,91 @@ def _torchvision_images(root: Path, emnist_split: str | None) -> torch.Tensor | 
         return None  # files not found: fall through to the message with instructions
 
 
-def read_idx_images(path: Path) -> torch.Tensor:
-    """Read an IDX3 image file (optionally gzipped) -> uint8 (N, H, W)."""
+def idx_labels(root: Path, emnist_split: str | None, count: int, *,
+               required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
+    """The training labels of an MNIST/EMNIST root -> ((count,) int64 class indices, class names),
+    in the images' order; None when the labels file is missing (``required``: a message naming it)."""
+    name = _check_split(emnist_split)
+    stem = f"emnist-{emnist_split}-train-labels-idx1-ubyte" if emnist_split else "train-labels-idx1-ubyte"
+    candidates = [root / name / "raw" / stem, root / name / "raw" / f"{stem}.gz", root / stem, root / f"{stem}.gz"]
+    found = next((c for c in candidates if c.is_file()), None)
+    raw = read_idx_labels(found) if found is not None else _torchvision_targets(root, emnist_split)
+    if raw is None:
+        if not required:
+            return None
+        how = (f"torchvision.datasets.EMNIST('{root}', split='{emnist_split}', download=True)" if emnist_split
+               else f"torchvision.datasets.MNIST('{root}', download=True)")
+        raise UserError(f"model.class_conditional is on, but the {name} labels file is missing under '{root}' "
+                        f"(looked for {name}/raw/{stem}[.gz] beside the images)",
+                        f"copy {stem} beside the images file (python -c \"import torchvision; {how}\" fetches "
+                        "both), or set model.class_conditional to off")
+    names = emnist_classes(emnist_split) if emnist_split else list(string.digits)
+    # EMNIST letters number their classes 1-26 (0 is unused): renumbered 0-25, so 'a' is class 0.
+    labels = raw[:count].long() - (1 if emnist_split == "letters" else 0)
+    where = found or root
+    if raw.shape[0] < count:
+        raise UserError(f"'{where}' holds {raw.shape[0]} labels for {count} images",
+                        "use the labels file of the same download as the images file")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= len(names)):
+        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+        raise UserError(f"'{where}' holds label {bad + (emnist_split == 'letters')}, outside the "
+                        f"{len(names)} classes of {name}{f' {emnist_split}' if emnist_split else ''}",
+                        "use the labels file of the same split as the images file")
+    return labels, names
+
+
+def emnist_classes(split: str) -> list[str]:
+    """The class names of an EMNIST split, in label order (letters: 'a'..'z', renumbered from 0)."""
+    try:
+        from torchvision import datasets
+
+        table = list(datasets.EMNIST.classes_split_dict[split])
+    except Exception:  # torchvision absent or built for another torch: the EMNIST paper's tables
+        merged = set("cijklmopsuvwxyz")  # lower-case letters folded into their upper case in bymerge/balanced
+        every = sorted(string.digits + string.ascii_letters)  # 0-9, A-Z, a-z
+        table = {"byclass": every, "bymerge": [c for c in every if c not in merged],
+                 "balanced": [c for c in every if c not in merged], "letters": list(string.ascii_lowercase),
+                 "digits": list(string.digits), "mnist": list(string.digits)}[split]
+    return [c for c in table if c != "N/A"]  # torchvision names letters' unused class 0 'N/A'
+
+
+def _torchvision_targets(root: Path, emnist_split: str | None) -> torch.Tensor | None:
+    """The labels torchvision's loader reads (it knows older layouts too); None where it cannot."""
+    try:
+        from torchvision import datasets
+    except Exception:
+        return None
+    try:
+        if emnist_split:
+            return datasets.EMNIST(str(root), split=emnist_split, train=True, download=False).targets
+        return datasets.MNIST(str(root), train=True, download=False).targets
+    except RuntimeError:
+        return None
+
+
+def read_idx_labels(path: Path) -> torch.Tensor:
+    """Read an IDX1 label file (optionally gzipped) -> uint8 (N,)."""
+    raw = _read_file(path)
+    if len(raw) < 8 or int.from_bytes(raw[0:4], "big") != 2049:
+        raise UserError(f"'{path}' is not an IDX label file", "download the file again")
+    n = int.from_bytes(raw[4:8], "big")
+    if len(raw) < 8 + n:
+        raise UserError(f"'{path}' is truncated ({len(raw)} bytes for {n} labels)", "download the file again")
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8, count=n, offset=8).copy())
+
+
+def _read_file(path: Path) -> bytes:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
-            raw = fh.read()
+            return bytes(fh.read())
     except (OSError, EOFError) as exc:
         raise UserError(f"cannot read '{path}' ({exc})", "download the file again") from exc
+
+
+def read_idx_images(path: Path) -> torch.Tensor:
+    """Read an IDX3 image file (optionally gzipped) -> uint8 (N, H, W)."""
+    raw = _read_file(path)
     if len(raw) < 16 or int.from_bytes(raw[0:4], "big") != 2051:
         raise UserError(f"'{path}' is not an IDX image file", "download the file again")
     n, h, w = (int.from_bytes(raw[i:i + 4], "big") for i in (4, 8, 12))

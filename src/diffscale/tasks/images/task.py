@@ -72,7 +72,8 @@ class ImageTask:
         """A class-conditional run's classes (empty: unconditional); index ``len`` means "no class"."""
         if self.model.class_conditional:
             if self.data is not None:
-                self.labels, self.class_names = training_classes(self._labels(self.num_items()), cfg.data.source)
+                found = self._labels(self.num_items(), required=True)
+                self.labels, self.class_names = training_classes(found, cfg.data.source)
                 self.labels = self.labels.to(device)
             else:
                 self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
@@ -258,11 +259,12 @@ class ImageTask:
         rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
         self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
 
-    def _labels(self, count: int) -> tuple[torch.Tensor, list[str]] | None:
-        """The data's class of each image and the class names, where the data has them."""
+    def _labels(self, count: int, required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
+        """The data's class of each image and the class names, where the data has them (``required``:
+        a missing labels file the data set keeps beside its images ends in a message naming it)."""
         if self.data is not None and self.data.labels is not None:
             return torch.as_tensor(self.data.labels[:count]).long(), list(self.data.class_names or ())
-        return load_labels(self.cfg.data.source, count)
+        return load_labels(self.cfg.data.source, count, required=required)
 
     def quality_features(self, network: torch.nn.Module, *, count: int, steps: int, seed: int, sampler: str = "ddim",
                          rows: slice | None = None, autocast: Autocast | None = None) -> torch.Tensor:
@@ -296,11 +298,16 @@ class ImageTask:
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int,
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
-                 data: str | None = None, sampler: str | None = None) -> dict[str, float | str]:
+                 data: str | None = None, sampler: str | None = None,
+                 guidance: float | None = None) -> dict[str, float | str]:
         """Frechet distance and precision/recall of ``count`` samples (None: ``train.eval_count``)
-        against as many data images, in the feature network's space; writes ``out_dir/samples.png``."""
+        against as many data images, in the feature network's space, a class-conditional run's drawn
+        with guidance scale ``guidance`` (None: ``train.sample_guidance``); writes ``out_dir/samples.png``."""
         no_environment(self.name, env, max_episode_steps)
         no_given_data(self.name, data)
+        if not self.class_names:
+            no_classes(self.name, (), guidance, trained="trained without classes (model.class_conditional off)")
+        scale = self.cfg.train.sample_guidance if guidance is None else guidance
         count = count or self.cfg.train.eval_count
         sampler = sampler or self.cfg.train.sample_sampler.value
         if count < 2:
@@ -308,12 +315,14 @@ class ImageTask:
                             f"pass --count 2 or more (default {self.cfg.train.eval_count})")
         self.prepare_quality()
         assert self._featurizer is not None
-        generated = self._generate(network, self._evaluated_labels(count), self.cfg.train.sample_guidance,
+        generated = self._generate(network, self._evaluated_labels(count), scale,
                                    count=count, steps=steps, seed=seed, sampler=sampler, rows=None, autocast=None)
         save_grid(generated.samples[:64], Path(out_dir) / "samples.png")
         result: dict[str, float | str] = {"sampler": sampler, "count": count,
                                           **self.quality_scores(self._featurizer.features(generated.samples)),
                                           "features": self._featurizer.description}
+        if "guidance" in result:  # quality_scores records the run's scale
+            result["guidance"] = scale
         return result
 
     def export(self, network: torch.nn.Module, out_dir: Path) -> str:

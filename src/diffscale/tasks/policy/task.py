@@ -233,7 +233,8 @@ class PolicyTask(WithoutQualityMetrics):
 
     def evaluate(self, network: torch.nn.Module, out_dir: Path, *, count: int | None, steps: int, seed: int,
                  env: str = "auto", max_episode_steps: int | None = None, data: str | None = None,
-                 sampler: str | None = None, gifs: int = EVAL_GIFS) -> dict[str, float | str]:
+                 sampler: str | None = None, guidance: float | None = None,
+                 gifs: int = EVAL_GIFS) -> dict[str, float | str]:
         """``count`` closed-loop rollouts (None: 50; episode i reset with seed ``seed + i``) of
         ``network`` (the EMA weights, run as given: ``sampling_network`` applies precision) in
         the environment ``env`` (``auto``: the data's own, reach2d or reach2d-routes for the
@@ -249,6 +250,7 @@ class PolicyTask(WithoutQualityMetrics):
         from diffscale.tasks.policy.controller import Controller
 
         no_given_data(self.name, data)
+        no_classes(self.name, (), guidance)
         no_feature_network(self.name, self.cfg.train.eval_features)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
         controller = Controller(self, network, sampler=sampler or "ddpm", steps=steps)
