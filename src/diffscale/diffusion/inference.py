@@ -4,6 +4,7 @@ CUDA graphs and frozen weights; DDIM's whole loop replayed as one graph (``graph
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -94,17 +95,27 @@ class _LoopStep(torch.nn.Module):
 def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
     """Inductor options for sampling: CUDA graphs on CUDA and the layout optimisation only where
     set on (``auto`` keeps inductor's own choice, as measured). Freezing is set around the calls
-    (``InferenceNetwork._compiling``)."""
+    (``InferenceNetwork._compiling``). On the CPU the compiled call runs through inductor's C++
+    wrapper: a small network's call is otherwise bound by the Python code that calls each kernel
+    (docs/benchmarks.md, "Policy controller")."""
     graphs = policy.compile and policy.device.type == "cuda"
-    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
+    options = compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
+    if policy.compile and policy.device.type == "cpu":
+        options["cpp_wrapper"] = True
+    return options
 
 
-def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False) -> InferenceNetwork:
+def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False,
+                     many_calls: bool = False) -> InferenceNetwork:
     """``net`` as `diffscale sample` runs it on its device: bf16 + channels_last + compiled
     with CUDA graphs and frozen weights on CUDA, fp32 eager elsewhere (``inference_policy``);
     ``runtime.kernel_tuning`` tunes its kernels as it does training's; ``runtime.sampling_graph``
-    replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen."""
+    replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen.
+    ``many_calls``: the network serves many calls in this process (a policy controller's
+    re-plans), so under ``runtime.compile auto`` it compiles on the CPU too, the compile paid once."""
     policy = inference_policy(runtime, next(net.parameters()).device)
+    if many_calls and runtime.compile == Toggle.AUTO and policy.device.type == "cpu":
+        policy = dataclasses.replace(policy, compile=True)
     configure_backends(policy)
     if runtime.sampling_graph == Toggle.ON and policy.device.type != "cuda":
         raise UserError(f"runtime.sampling_graph on needs a CUDA GPU (this run samples on {policy.device.type})",
