@@ -27,7 +27,7 @@ class InferenceNetwork(torch.nn.Module):
     (training previews sample the EMA network eagerly, so they always see its latest weights)."""
 
     def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False,
-                 loop_graphs: bool = False, live: bool = False) -> None:
+                 loop_graphs: bool = False, live: bool = False, cpp_wrapper: bool = False) -> None:
         super().__init__()
         self.policy = policy
         self.loops: LoopCache | None = LoopCache() if loop_graphs and policy.device.type == "cuda" else None
@@ -42,7 +42,7 @@ class InferenceNetwork(torch.nn.Module):
         # sampling step of a small network is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
         # live: weights are read at each call (not frozen), for a network updated in place
-        options = sampling_compile_options(policy, tune_kernels)
+        options = sampling_compile_options(policy, tune_kernels, cpp_wrapper)
         self.graphs = bool(options.get("triton.cudagraphs"))
         self.frozen = policy.compile and not live
         self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
@@ -92,15 +92,16 @@ class _LoopStep(torch.nn.Module):
             return self.net(x, t, *condition)
 
 
-def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
+def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False,
+                             cpp_wrapper: bool = False) -> dict[str, Any]:
     """Inductor options for sampling: CUDA graphs on CUDA and the layout optimisation only where
     set on (``auto`` keeps inductor's own choice, as measured). Freezing is set around the calls
-    (``InferenceNetwork._compiling``). On the CPU the compiled call runs through inductor's C++
-    wrapper: a small network's call is otherwise bound by the Python code that calls each kernel
-    (docs/benchmarks.md, "Policy controller")."""
+    (``InferenceNetwork._compiling``). ``cpp_wrapper``: on the CPU the compiled call runs through
+    inductor's C++ wrapper, for a small network whose call is otherwise bound by the Python code
+    that calls each kernel (docs/benchmarks.md, "Policy controller")."""
     graphs = policy.compile and policy.device.type == "cuda"
     options = compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
-    if policy.compile and policy.device.type == "cpu":
+    if cpp_wrapper and policy.compile and policy.device.type == "cpu":
         options["cpp_wrapper"] = True
     return options
 
@@ -112,7 +113,8 @@ def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = 
     ``runtime.kernel_tuning`` tunes its kernels as it does training's; ``runtime.sampling_graph``
     replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen.
     ``many_calls``: the network serves many calls in this process (a policy controller's
-    re-plans), so under ``runtime.compile auto`` it compiles on the CPU too, the compile paid once."""
+    re-plans), so under ``runtime.compile auto`` it compiles on the CPU too, through inductor's C++
+    wrapper, the compile paid once."""
     policy = inference_policy(runtime, next(net.parameters()).device)
     if many_calls and runtime.compile == Toggle.AUTO and policy.device.type == "cpu":
         policy = dataclasses.replace(policy, compile=True)
@@ -122,4 +124,4 @@ def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = 
                         "set runtime.sampling_graph to auto or off")
     loops = runtime.sampling_graph == Toggle.ON or (runtime.sampling_graph == Toggle.AUTO and policy.compile)
     return InferenceNetwork(net, policy, tune_kernels=runtime.kernel_tuning == Toggle.ON, loop_graphs=loops,
-                            live=live)
+                            live=live, cpp_wrapper=many_calls)
