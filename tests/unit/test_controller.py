@@ -205,6 +205,25 @@ def test_a_run_loads_as_a_controller_and_eval_rolls_out_through_it(tmp_path, cap
     assert record["env"] == "reach2d-routes" and record["demo_middle"] == 0.3 and "mode_gap" in record
 
 
+def test_a_controller_compiled_on_the_cpu_plans_what_the_eager_one_plans(task_and_net):
+    """``sampling_network(..., many_calls=True)`` (what ``Controller.load`` runs) compiles on the
+    CPU under ``runtime.compile auto``, and its plans are the eager network's for the same seed."""
+    from diffscale.diffusion.inference import sampling_network
+
+    task, net = task_and_net
+    runtime = resolve_config(ConfigSources(preset="policy-tiny", device="cpu")).runtime
+    compiled = sampling_network(net, runtime, many_calls=True)
+    assert compiled.policy.compile and not sampling_network(net, runtime).policy.compile
+    history = task.preview_obs[:2]
+    for sampler in ("ddpm", "ddim"):
+        plans = []
+        for network in (net, compiled):
+            controller = LoopController(task, network, sampler=sampler, steps=4)
+            controller.reset(3)
+            plans.append(torch.cat([controller.plan(history), controller.plan(history)]))
+        assert torch.allclose(plans[0], plans[1], atol=1e-4), (sampler, (plans[0] - plans[1]).abs().max())
+
+
 # -- quality -------------------------------------------------------------------------------------
 def test_policy_tiny_through_the_controller_takes_every_route_of_reach2d_routes(tmp_path):
     """policy-tiny as it ships, trained by the loop on the three-route variant (CPU, seeded, one

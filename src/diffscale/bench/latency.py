@@ -45,15 +45,16 @@ def _timed(call: Callable[[int], object], device: torch.device, warmup: int, rep
     return _percentiles(times)
 
 
-def _task_and_network(
-        args: argparse.Namespace) -> tuple[C.RunConfig, torch.device, Task, torch.nn.Module, InferenceNetwork]:
-    """The preset's task and a seeded network, eager and as ``diffscale sample`` runs it."""
+def _task_and_network(args: argparse.Namespace, many_calls: bool = False
+                      ) -> tuple[C.RunConfig, torch.device, Task, torch.nn.Module, InferenceNetwork]:
+    """The preset's task and a seeded network, eager and as ``diffscale sample`` runs it
+    (``many_calls``: as ``Controller.load`` runs it)."""
     cfg = C.resolve_config(C.ConfigSources(preset=args.preset, device=args.device, overrides=args.set or []))
     device = pick_device(cfg.runtime.device)
     task = build_task(cfg, device)
     torch.manual_seed(cfg.train.seed)
     net = task.build_network().to(device)
-    return cfg, device, task, net, sampling_network(net, cfg.runtime)
+    return cfg, device, task, net, sampling_network(net, cfg.runtime, many_calls=many_calls)
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -93,7 +94,7 @@ def measure_controller(args: argparse.Namespace) -> dict:
     fed the same observations (B, O) every step: re-planning steps and pop-only steps apart."""
     from diffscale.tasks.policy.controller import Controller
 
-    cfg, device, task, net, network = _task_and_network(args)
+    cfg, device, task, net, network = _task_and_network(args, many_calls=True)
     controller = Controller(task, network, sampler=args.sampler, steps=args.steps)
     preview = getattr(task, "preview_obs", None)
     assert preview is not None  # Controller refused anything but a policy
@@ -102,6 +103,10 @@ def measure_controller(args: argparse.Namespace) -> dict:
     replan: list[float] = []
     pop: list[float] = []
     replan_cpu: list[float] = []
+    first = time.perf_counter()
+    controller.select_action(obs)  # the first call compiles where the network is compiled
+    first_call_s = time.perf_counter() - first
+    controller.reset(0)
     for i in range((args.warmup + args.repeats) * controller.action_horizon):
         start, cpu = time.perf_counter(), time.process_time()
         controller.select_action(obs)
@@ -115,7 +120,8 @@ def measure_controller(args: argparse.Namespace) -> dict:
             "sampler": args.sampler, "action_horizon": controller.action_horizon,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
             "threads": torch.get_num_threads(), "compiled": network.policy.compile,
-            "loop_graph": network.loops is not None, "replans": len(replan), "replan": _percentiles(replan),
+            "loop_graph": network.loops is not None, "first_call_s": first_call_s,
+            "replans": len(replan), "replan": _percentiles(replan),
             # this process's CPU time per re-plan: the host's work, apart from waiting for a busy machine's cores
             "replan_process_cpu": _percentiles(replan_cpu),
             "pop": _percentiles(pop), "torch": torch.__version__, **_compare_loop(args, cfg, task, net, controller)}

@@ -4,6 +4,7 @@ CUDA graphs and frozen weights; DDIM's whole loop replayed as one graph (``graph
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ class InferenceNetwork(torch.nn.Module):
     (training previews sample the EMA network eagerly, so they always see its latest weights)."""
 
     def __init__(self, net: torch.nn.Module, policy: DevicePolicy, tune_kernels: bool = False,
-                 loop_graphs: bool = False, live: bool = False) -> None:
+                 loop_graphs: bool = False, live: bool = False, cpp_wrapper: bool = False) -> None:
         super().__init__()
         self.policy = policy
         self.loops: LoopCache | None = LoopCache() if loop_graphs and policy.device.type == "cuda" else None
@@ -41,7 +42,7 @@ class InferenceNetwork(torch.nn.Module):
         # sampling step of a small network is otherwise bound by kernel launches, not the GPU.
         # dynamic=False: one sampling run uses one batch shape; a new shape records once more.
         # live: weights are read at each call (not frozen), for a network updated in place
-        options = sampling_compile_options(policy, tune_kernels)
+        options = sampling_compile_options(policy, tune_kernels, cpp_wrapper)
         self.graphs = bool(options.get("triton.cudagraphs"))
         self.frozen = policy.compile and not live
         self.run = torch.compile(net, options=options, dynamic=False) if policy.compile else net
@@ -91,24 +92,36 @@ class _LoopStep(torch.nn.Module):
             return self.net(x, t, *condition)
 
 
-def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False) -> dict[str, Any]:
+def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False,
+                             cpp_wrapper: bool = False) -> dict[str, Any]:
     """Inductor options for sampling: CUDA graphs on CUDA and the layout optimisation only where
     set on (``auto`` keeps inductor's own choice, as measured). Freezing is set around the calls
-    (``InferenceNetwork._compiling``)."""
+    (``InferenceNetwork._compiling``). ``cpp_wrapper``: on the CPU the compiled call runs through
+    inductor's C++ wrapper, for a small network whose call is otherwise bound by the Python code
+    that calls each kernel (docs/benchmarks.md, "Policy controller")."""
     graphs = policy.compile and policy.device.type == "cuda"
-    return compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
+    options = compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
+    if cpp_wrapper and policy.compile and policy.device.type == "cpu":
+        options["cpp_wrapper"] = True
+    return options
 
 
-def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False) -> InferenceNetwork:
+def sampling_network(net: torch.nn.Module, runtime: RuntimeConfig, live: bool = False,
+                     many_calls: bool = False) -> InferenceNetwork:
     """``net`` as `diffscale sample` runs it on its device: bf16 + channels_last + compiled
     with CUDA graphs and frozen weights on CUDA, fp32 eager elsewhere (``inference_policy``);
     ``runtime.kernel_tuning`` tunes its kernels as it does training's; ``runtime.sampling_graph``
-    replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen."""
+    replays whole DDIM loops. ``live``: weights are not frozen, so in-place updates are seen.
+    ``many_calls``: the network serves many calls in this process (a policy controller's
+    re-plans), so under ``runtime.compile auto`` it compiles on the CPU too, through inductor's C++
+    wrapper, the compile paid once."""
     policy = inference_policy(runtime, next(net.parameters()).device)
+    if many_calls and runtime.compile == Toggle.AUTO and policy.device.type == "cpu":
+        policy = dataclasses.replace(policy, compile=True)
     configure_backends(policy)
     if runtime.sampling_graph == Toggle.ON and policy.device.type != "cuda":
         raise UserError(f"runtime.sampling_graph on needs a CUDA GPU (this run samples on {policy.device.type})",
                         "set runtime.sampling_graph to auto or off")
     loops = runtime.sampling_graph == Toggle.ON or (runtime.sampling_graph == Toggle.AUTO and policy.compile)
     return InferenceNetwork(net, policy, tune_kernels=runtime.kernel_tuning == Toggle.ON, loop_graphs=loops,
-                            live=live)
+                            live=live, cpp_wrapper=many_calls)

@@ -26,9 +26,9 @@ class Controller(_Controller):
              steps: int | None = None) -> Controller:
         """The newest checkpoint of the policy run ``run_dir`` on ``device`` (default: the run's),
         its EMA weights on the compiled inference network (CUDA graphs and the whole denoising
-        loop recorded as one on CUDA; fp32 eager on a CPU). ``sampler``: ``ddpm`` (default, the
+        loop recorded as one on CUDA; fp32, compiled, on a CPU). ``sampler``: ``ddpm`` (default, the
         process the run trained) or ``ddim``; ``steps``: denoising steps per plan (default: the
         run's ``train.sample_steps``, as its previews and ``diffscale eval`` sample)."""
         run = load_trained(Path(run_dir), device)
-        return cls(run.task, sampling_network(run.network, run.cfg.runtime), sampler=sampler or DEFAULT_SAMPLER,
-                   steps=steps or run.cfg.train.sample_steps)
+        network = sampling_network(run.network, run.cfg.runtime, many_calls=True)
+        return cls(run.task, network, sampler=sampler or DEFAULT_SAMPLER, steps=steps or run.cfg.train.sample_steps)
