@@ -9,14 +9,7 @@
 # scaling of each 2-GPU run against the mean of the two 1-GPU runs.
 set -euo pipefail
 OUT=${1:?usage: bash scripts/gpu/policy_ddp2.sh OUT_DIR [diffscale bench options]}; shift
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels (diffusers) carried in .whl/
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
-  export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
-fi
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
 DRY=0; for a in "$@"; do [ "$a" = --dry-run ] && DRY=1; done
 if [ $DRY = 1 ] && [ "$("$PY" -c "import torch; print(torch.cuda.device_count())")" = 0 ]; then
   export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}  # a dry run without GPUs plans for a 2-GPU host

@@ -12,15 +12,7 @@
 # commit) and logs/; `diffscale bench --collect --out DIR` prints the tables again.
 set -euo pipefail
 OUT=${1:?usage: bash scripts/gpu/reproduce.sh OUT_DIR [diffscale bench options]}; shift
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels (diffusers) carried in .whl/
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
-  export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
-fi
-# The settings the recorded figures were measured with: NVLink multicast off, expandable segments.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
 GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 DRY=0; for a in "$@"; do [ "$a" = --dry-run ] && DRY=1; done
 if [ $DRY = 1 ] && [ "$GPUS" = 0 ]; then  # a dry run without GPUs plans for a 4-GPU host

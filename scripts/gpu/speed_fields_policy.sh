@@ -21,13 +21,7 @@
 set -euo pipefail
 OUT=${1:-${OUT:?usage: bash scripts/gpu/speed_fields_policy.sh OUT_DIR (or OUT set)}}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels (diffusers) carried in .whl/
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
-  export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
-fi
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
 CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc would follow OMP_NUM_THREADS
 command -v taskset >/dev/null || taskset() { shift 2; "$@"; }  # without util-linux: unpinned
 if [ "${DRY:-0}" = 1 ]; then

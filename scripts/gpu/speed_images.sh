@@ -29,13 +29,8 @@ QUALITY_PRESETS=${QUALITY_PRESETS:-small}
 PIPELINE_PRESETS=${PIPELINE_PRESETS:-xl small medium}
 STARTUP_PRESETS=${STARTUP_PRESETS:-small}
 BUDGET_S=${BUDGET_S:-570}
-PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then  # a host without a package index: wheels (diffusers) carried in .whl/
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
-  export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
-fi
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True PYTHONUNBUFFERED=1
+source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
+export PYTHONUNBUFFERED=1
 QUALITY_ARGS=(--seconds "$SECONDS_PER_RUN")
 SAMPLER_ARGS=()
 PIPELINE_ARGS=(--batch 0 --steps 50 --repeats 3)

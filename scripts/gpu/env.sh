@@ -1,0 +1,11 @@
+# Sourced by the GPU scripts (repository root): the interpreter, this checkout's sources first, the
+# wheels a host without a package index gets in .whl/ (diffusers), and the settings the recorded
+# figures were measured with (NVLink multicast off, expandable segments).
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
+  export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
