@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from diffscale.errors import UserError
+from diffscale.io.atomic import atomic_path, write_text
 
 CACHE_FORMAT = 2
 """Bump when the layout or the decoding changes: entries of another format are rebuilt (2: EMNIST and
@@ -220,22 +221,12 @@ def _build(name: str, source: str, fingerprint: str, build: Callable[[Path], Bui
         os.replace(tmp, array_path)
         labels = built.labels
         if labels is not None:
-            _write_atomic(labels_path, lambda out: np.save(out, labels.astype(np.int64), allow_pickle=False))
+            with atomic_path(labels_path) as labels_tmp:
+                np.save(labels_tmp, labels.astype(np.int64), allow_pickle=False)
         header = {"format": CACHE_FORMAT, "diffscale": _diffscale_version(), "source": source,
                   "fingerprint": fingerprint, "shape": list(built.shape), "count": built.shape[0],
                   "has_labels": built.labels is not None, "class_names": built.class_names, **built.extra}
-        _write_atomic(header_path, lambda out: out.write(json.dumps(header, indent=1).encode()))
+        write_text(header_path, json.dumps(header, indent=1))
     finally:
         tmp.unlink(missing_ok=True)
     return _open(name, header, built_here=True)
-
-
-def _write_atomic(path: Path, write: Callable[[Any], object]) -> None:
-    handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            write(out)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -11,18 +11,19 @@ Every image is white-on-black ``uint8`` of shape (N, 1, S, S).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import os
 import string
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from diffscale.data.decoded_cache import cache_dir
 from diffscale.errors import UserError
+from diffscale.io.atomic import atomic_path
 
 GLYPH_CHARS = string.digits + string.ascii_uppercase
 GLYPH_FONTS = (
@@ -96,14 +97,6 @@ CACHE_FORMAT = 1
 """Bump when rendering changes: cached images of an older format are rendered again."""
 
 
-def cache_dir() -> Path:
-    """Where rendered built-in images are kept: ``DIFFSCALE_CACHE_DIR``, else the user's cache
-    folder (``XDG_CACHE_HOME`` or ``~/.cache``) / diffscale."""
-    if os.environ.get("DIFFSCALE_CACHE_DIR"):
-        return Path(os.environ["DIFFSCALE_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffscale"
-
-
 def _cache_file(variant: str, size: int) -> Path:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -133,16 +126,9 @@ def load_builtin(variant: str, size: int) -> torch.Tensor:
     except (OSError, ValueError):  # not there yet, unreadable or cut short: render again
         pass
     images = _render_builtin(variant, size)
-    tmp = None
-    try:  # a cache only: where it cannot be written, the next start renders again
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(handle, "wb") as out:  # written whole, then renamed: readers never see half a file
-            np.save(out, images.numpy(), allow_pickle=False)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a cache only: where it cannot be written, the next start renders again
+        with atomic_path(path) as tmp:
+            np.save(tmp, images.numpy(), allow_pickle=False)
     return images
 
 

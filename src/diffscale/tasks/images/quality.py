@@ -12,18 +12,18 @@ replaces it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from diffscale.data.decoded_cache import cache_dir
 from diffscale.errors import UserError
-from diffscale.tasks.images.builtin import cache_dir
+from diffscale.io.atomic import atomic_path
 
 FORMAT = 1
 """Bump when the network or its training changes: older cached networks are trained again."""
@@ -117,16 +117,9 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
 def _save(network: FeatureNet, path: Path, meta: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
-    tmp = None
-    try:  # a cache only: where it cannot be written, the next evaluation trains again
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        os.close(handle)
-        save_file({k: v.contiguous() for k, v in network.state_dict().items()}, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a cache only: where it cannot be written, the next evaluation trains again
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous() for k, v in network.state_dict().items()}, str(tmp), metadata=meta)
 
 
 def _examples(images: torch.Tensor, labels: torch.Tensor | None,
