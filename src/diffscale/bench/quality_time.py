@@ -190,13 +190,14 @@ def evaluate_point(run_state: RunState, runner: Runner, spec: EvalSpec, clock: f
     """The quality of the run's weights now: its EMA (the plain recipe's own EMA copied into the
     run state's EMA network), and for the plain recipe its raw weights too, the better FD counting."""
     from diffscale.bench.plain import PlainRunner
+    from diffscale.bench.quality_clock import load_ema
     from diffscale.runtime.device import synchronize
 
     start = time.perf_counter()
     raw: dict[str, float] | None = None
     if isinstance(runner, PlainRunner):
         with torch.no_grad():
-            torch._foreach_copy_(list(run_state.ema.parameters()), runner.ema)
+            load_ema(run_state.ema, run_state, runner)  # the plain recipe keeps its EMA apart
         raw = _scores(run_state, run_state.net, spec)
     ema = _scores(run_state, run_state.ema, spec)
     synchronize(run_state.device)
