@@ -13,6 +13,8 @@
 #   OUT=DIR bash scripts/gpu/speed_images.sh
 # Settings (environment): PARTS (default "quality samplers pipeline startup", run in that order:
 # the rows with no figure yet first), SECONDS_PER_RUN (40), QUALITY_PRESETS (small),
+# QUALITY_EXTRA (more quality_time options, e.g. "--variant warm100 optim.warmup_steps=100"),
+# QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
 # (small), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
 # it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
@@ -32,6 +34,7 @@ BUDGET_S=${BUDGET_S:-570}
 source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
 export PYTHONUNBUFFERED=1
 QUALITY_ARGS=(--seconds "$SECONDS_PER_RUN")
+read -r -a QUALITY_EXTRA_ARGS <<< "${QUALITY_EXTRA:-}"
 SAMPLER_ARGS=()
 PIPELINE_ARGS=(--batch 0 --steps 50 --repeats 3)
 STARTUP_ARGS=(--skip-preview --windows 2)
@@ -81,7 +84,8 @@ for name in $PARTS; do
     quality)
       mapfile -t P < <(presets --preset $QUALITY_PRESETS)
       rm -rf "$WORK/runs"
-      part quality 420 "$PY" -m diffscale.bench.quality_time "${P[@]}" "${QUALITY_ARGS[@]}" \
+      part quality "${QUALITY_LIMIT_S:-420}" "$PY" -m diffscale.bench.quality_time "${P[@]}" "${QUALITY_ARGS[@]}" \
+        "${QUALITY_EXTRA_ARGS[@]}" \
         --out "$OUT/quality" --runs "$WORK/runs" ;;
     samplers)
       RUN=${SAMPLER_RUN:-$WORK/runs/$(echo $QUALITY_PRESETS | cut -d' ' -f1)-fast}
