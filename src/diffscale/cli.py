@@ -14,12 +14,6 @@ from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 
-SAMPLE_DEFAULT = ("ddim", 50)
-"""`diffscale sample`'s default sampler and step count. The switch to DPM-Solver++ (e.g.
-("dpmsolver", 20)) waits for `python -m diffscale.bench.sampler_quality` to show it within 5 % of
-DDIM-50's FD on a trained run (docs/benchmarks.md, "Sampling at equal quality")."""
-
-
 def config_sources(args: argparse.Namespace) -> ConfigSources:
     """A verb's flags as config sources; resuming without a config reads the run's own one."""
     config_path = getattr(args, "config", None)
@@ -123,7 +117,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from diffscale.io.media import MP4_MISSING, mp4_writer_installed
 
     at_least(args.n, 1, "--n", "64")
-    at_least(args.steps, 1, "--steps", "50")
+    at_least(args.steps, 1, "--steps", "15")
     at_least(args.members, 1, "--members", "16")
     check_seed(args.seed)
     _check_guidance(args.guidance)
@@ -303,12 +297,13 @@ def _add_sample(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--guidance", type=float, metavar="W",
                    help="class-conditional image runs: classifier-free guidance scale, eps_u + W (eps_c - eps_u) "
                         "(1: no guidance, 0: unconditional; default: the run's train.sample_guidance, 2)")
-    p.add_argument("--steps", type=int, default=SAMPLE_DEFAULT[1],
-                   help=f"denoising steps (default {SAMPLE_DEFAULT[1]}; at most the run's "
-                        "diffusion.num_train_timesteps, to which more are capped)")
-    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"], default=SAMPLE_DEFAULT[0],
-                   help=f"ddim, dpmsolver (DPM-Solver++: fewer steps for the same quality) or ddpm (default "
-                        f"{SAMPLE_DEFAULT[0]}); --steps applies to each (DDPM strided)")
+    p.add_argument("--steps", type=int,
+                   help="denoising steps (default: the run's train.sample_steps, 15 for new image and field runs; "
+                        "at most the run's diffusion.num_train_timesteps, to which more are capped)")
+    p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"],
+                   help="ddim, dpmsolver (DPM-Solver++: fewer steps for the same quality) or ddpm (default: the "
+                        "run's train.sample_sampler, dpmsolver for new image and field runs, ddpm for policies); "
+                        "--steps applies to each (DDPM strided)")
     p.add_argument("--seed", type=int, default=0, help="noise seed: the same seed gives the same samples (default 0)")
     p.add_argument("--gif", action="store_true", help="also write the denoising trajectory as GIF, and as MP4 where "
                    "imageio-ffmpeg is installed (pip install 'diffscale[video]')")
@@ -330,7 +325,7 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
                    "(images); default: the task's (images: train.eval_count)")
     p.add_argument("--checkpoint", type=int, metavar="STEP", help="the checkpoint of this step (default: the newest)")
     p.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"],
-                   help="reverse process (default: images train.sample_sampler, fields ddim, policy ddpm)")
+                   help="reverse process (default: images and fields the run's train.sample_sampler, policy ddpm)")
     p.add_argument("--features", metavar="MODULE:FUNCTION", help="images: a function returning your own feature "
                    "network (a torch module, images in [-1, 1] -> features) instead of diffscale's per-data-set one")
     p.add_argument("--steps", type=int,

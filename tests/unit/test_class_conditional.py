@@ -203,7 +203,7 @@ def test_sample_draws_the_asked_classes_from_the_command_line(trained, tmp_path,
     assert capsys.readouterr().out.strip() == str(out) and out.is_file()
     assert main(["sample", str(trained), "--class", "1,8", "--class", "3", "--n", "9", "--steps", "3"]) == 0
     written = capsys.readouterr().out.strip()
-    assert written.endswith(f"samples/sample_step{LEARN_STEPS:08d}_seed0_ddim3_class1-8-3.png"), written
+    assert written.endswith(f"samples/sample_step{LEARN_STEPS:08d}_seed0_dpmsolver3_class1-8-3.png"), written
 
 
 def test_export_keeps_the_classes_and_samples_a_class(trained, tmp_path, capsys):

@@ -132,7 +132,7 @@ def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fd"] == record["fd"]
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--checkpoint", "4", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["sampler"] == "ddim"
+    assert json.loads(capsys.readouterr().out)["sampler"] == "dpmsolver"  # the run's train.sample_sampler
 
 
 def test_eval_uses_a_feature_network_of_the_users_own(tmp_path, capsys, monkeypatch, quick_features):

@@ -72,6 +72,18 @@ def test_sample_names_its_file_by_the_steps_it_ran_and_says_when_it_capped_them(
     assert err[1] == f"sampling: 2 samples, {sampler}, 20 steps"
 
 
+def test_sample_defaults_to_the_runs_own_sampler_and_steps(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *micro_args("train.sample_steps=4", steps=4)]) == 0
+    capsys.readouterr()
+    assert main(["sample", str(run), "--n", "2"]) == 0  # a new run's choice: DPM-Solver++
+    assert capsys.readouterr().out.split() == [str(run / "samples" / "sample_step00000004_seed0_dpmsolver4.png")]
+    config = run / "config.yaml"  # a run trained before the switch keeps the DDIM it sampled with
+    config.write_text(config.read_text().replace("sample_sampler: dpmsolver", "sample_sampler: ddim"))
+    assert main(["sample", str(run), "--n", "2", "--steps", "3"]) == 0
+    assert capsys.readouterr().out.split() == [str(run / "samples" / "sample_step00000004_seed0_ddim3.png")]
+
+
 def test_sample_errors(tmp_path, capsys):
     assert main(["sample", str(tmp_path)]) == 2
     assert "is not a diffscale run (no config.yaml)" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from diffscale.config.schema import (
     OptimConfig,
     Prediction,
     RunConfig,
+    SamplerName,
     TimestepSpacing,
     TrainConfig,
 )
@@ -46,17 +47,19 @@ def tiny() -> RunConfig:
         data=DataConfig(source="builtin:numerals", shift_px=1),
         optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=1200, batch_per_gpu=64, ema_decay=0.995, log_every=10, checkpoint_every=200,
-                          sample_every=0, sample_count=64, sample_steps=50),
+                          sample_every=0, sample_count=64),
     )
 
 
 def small() -> RunConfig:
-    """EMNIST-size: 28 px, widths (32, 64, 128), attention at levels 2 and 3, batch 2048 per GPU."""
+    """EMNIST-size: 28 px, widths (32, 64, 128), attention at levels 2 and 3, batch 2048 per GPU.
+    Learning rate 2e-3 after 100 warm-up steps: it reached the plain recipe's final quality soonest
+    (docs/benchmarks.md, "Time to quality (images)")."""
     return RunConfig(
         preset="small",
         model=ModelConfig(sample_size=28, block_out_channels=(32, 64, 128), attention=(False, True, True)),
         data=DataConfig(source="builtin:mix", shift_px=1),
-        optim=OptimConfig(lr=1e-3, warmup_steps=500),
+        optim=OptimConfig(lr=2e-3, warmup_steps=100),
         train=TrainConfig(steps=20_000, batch_per_gpu=2048, ema_decay=0.9995, log_every=50, checkpoint_every=1000,
                           sample_every=5000),
     )
@@ -125,7 +128,7 @@ def field_icon() -> RunConfig:
         data=DataConfig(source="builtin:fields:3840", shift_px=0),
         optim=OptimConfig(lr=1e-3, warmup_steps=100, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=2400, batch_per_gpu=16, ema_decay=0.995, log_every=100, checkpoint_every=600,
-                          sample_every=0, sample_count=64, sample_steps=50),
+                          sample_every=0, sample_count=64),
     )
 
 
@@ -140,7 +143,7 @@ def field_large() -> RunConfig:
         data=DataConfig(source="builtin:fields", shift_px=0),
         optim=OptimConfig(lr=5e-4, warmup_steps=500, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=20_000, batch_per_gpu=512, ema_decay=0.999, log_every=100, checkpoint_every=2000,
-                          sample_every=5000, sample_count=64, sample_steps=50),
+                          sample_every=5000, sample_count=64),
     )
 
 
@@ -164,7 +167,8 @@ def policy() -> RunConfig:
         data=DataConfig(source="builtin:reach2d", shift_px=0),
         optim=OptimConfig(lr=1e-4, beta1=0.95, weight_decay=1e-6, warmup_steps=500, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=20_000, batch_per_gpu=256, ema_decay=0.999, log_every=50, checkpoint_every=2000,
-                          sample_every=5000, sample_count=16, sample_steps=10),
+                          sample_every=5000, sample_count=16, sample_steps=10,
+                          sample_sampler=SamplerName.DDPM),
     )
 
 
@@ -182,7 +186,8 @@ def policy_tiny() -> RunConfig:
         data=DataConfig(source="builtin:reach2d", shift_px=0),
         optim=OptimConfig(lr=2e-3, warmup_steps=50, schedule=LrSchedule.COSINE),
         train=TrainConfig(steps=800, batch_per_gpu=64, ema_decay=0.99, log_every=50, checkpoint_every=200,
-                          sample_every=0, sample_count=16, sample_steps=10),
+                          sample_every=0, sample_count=16, sample_steps=10,
+                          sample_sampler=SamplerName.DDPM),
     )
 
 

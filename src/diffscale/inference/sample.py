@@ -31,6 +31,7 @@ from diffscale.runtime.resources import check_fits, memory_free
 if TYPE_CHECKING:
     import torch
 
+    from diffscale.config import RunConfig
     from diffscale.tasks.base import Task
 
 
@@ -126,7 +127,7 @@ def bytes_per_sample(task: Task, network: torch.nn.Module, *, frames: int = 0, s
     return sample * (2 + frames) + max(outputs, default=sample) + sum(sorted(sizes)[-3:])
 
 
-def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int = 0, sampler: str = "ddim",
+def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, seed: int = 0, sampler: str | None = None,
                gif: bool = False, out: Path | str | None = None, device: str | None = None,
                console: Console | None = None, classes: Sequence[str] = (),
                guidance: float | None = None) -> list[Path]:
@@ -137,8 +138,10 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     ``train.sample_guidance``); other runs refuse both.
     Writes ``out`` (default ``RUN_DIR/samples/sample_step..._seed.._ddimN.png``, N the steps run),
     plus the denoising trajectory as GIF (and MP4 where imageio-ffmpeg is installed) with ``gif``;
-    returns the files written. ``steps`` above the run's ``diffusion.num_train_timesteps`` run that
-    many, as a line says. Progress goes to ``console`` (default: stderr).
+    returns the files written. ``sampler`` and ``steps`` default to the run's own
+    ``train.sample_sampler`` and ``train.sample_steps`` (DPM-Solver++ 15 since it matched DDIM-50's
+    quality at a third of the cost); ``steps`` above the run's ``diffusion.num_train_timesteps`` run
+    that many, as a line says. Progress goes to ``console`` (default: stderr).
     """
     from diffscale.diffusion.inference import sampling_network
     from diffscale.diffusion.sampler import reporting
@@ -147,6 +150,7 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
 
     check_seed(seed, "sample_run's seed")
     run = load_trained(Path(run_dir), device)
+    sampler, steps = run_sampling(run.cfg, sampler, steps)
     status = console or Console(stderr=True, soft_wrap=True)
     trained = run.cfg.diffusion.num_train_timesteps
     if steps > trained:  # the sampler cannot take more steps than there are timesteps
@@ -164,6 +168,12 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int = 50, seed: int =
     with reporting(progress_for(status)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
                        seed=seed, sampler=sampler, trajectory=gif, classes=classes, guidance=guidance)
+
+
+def run_sampling(cfg: RunConfig, sampler: str | None, steps: int | None) -> tuple[str, int]:
+    """The sampler and step count asked for, each defaulting to the run's own choice
+    (``train.sample_sampler``, ``train.sample_steps``: what its previews and evaluations used)."""
+    return sampler or cfg.train.sample_sampler.value, steps or cfg.train.sample_steps
 
 
 def _class_suffix(classes: Sequence[str], guidance: float | None) -> str:
@@ -211,22 +221,24 @@ def read_conditions(path: Path | str) -> np.ndarray:
     return cond.astype(np.float32)
 
 
-def sample_ensembles(run_dir: Path | str, cond: Any, *, members: int = 16, steps: int = 50, seed: int = 0,
-                     sampler: str = "ddim", device: str | None = None) -> np.ndarray:
+def sample_ensembles(run_dir: Path | str, cond: Any, *, members: int = 16, steps: int | None = None, seed: int = 0,
+                     sampler: str | None = None, device: str | None = None) -> np.ndarray:
     """Ensembles of a trained run for your own conditions (``diffscale sample --cond``, from
     Python): cond (N, C) in the data's units -> (N, members, *x_shape) float32 in the data's
-    units, from the run's EMA weights. The same seed gives the same ensembles."""
+    units, from the run's EMA weights. The same seed gives the same ensembles. ``sampler`` and
+    ``steps`` default to the run's ``train.sample_sampler`` and ``train.sample_steps``."""
     from diffscale.diffusion.inference import sampling_network
     from diffscale.inference.trained import load_trained
 
     run = load_trained(Path(run_dir), device)
+    sampler, steps = run_sampling(run.cfg, sampler, steps)
     steps = min(steps, run.cfg.diffusion.num_train_timesteps)
     network = sampling_network(run.network, run.cfg.runtime)
     return run.task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler).numpy()
 
 
-def write_ensembles(run_dir: Path | str, cond_file: Path | str, out: Path | str | None, *, members: int, steps: int,
-                    seed: int, sampler: str, device: str | None) -> Path:
+def write_ensembles(run_dir: Path | str, cond_file: Path | str, out: Path | str | None, *, members: int,
+                    steps: int | None, seed: int, sampler: str | None, device: str | None) -> Path:
     """``diffscale sample RUN --cond FILE``: ``out`` (default ``RUN_DIR/samples/ensembles_...npz``)
     holding ``ensembles`` (N, members, *x_shape) and ``cond`` (N, C), in the data's units; written
     to a temporary file and renamed, so it is complete or absent."""

@@ -317,7 +317,8 @@ class FieldTask(WithoutQualityMetrics):
                             f"pass --count 2 or more (default {EVAL_MEMBERS})")
         held_out = self.held_out_data(data) if data is not None else None
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
-                               cases=cases, held_out=held_out, sampler=sampler or "ddim")
+                               cases=cases, held_out=held_out,
+                               sampler=sampler or self.cfg.train.sample_sampler.value)
 
     def held_out_data(self, spec: str) -> FieldData:
         """Pairs of ``spec`` to score on, checked against the run's sizes."""
