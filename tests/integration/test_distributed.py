@@ -142,3 +142,44 @@ def test_evaluation_while_training_is_shared_by_the_ranks_and_matches_one_proces
     for x, y in zip(one, two, strict=True):
         assert y["fd"] == pytest.approx(x["fd"], rel=1e-2)
     assert proc.stdout.count("eval at step 3:") == 1  # printed by rank 0 alone
+
+
+# Two ranks as srun starts them: rank 0 hosts the rendezvous store. DDP is built after the
+# group, as the trainer does (its import chain is what once captured the group), and the last
+# collective comes right before the shutdown, as the preview's gather does.
+SHUTDOWN = r'''
+import os, torch
+from diffscale.runtime.distributed import detect_launch, init_distributed
+ctx = init_distributed(detect_launch(), torch.device("cpu"), join_timeout_s=120, collective_timeout_s=120)
+from torch.nn.parallel import DistributedDataParallel
+model = DistributedDataParallel(torch.nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
+rows = ctx.gather_rows(torch.full((1, 2), float(ctx.rank)), 1)
+del model
+ctx.shutdown()
+threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+print("GATHERED", rows.flatten().tolist(), "THREADS", threads, flush=True)
+'''
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the process's threads from /proc")
+def test_shutdown_ends_the_gloo_group_so_no_rank_aborts_at_exit(tmp_path):
+    """After DistContext.shutdown no gloo thread is left: one still running while the interpreter
+    finalises may need the GIL to release a collective's tensors, and the process then aborts
+    ("terminate called without an active exception") although the run finished."""
+    script = tmp_path / "shutdown.py"
+    script.write_text(SHUTDOWN)
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = dict(_env(), SLURM_PROCID=str(rank), SLURM_LOCALID="0", SLURM_NODEID=str(rank), SLURM_NTASKS="2",
+                   SLURM_STEP_ID="0", SLURM_JOB_ID="1", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS_PER_NODE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=env))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    for out in outputs:
+        assert "GATHERED [0.0, 0.0, 1.0, 1.0]" in out, out
+        threads = out.split("THREADS", 1)[1]
+        assert "gloo" not in threads and "pt_tcpstore" not in threads, out

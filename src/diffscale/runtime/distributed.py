@@ -28,6 +28,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# Before any process group exists: this module's functions take ``group=group.WORLD`` as default
+# arguments, which capture the group that exists when it is first imported (DDP imports it). Imported
+# after init_process_group it would keep the group alive past destroy_process_group, and with it
+# gloo's worker threads, which can then still be releasing a collective's tensors while the
+# interpreter finalises: they need the GIL then, and the process aborts ("terminate called
+# without an active exception").
+import torch.distributed.nn.functional  # noqa: F401
+
 from diffscale.errors import UserError
 
 PORT_BASE = 20000
