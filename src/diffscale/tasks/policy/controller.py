@@ -9,10 +9,15 @@ controller's own CPU generator, seeded by ``reset(seed)``: every plan draws fres
 an episode reset with the same seed repeats exactly.
 
 One denoising loop serves both samplers. DDPM's ancestral step is DDIM's step with ``eta``
-1 and the clipped prediction's noise (diffusers' schedulers, the same arithmetic), so the
-noise of every step is drawn before the loop and passed in; nothing is drawn inside. On a
-CUDA network that records loops (``InferenceNetwork.loops``), the whole loop is therefore
-recorded once as one CUDA graph and replayed per plan for either sampler.
+1 and the clipped prediction's noise (diffusers' ``DDIMScheduler.step``, the same arithmetic),
+so the noise of every step is drawn before the loop and passed in; nothing is drawn inside.
+The step is not diffusers' call itself but its coefficients, computed once per controller
+from the run's diffusers scheduler (``diffusion.ddim.ddim_steps``: its ``alphas_cumprod`` and
+the timesteps its ``set_timesteps`` chooses): diffusers recomputes the schedule on the host at
+every step, which on the CPU at batch 1 costs as much as a compiled network call. On a CUDA
+network that records loops (``InferenceNetwork.loops``), the whole loop is recorded once as
+one CUDA graph and replayed per plan for either sampler. DPM-Solver++ keeps diffusers' step:
+it is multistep, its state kept in the scheduler.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 from diffscale.diffusion import SamplerKind
+from diffscale.diffusion.ddim import ddim_steps
 from diffscale.diffusion.graphed import LoopCache
 from diffscale.diffusion.sampler import set_distinct_timesteps
 from diffscale.errors import UserError
@@ -60,8 +66,10 @@ class Controller:
         self.obs_horizon, self.action_horizon = task.model.obs_horizon, task.model.action_horizon
         self.pred_horizon = task.model.pred_horizon
         self.steps = min(int(steps), task.diffusion.num_timesteps)
-        self.scheduler = task.diffusion.ddim_scheduler()
-        self.scheduler.set_timesteps(self.steps)
+        ddpm = self.kind == SamplerKind.DDPM
+        self.schedule = ddim_steps(task.diffusion.ddim_scheduler(), self.steps, eta=1.0 if ddpm else 0.0,
+                                   clipped_output=ddpm)
+        """DDIM's (or DDPM's, ``eta`` 1) update per denoising step, from the run's scheduler."""
         self.generator = torch.Generator()
         self.seeded = False
         self.history: torch.Tensor | None = None
@@ -169,13 +177,11 @@ class Controller:
         """The denoising loop over ``x`` (B, T, A) given ``(obs (B, To * O)[, noise (S, B, T, A)])``,
         calling the denoiser ``call(x_t, t, obs)``: DDIM with ``eta`` 0, or with ``eta`` 1 and the
         given per-step noise, which is DDPM's ancestral step."""
-        scheduler, ddpm = self.scheduler, self.kind == SamplerKind.DDPM
+        schedule, ddpm = self.schedule, self.kind == SamplerKind.DDPM
 
         def body(x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> torch.Tensor:
-            for i, t in enumerate(scheduler.timesteps):
-                t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
-                out = call(x, t_batch, condition[0]).float()
-                x = scheduler.step(out, t, x, eta=1.0 if ddpm else 0.0, use_clipped_model_output=ddpm,
-                                   variance_noise=condition[1][i] if ddpm else None).prev_sample
+            for i, step in enumerate(schedule):
+                t_batch = torch.full((x.shape[0],), step.timestep, device=x.device, dtype=torch.long)
+                x = step(x, call(x, t_batch, condition[0]).float(), condition[1][i] if ddpm else None)
             return x
         return body
