@@ -14,6 +14,7 @@ from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 
+
 def config_sources(args: argparse.Namespace) -> ConfigSources:
     """A verb's flags as config sources; resuming without a config reads the run's own one."""
     config_path = getattr(args, "config", None)

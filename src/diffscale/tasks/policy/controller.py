@@ -22,6 +22,7 @@ it is multistep, its state kept in the scheduler.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -71,6 +72,8 @@ class Controller:
                                    clipped_output=ddpm)
         """DDIM's (or DDPM's, ``eta`` 1) update per denoising step, from the run's scheduler."""
         self.generator = torch.Generator()
+        self.planned_shapes: set[tuple[int, ...]] = set()
+        """Shapes of the plans run so far with the compiled network's guards checked."""
         self.seeded = False
         self.history: torch.Tensor | None = None
         """The last ``obs_horizon`` observations (B, To, O) of this episode, or None before its first."""
@@ -158,10 +161,22 @@ class Controller:
             step = getattr(self.network, "loop_step")  # noqa: B009 (an InferenceNetwork's; a Module to mypy)
             out = loops.run(key, self.loop(step), x, condition)
         else:
-            out = self.loop(self.network)(x, condition)
+            with self._known_inputs(tuple(x.shape)):
+                out = self.loop(self.network)(x, condition)
         if self.task.diffusion.cfg.clip_sample:
             out = out.clamp(-1, 1)
         return self.action_norm.unnormalize(out.float().cpu())
+
+    def _known_inputs(self, shape: tuple[int, ...]) -> contextlib.AbstractContextManager[Any]:
+        """Where a plan of this shape ran before, dynamo's guards on the compiled network are not
+        checked again (``skip_guard_eval_unsafe``; with entries for several batch sizes, only the
+        guards that tell them apart): re-plans differ from the first only in values, and checking
+        every guard at each of a plan's network calls was about a tenth of a CPU re-plan. A new
+        shape (another batch of environments) runs with every guard checked, compiling its entry."""
+        if shape in self.planned_shapes:
+            return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        self.planned_shapes.add(shape)
+        return contextlib.nullcontext()
 
     def dpmsolver(self, x: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """DPM-Solver++ over ``x`` (B, T, A) given ``obs`` (B, To * O): deterministic, as DDIM."""
