@@ -192,8 +192,12 @@ MICRO = ["--preset", "policy-tiny", "--set", "model.down_dims=[16]", "--set", "m
 
 
 def test_a_run_loads_as_a_controller_and_eval_rolls_out_through_it(tmp_path, capsys):
+    """The run's settings reach the loaded controller and eval. The run trains with compile off so
+    the controller loads eager: the CPU compile ``Controller.load`` runs under ``auto`` (most of this
+    test's time otherwise) is checked by the compiled-controller and policy-tiny tests below."""
     run = tmp_path / "run"
-    assert main(["train", "--data", "builtin:reach2d-routes", "--out", str(run), *MICRO]) == 0
+    assert main(["train", "--data", "builtin:reach2d-routes", "--out", str(run), *MICRO,
+                 "--set", "runtime.compile=off"]) == 0
     controller = Controller.load(run, device="cpu")
     assert controller.kind.value == "ddpm" and controller.steps == 3  # the run's sample_steps
     assert Controller.load(run, device="cpu", sampler="ddim", steps=2).steps == 2
