@@ -140,8 +140,10 @@ def test_policy_steps_parses_cores_and_tells_which_seeds_meet_the_bar():
 
 def test_policy_steps_trains_each_pair_in_its_own_process_and_tabulates_it(tmp_path):
     out, md = tmp_path / "steps.json", tmp_path / "steps.md"
-    assert policy_steps.main(["--steps", "2", "--seeds", "0", "--episodes", "2", "--json", str(out),
-                              "--markdown", str(md)]) == 0
+    # compile off: the worker's Controller.load stays eager instead of compiling on the CPU (most of
+    # this test's time otherwise); the compiled load is checked in tests/unit/test_controller.py
+    assert policy_steps.main(["--steps", "2", "--seeds", "0", "--episodes", "2", "--set", "runtime.compile=off",
+                              "--json", str(out), "--markdown", str(md)]) == 0
     record = json.loads(out.read_text())
     (run,) = record["runs"]
     assert run["steps"] == 2 and run["seed"] == 0 and run["finished"] and run["episodes"] == 2
