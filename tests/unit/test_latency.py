@@ -43,8 +43,11 @@ def test_compare_loop_times_per_call_graphs_beside_and_both_give_the_same_sample
 
 def test_controller_mode_times_replanning_and_pop_only_steps_apart(tmp_path):
     out = tmp_path / "controller.json"
+    # compile off: the controller's network stays eager instead of compiling on the CPU (most of this
+    # test's time otherwise); the compiled controller is checked in tests/unit/test_controller.py
     assert latency.main(["--preset", "policy-tiny", "--controller", "--count", "3", "--steps", "2", "--repeats", "3",
-                         "--warmup", "1", "--sampler", "ddpm", "--device", "cpu", "--json", str(out)]) == 0
+                         "--warmup", "1", "--sampler", "ddpm", "--device", "cpu", "--set", "runtime.compile=off",
+                         "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["mode"] == "controller" and record["batch"] == 3 and record["action_horizon"] == 8
     assert record["replans"] == 3 and 0 < record["replan"]["p50_ms"] <= record["replan"]["p99_ms"]
