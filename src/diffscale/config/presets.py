@@ -72,7 +72,7 @@ def medium() -> RunConfig:
         model=ModelConfig(sample_size=64, block_out_channels=(64, 128, 256, 256),
                           attention=(False, False, True, False)),
         data=DataConfig(source="builtin:mix", shift_px=2),
-        optim=OptimConfig(lr=2e-4, warmup_steps=1000),
+        optim=OptimConfig(lr=1.2e-3, warmup_steps=100),
         train=TrainConfig(steps=50_000, batch_per_gpu=384, ema_decay=0.9999, log_every=50, checkpoint_every=2000,
                           sample_every=10_000),
     )
