@@ -111,8 +111,9 @@ class _TinyDenoiser(torch.nn.Module):
 
     def __init__(self, trained: int) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.inner, self.outer, self.trained = torch.nn.Linear(3, 32), torch.nn.Linear(32, 2), trained
+        with torch.random.fork_rng():  # the same weights every time, the global generator left as it was
+            torch.manual_seed(0)
+            self.inner, self.outer, self.trained = torch.nn.Linear(3, 32), torch.nn.Linear(32, 2), trained
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
         time = (t.to(x.dtype) / self.trained).view(-1, 1, 1).expand(*x.shape[:-1], 1)
