@@ -148,3 +148,10 @@ def test_image_augmentations_stay_for_images_and_for_an_images_preset_switched_t
     assert C.resolve_config(C.ConfigSources(config_file=config)).task == "policy"
     off = C.resolve_config(C.ConfigSources(preset="policy-tiny", overrides=["data.shift_px=0", "data.hflip=false"]))
     assert off.data.shift_px == 0 and off.data.hflip is False
+
+
+def test_sampling_defaults_to_the_task_s_sampler_then_the_run_s_own():
+    train = C.TrainConfig(sample_sampler=C.SamplerName.DPMSOLVER, sample_steps=7)
+    assert train.sampling(None, None) == ("dpmsolver", 7)  # diffscale sample, images and fields eval
+    assert train.sampling(None, None, task_sampler="ddpm") == ("ddpm", 7)  # a policy's eval and controller
+    assert train.sampling("ddim", 3, task_sampler="ddpm") == ("ddim", 3)  # what the caller names wins

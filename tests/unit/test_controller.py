@@ -209,6 +209,19 @@ def test_a_run_loads_as_a_controller_and_eval_rolls_out_through_it(tmp_path, cap
     assert record["env"] == "reach2d-routes" and record["demo_middle"] == 0.3 and "mode_gap" in record
 
 
+def test_a_run_trained_before_policies_named_ddpm_still_plans_with_ddpm(tmp_path, capsys):
+    """A policy run whose train.sample_sampler is DPM-Solver++ (the default before the policy
+    presets named DDPM): its loaded controller, as ``diffscale eval``, plans with DDPM (the
+    task's ``evaluation_sampler``), while ``diffscale sample`` follows the run's own sampler."""
+    run = tmp_path / "run"
+    assert main(["train", "--out", str(run), *MICRO, "--set", "runtime.compile=off",
+                 "--set", "train.sample_sampler=dpmsolver"]) == 0
+    assert Controller.load(run, device="cpu").kind.value == "ddpm"
+    capsys.readouterr()
+    assert main(["sample", str(run), "--n", "2", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.split() == [str(run / "samples" / "sample_step00000004_seed0_dpmsolver3.png")]
+
+
 def test_a_controller_compiled_on_the_cpu_plans_what_the_eager_one_plans(task_and_net):
     """``sampling_network(..., many_calls=True)`` (what ``Controller.load`` runs) compiles on the
     CPU under ``runtime.compile auto``, and its plans are the eager network's for the same seed."""

@@ -5,11 +5,18 @@ spacings the config allows, every prediction type and several step counts."""
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import pytest
 import torch
 from diffusers import DDIMScheduler
+from diffusers.schedulers import scheduling_ddpm
 
+from diffscale.config import BetaSchedule, DiffusionConfig, Prediction, TimestepSpacing
+from diffscale.diffusion import GaussianDiffusion, Sampler, SamplerKind, sample
 from diffscale.diffusion.ddim import ddim_steps
+from diffscale.diffusion.sampler import ddim_loop, guided
 
 
 def _scheduler(spacing: str, clip: bool, prediction: str = "epsilon", trained: int = 100) -> DDIMScheduler:
@@ -95,3 +102,119 @@ def test_thresholding_is_refused():
     scheduler = DDIMScheduler(num_train_timesteps=100, thresholding=True)
     with pytest.raises(ValueError, match="thresholding"):
         ddim_steps(scheduler, 10)
+
+
+# -- sampling on the coefficients: sample() and the recorded loop against diffusers' schedulers --------
+class _TinyDenoiser(torch.nn.Module):
+    """A fixed random two-layer network of (x (B, 16, 2), t (B,)[, shift (B,)]): stands in for a
+    trained one."""
+
+    def __init__(self, trained: int) -> None:
+        super().__init__()
+        with torch.random.fork_rng():  # the same weights every time, the global generator left as it was
+            torch.manual_seed(0)
+            self.inner, self.outer, self.trained = torch.nn.Linear(3, 32), torch.nn.Linear(32, 2), trained
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
+        time = (t.to(x.dtype) / self.trained).view(-1, 1, 1).expand(*x.shape[:-1], 1)
+        shift = condition[0].view(-1, 1, 1) if condition else 0.0
+        return self.outer(torch.tanh(self.inner(torch.cat([x, time], dim=-1)))) + shift
+
+
+def _diffusion(spacing: str, clip: bool, prediction: str, trained: int) -> GaussianDiffusion:
+    return GaussianDiffusion(DiffusionConfig(num_train_timesteps=trained, beta_schedule=BetaSchedule.COSINE,
+                                             clip_sample=clip, prediction_type=Prediction(prediction),
+                                             timestep_spacing=TimestepSpacing(spacing)))
+
+
+@torch.no_grad()
+def _diffusers_loop(network: torch.nn.Module, diffusion: GaussianDiffusion, kind: SamplerKind, steps: int,
+                    x: torch.Tensor, generator: torch.Generator, dtype: torch.dtype,
+                    condition: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+    """The loop ``sample`` ran before on diffusers' ``DDIMScheduler.step`` (``eta`` 0) or
+    ``DDPMScheduler.step`` (noise from ``generator``), schedule, network and sample in ``dtype``."""
+    scheduler = diffusion.ddim_scheduler() if kind == SamplerKind.DDIM else diffusion.ddpm_scheduler()
+    scheduler.alphas_cumprod = scheduler.alphas_cumprod.to(dtype)
+    if kind == SamplerKind.DDIM:
+        scheduler.final_alpha_cumprod = scheduler.final_alpha_cumprod.to(dtype)
+    else:
+        scheduler.one = scheduler.one.to(dtype)
+    scheduler.set_timesteps(steps)
+    x, net = x.to(dtype), copy.deepcopy(network).to(dtype)
+    for t in scheduler.timesteps:
+        out = net(x, torch.full((x.shape[0],), int(t), dtype=torch.long), *(c.to(dtype) for c in condition))
+        extra = {"eta": 0.0} if kind == SamplerKind.DDIM else {"generator": generator}
+        x = scheduler.step(out, t, x, **extra).prev_sample
+    return x
+
+
+def _float32_noise(shape, generator=None, device=None, dtype=None, **_):
+    """diffusers' ``randn_tensor`` drawing float32 noise cast to ``dtype``: the float64 reference
+    loop gets the float32 loop's noise (a float64 draw takes other values)."""
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+
+
+@pytest.mark.parametrize("kind", [SamplerKind.DDIM, SamplerKind.DDPM])
+@pytest.mark.parametrize(("spacing", "steps", "trained"), [("leading", 10, 100), ("leading", 30, 100),
+                                                            ("trailing", 7, 50), ("trailing", 15, 50)])
+@pytest.mark.parametrize(("prediction", "clip"), [("epsilon", True), ("epsilon", False), ("v_prediction", False),
+                                                  ("sample", True)])
+def test_sample_runs_diffusers_ddim_and_ddpm_to_float32_rounding(kind, spacing, steps, trained, prediction, clip,
+                                                                 monkeypatch):
+    """``sample``'s DDIM and DDPM (on the per-step coefficients) against the loop it ran before on
+    diffusers' schedulers, in float32 and in float64: as close to float64 as float32 allows
+    (``_assert_follows``), from the same seed. DDPM draws the same noise: the generator ends where
+    diffusers' float32 loop leaves it. Trailing spacing of 7 or 15 of 50 steps visits timesteps
+    unevenly (DDPM's own previous timesteps, not DDIM's fixed stride)."""
+    network, diffusion = _TinyDenoiser(trained).eval(), _diffusion(spacing, clip, prediction, trained)
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 16, 2, generator=generator)
+    start = generator.get_state()
+    ours, _ = sample(network, diffusion, (4, 16, 2), sampler=Sampler(kind, steps), generator=generator,
+                     device=torch.device("cpu"), x_init=x)
+    reference_generator = torch.Generator().set_state(start)
+    single = _diffusers_loop(network, diffusion, kind, steps, x, reference_generator, torch.float32)
+    assert torch.equal(reference_generator.get_state(), generator.get_state())
+    monkeypatch.setattr(scheduling_ddpm, "randn_tensor", _float32_noise)
+    double = _diffusers_loop(network, diffusion, kind, steps, x, torch.Generator().set_state(start), torch.float64)
+    bounded = (lambda v: v.clamp(-1, 1)) if clip else (lambda v: v)
+    _assert_follows(bounded(single).double(), bounded(double), ours.double())
+    if kind == SamplerKind.DDPM:  # the noise matters: another seed's samples end elsewhere
+        other = torch.Generator().manual_seed(4)
+        assert not torch.allclose(sample(network, diffusion, (4, 16, 2), sampler=Sampler(kind, steps),
+                                         generator=other, device=torch.device("cpu"), x_init=x)[0], ours, atol=1e-3)
+
+
+class _Guided(torch.nn.Module):
+    """``guided`` over a network, its conditional and unconditional inputs fixed (B,) each."""
+
+    def __init__(self, network: torch.nn.Module, given: torch.Tensor, unconditional: torch.Tensor,
+                 guidance: float) -> None:
+        super().__init__()
+        self.network, self.guidance = network, guidance
+        self.register_buffer("given", given)
+        self.register_buffer("unconditional", unconditional)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return guided(self.network, x, t, (self.given,), (self.unconditional,), self.guidance)
+
+
+@pytest.mark.parametrize("guidance", [None, 2.0])
+@pytest.mark.parametrize(("spacing", "steps", "trained", "prediction", "clip"),
+                         [("leading", 10, 100, "epsilon", True), ("trailing", 15, 50, "v_prediction", False)])
+def test_the_recorded_ddim_loop_runs_diffusers_ddim_to_float32_rounding(guidance, spacing, steps, trained,
+                                                                         prediction, clip):
+    """``ddim_loop`` (what a CUDA graph records; run eagerly here) against diffusers'
+    ``DDIMScheduler.step`` loop, with and without classifier-free guidance."""
+    network, diffusion = _TinyDenoiser(trained).eval(), _diffusion(spacing, clip, prediction, trained)
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 16, 2, generator=generator)
+    given, unconditional = torch.randn(4, generator=generator), torch.zeros(4)
+    condition = (given,) if guidance is None else (given, unconditional)
+    with torch.no_grad():
+        ours = ddim_loop(SimpleNamespace(loop_step=network), diffusion, steps, guidance)(x, condition)
+    reference = network if guidance is None else _Guided(network, given, unconditional, guidance)
+    extra = (given,) if guidance is None else ()
+    single, double = (_diffusers_loop(reference, diffusion, SamplerKind.DDIM, steps, x, generator, dtype, extra)
+                      for dtype in (torch.float32, torch.float64))
+    _assert_follows(single.double(), double, ours.double())

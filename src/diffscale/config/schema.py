@@ -314,6 +314,14 @@ class TrainConfig:
         if not 0.0 <= self.ema_decay < 1.0:
             _fail("train.ema_decay", f"{self.ema_decay} is outside [0, 1)", "use e.g. 0.999")
 
+    def sampling(self, sampler: str | None, steps: int | None, *,
+                 task_sampler: str | None = None) -> tuple[str, int]:
+        """The sampler and step count asked for, each defaulting to the run's own choice: the
+        sampler ``task_sampler`` where the task names one for what it runs (a policy's
+        evaluation: ``Task.evaluation_sampler``), else ``sample_sampler``; the steps
+        ``sample_steps`` (what the run's previews and evaluations used)."""
+        return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
+
 
 @dataclass(kw_only=True)
 class RuntimeConfig:

@@ -1,4 +1,5 @@
-"""DDIM's update (and DDPM's ancestral one, DDIM's with ``eta`` 1) as per-step coefficients.
+"""DDIM's update (and DDPM's ancestral one, DDIM's with ``eta`` 1) as per-step coefficients:
+the one implementation of both that sampling, the recorded loops and the policy controller run.
 
 diffusers' ``DDIMScheduler.step`` recomputes every step's schedule values on the host from
 0-dim tensors (square roots, the variance, the previous timestep) and then runs a dozen small
@@ -7,15 +8,16 @@ millisecond, that host work is a large part of a step. The schedule of one
 (scheduler, step count) is fixed, so :func:`ddim_steps` computes each step's coefficients
 once, from the scheduler's own ``alphas_cumprod`` and the timesteps its ``set_timesteps``
 chooses, and a step is then five or six fused tensor operations with the same arithmetic
-(``tests/unit/test_ddim.py`` holds them to ``DDIMScheduler.step``).
+(``tests/unit/test_ddim.py`` holds them to ``DDIMScheduler.step`` and ``DDPMScheduler.step``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from diffusers import DDIMScheduler
+from diffusers import DDIMScheduler, DDPMScheduler
 
 
 @dataclass(frozen=True)
@@ -67,19 +69,46 @@ def ddim_steps(scheduler: DDIMScheduler, steps: int, *, eta: float = 0.0,
     """``scheduler.step(out, t, x, eta=eta, use_clipped_model_output=clipped_output,
     variance_noise=noise)`` for each timestep of ``scheduler.set_timesteps(steps)``, in order
     (the scheduler is left set to ``steps``). DDIM is ``eta`` 0; DDPM's ancestral step ``eta`` 1
-    with ``clipped_output``. The coefficients are computed in double precision and applied in
-    the sample's dtype. Dynamic thresholding is not done here (no controller scheduler uses it)."""
+    with ``clipped_output`` where the visited timesteps are evenly spaced (``ddpm_steps`` follows
+    ``DDPMScheduler`` wherever they are not). The coefficients are computed in double precision
+    and applied in the sample's dtype. Dynamic thresholding is not done here (no sampler of
+    diffscale uses it with DDIM)."""
     config = scheduler.config
     if config.thresholding:
         raise ValueError("ddim_steps does not do dynamic thresholding; use DDIMScheduler.step")
     scheduler.set_timesteps(steps)
-    abar = scheduler.alphas_cumprod.double()
     stride = config.num_train_timesteps // steps  # diffusers' previous timestep, whatever the spacing
+    pairs = [(t, t - stride) for t in scheduler.timesteps.tolist()]
+    return _table(scheduler.alphas_cumprod, float(scheduler.final_alpha_cumprod), config, pairs, eta=eta,
+                  clipped_output=clipped_output)
+
+
+def ddpm_steps(scheduler: DDPMScheduler, steps: int) -> tuple[DDIMStep, ...]:
+    """``scheduler.step(out, t, x, generator=...)`` (ancestral DDPM, ``fixed_small`` variance) for
+    each timestep of ``scheduler.set_timesteps(steps)``: DDIM's update with ``eta`` 1 on the
+    clipped prediction's noise, from each timestep to the next one it visits (its
+    ``previous_timestep``: a trailing spacing of a step count that does not divide the trained
+    timesteps visits them unevenly, where DDIM's fixed stride would not follow). The step's noise
+    is ``sigma`` times the caller's draw, which ``DDPMScheduler`` makes where the timestep is above 0."""
+    config = scheduler.config
+    if config.thresholding or config.variance_type != "fixed_small":
+        raise ValueError("ddpm_steps does ancestral steps of fixed_small variance without thresholding; "
+                         "use DDPMScheduler.step")
+    scheduler.set_timesteps(steps)
+    pairs = [(int(t), int(scheduler.previous_timestep(t))) for t in scheduler.timesteps]
+    return _table(scheduler.alphas_cumprod, 1.0, config, pairs, eta=1.0, clipped_output=True)
+
+
+def _table(alphas_cumprod: torch.Tensor, final_alpha_cumprod: float, config: Any, pairs: list[tuple[int, int]], *,
+           eta: float, clipped_output: bool) -> tuple[DDIMStep, ...]:
+    """The steps from each timestep to its previous one (``pairs``; a previous timestep below 0
+    has ``final_alpha_cumprod``), for a scheduler ``config``'s prediction type and clipping."""
+    abar = alphas_cumprod.double()
     clip = float(config.clip_sample_range) if config.clip_sample else None
     table = []
-    for t in scheduler.timesteps.tolist():
+    for t, t_prev in pairs:
         a = float(abar[t])
-        a_prev = float(abar[t - stride]) if t - stride >= 0 else float(scheduler.final_alpha_cumprod)
+        a_prev = float(abar[t_prev]) if t_prev >= 0 else final_alpha_cumprod
         x0_x, x0_out, eps_x, eps_out = _prediction_terms(config.prediction_type, a)
         sigma = eta * ((1 - a_prev) / (1 - a) * (1 - a / a_prev)) ** 0.5
         direction = max(1 - a_prev - sigma ** 2, 0.0) ** 0.5

@@ -1,5 +1,7 @@
 """Reverse process: DDIM (default), DPM-Solver++ (fewer steps for the same quality) or ancestral
-DDPM, through diffusers' schedulers.
+DDPM, on diffusers' schedules: DDIM's and DDPM's steps through their per-step coefficients
+(diffusion/ddim.py, shared with the recorded loops and the policy controller), DPM-Solver++
+through diffusers' scheduler.
 
 Progress: whoever waits for the samples installs a :class:`SamplingProgress` with
 :func:`reporting` (``diffscale sample`` shows a bar on a terminal, a line per stage in a log).
@@ -13,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from diffscale.diffusion.ddim import DDIMStep, ddim_steps, ddpm_steps
 from diffscale.diffusion.graphed import LoopCache
 from diffscale.diffusion.process import GaussianDiffusion
 
@@ -160,20 +164,14 @@ def sample(
             if progress is not None:
                 progress.finish()
         return _bounded(x, diffusion).cpu(), frames
-    scheduler = _scheduler(diffusion, sampler.kind)
-    set_distinct_timesteps(scheduler, steps)  # DDPM too: ancestral steps strided over the trained timesteps
-    extra: dict[str, Any] = {"eta": 0.0} if sampler.kind == SamplerKind.DDIM else {}
+    updates = _updates(diffusion, sampler.kind, steps, generator)
     if progress is not None:
-        progress.start(sampler.kind, len(scheduler.timesteps), shape[0])
+        progress.start(sampler.kind, len(updates), shape[0])
     try:
-        for i, t in enumerate(scheduler.timesteps):
-            t_batch = torch.full((shape[0],), int(t), device=device, dtype=torch.long)
-            model_out = denoise(x, t_batch).float()
-            if sampler.kind == SamplerKind.DDPM:
-                x = scheduler.step(model_out, t, x, generator=generator).prev_sample
-            else:
-                x = scheduler.step(model_out, t, x, **extra).prev_sample
-            if trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1):
+        for i, (t, update) in enumerate(updates):
+            t_batch = torch.full((shape[0],), t, device=device, dtype=torch.long)
+            x = update(x, denoise(x, t_batch).float())
+            if trajectory_every and (i % trajectory_every == 0 or i == len(updates) - 1):
                 frames.append(_bounded(x, diffusion).cpu())
             if progress is not None:
                 progress.advance(i + 1)
@@ -181,6 +179,38 @@ def sample(
         if progress is not None:
             progress.finish()
     return _bounded(x, diffusion).cpu(), frames
+
+
+Update = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""One reverse step: (the sample x_t, the network's fp32 output) -> the sample at the previous timestep."""
+
+
+def _updates(diffusion: GaussianDiffusion, kind: SamplerKind, steps: int,
+             generator: torch.Generator) -> list[tuple[int, Update]]:
+    """The timesteps ``kind`` visits in ``steps`` steps, each with its update. DDIM and DDPM run
+    the per-step coefficients of diffusion/ddim.py (the arithmetic of diffusers' ``DDIMScheduler``
+    and ``DDPMScheduler`` steps, as the recorded loops and the policy controller run it); DDPM's
+    noise is drawn from ``generator`` as ``DDPMScheduler.step`` draws it: at each timestep above 0,
+    on the generator's device. DPM-Solver++ keeps the previous steps' outputs in its scheduler."""
+    scheduler = _scheduler(diffusion, kind)
+    set_distinct_timesteps(scheduler, steps)  # DDPM too: ancestral steps strided over the trained timesteps
+    if kind == SamplerKind.DPMSOLVER:
+        return [(int(t), functools.partial(_solver_step, scheduler, t)) for t in scheduler.timesteps]
+    table = ddim_steps(scheduler, steps) if kind == SamplerKind.DDIM else ddpm_steps(scheduler, steps)
+    noise = generator if kind == SamplerKind.DDPM else None
+    return [(step.timestep, functools.partial(_table_step, step, noise)) for step in table]
+
+
+def _solver_step(scheduler: Any, t: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return scheduler.step(out, t, x).prev_sample
+
+
+def _table_step(step: DDIMStep, generator: torch.Generator | None, x: torch.Tensor,
+                out: torch.Tensor) -> torch.Tensor:
+    noise = None
+    if generator is not None and step.timestep > 0:
+        noise = torch.randn(out.shape, generator=generator, device=generator.device, dtype=out.dtype).to(out.device)
+    return step(x, out, noise)
 
 
 def set_distinct_timesteps(scheduler: Any, steps: int) -> None:
@@ -227,19 +257,17 @@ def _replayed(loops: LoopCache, denoise: Conditioned, diffusion: GaussianDiffusi
 
 def ddim_loop(network: Any, diffusion: GaussianDiffusion, steps: int,
               guidance: float | None = None) -> Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor]:
-    """The DDIM loop :func:`sample` runs step by step, as one function to record: diffusers'
-    scheduler computes each update from host-side schedule values, which recording fixes.
+    """The DDIM loop :func:`sample` runs step by step, as one function to record: each step's
+    coefficients are fixed host-side numbers (diffusion/ddim.py), computed when it is recorded.
     With ``guidance``, the loop's condition holds the conditional inputs followed by as many
     unconditional ones (:func:`guided`)."""
     def body(x: torch.Tensor, condition: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        scheduler = diffusion.ddim_scheduler()
-        scheduler.set_timesteps(steps)
         half = len(condition) // 2
         given, unconditional = (condition, None) if guidance is None else (condition[:half], condition[half:])
-        for t in scheduler.timesteps:
-            t_batch = torch.full((x.shape[0],), int(t), device=x.device, dtype=torch.long)
+        for step in ddim_steps(diffusion.ddim_scheduler(), steps):
+            t_batch = torch.full((x.shape[0],), step.timestep, device=x.device, dtype=torch.long)
             eps = guided(network.loop_step, x, t_batch, given, unconditional, 1.0 if guidance is None else guidance)
-            x = scheduler.step(eps.float(), t, x, eta=0.0).prev_sample
+            x = step(x, eps.float())
         return x
     return body
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from diffscale.diffusion.inference import sampling_network
 from diffscale.inference.trained import load_trained
-from diffscale.tasks.policy.controller import DEFAULT_SAMPLER
 from diffscale.tasks.policy.controller import Controller as _Controller
 
 
@@ -31,4 +30,5 @@ class Controller(_Controller):
         run's ``train.sample_steps``, as its previews and ``diffscale eval`` sample)."""
         run = load_trained(Path(run_dir), device)
         network = sampling_network(run.network, run.cfg.runtime, many_calls=True)
-        return cls(run.task, network, sampler=sampler or DEFAULT_SAMPLER, steps=steps or run.cfg.train.sample_steps)
+        sampler, steps = run.cfg.train.sampling(sampler, steps, task_sampler=run.task.evaluation_sampler)
+        return cls(run.task, network, sampler=sampler, steps=steps)

@@ -27,7 +27,7 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
                  guidance: float | None = None) -> int:
     check_seed(seed, "eval's seed")
     run = load_trained(run_dir, device, step=checkpoint, eval_features=features)
-    steps = steps or run.cfg.train.sample_steps  # as the run's own previews sample
+    sampler, steps = run.cfg.train.sampling(sampler, steps, task_sampler=run.task.evaluation_sampler)
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
     made = next((p for p in (*reversed(out_dir.parents), out_dir) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)

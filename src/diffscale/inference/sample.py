@@ -31,7 +31,6 @@ from diffscale.runtime.resources import check_fits, memory_free
 if TYPE_CHECKING:
     import torch
 
-    from diffscale.config import RunConfig
     from diffscale.tasks.base import Task
 
 
@@ -150,7 +149,7 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, se
 
     check_seed(seed, "sample_run's seed")
     run = load_trained(Path(run_dir), device)
-    sampler, steps = run_sampling(run.cfg, sampler, steps)
+    sampler, steps = run.cfg.train.sampling(sampler, steps)
     status = console or Console(stderr=True, soft_wrap=True)
     trained = run.cfg.diffusion.num_train_timesteps
     if steps > trained:  # the sampler cannot take more steps than there are timesteps
@@ -168,12 +167,6 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, se
     with reporting(progress_for(status)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
                        seed=seed, sampler=sampler, trajectory=gif, classes=classes, guidance=guidance)
-
-
-def run_sampling(cfg: RunConfig, sampler: str | None, steps: int | None) -> tuple[str, int]:
-    """The sampler and step count asked for, each defaulting to the run's own choice
-    (``train.sample_sampler``, ``train.sample_steps``: what its previews and evaluations used)."""
-    return sampler or cfg.train.sample_sampler.value, steps or cfg.train.sample_steps
 
 
 def _class_suffix(classes: Sequence[str], guidance: float | None) -> str:
@@ -231,7 +224,7 @@ def sample_ensembles(run_dir: Path | str, cond: Any, *, members: int = 16, steps
     from diffscale.inference.trained import load_trained
 
     run = load_trained(Path(run_dir), device)
-    sampler, steps = run_sampling(run.cfg, sampler, steps)
+    sampler, steps = run.cfg.train.sampling(sampler, steps)
     steps = min(steps, run.cfg.diffusion.num_train_timesteps)
     network = sampling_network(run.network, run.cfg.runtime)
     return run.task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler).numpy()

@@ -84,6 +84,10 @@ class Task(Protocol):
     """The same for DDP runs (the gradient all-reduces recorded too), measured on its own: a
     network whose one-GPU step keeps its host ahead may still gain under DDP, where one rank's
     slow host makes every other rank wait."""
+    evaluation_sampler: str | None
+    """The reverse process ``evaluate`` runs where none is named (``diffscale eval``, a loaded
+    controller), where the task fixes one whatever the run's ``train.sample_sampler`` says; None:
+    the run's ``train.sample_sampler`` (``TrainConfig.sampling`` applies the rule)."""
 
     def num_items(self) -> int:
         """Examples in the data set (one epoch)."""
@@ -170,10 +174,11 @@ class Task(Protocol):
         environment runs it in ``env`` (``auto``: the data's own), episodes cut off after
         ``max_episode_steps`` (None: the environment's limit), and the others refuse those
         (``no_environment``); ``data``: a data spec of held-out pairs to score on, for a task
-        that scores pairs (the others refuse it). ``sampler``: the reverse process (None: the
-        task's own choice). ``guidance``: a class-conditional model's classifier-free guidance
-        scale (None: the run's; models without classes refuse it, ``no_classes``). Raises
-        ``UserError`` where the task has no evaluation."""
+        that scores pairs (the others refuse it). ``sampler``: the reverse process (None:
+        ``evaluation_sampler``, or the run's ``train.sample_sampler`` where that is None).
+        ``guidance``: a class-conditional model's classifier-free guidance scale (None: the run's;
+        models without classes refuse it, ``no_classes``). Raises ``UserError`` where the task
+        has no evaluation."""
         ...
 
     def prepare_quality(self) -> None:

@@ -81,6 +81,7 @@ class FieldTask(WithoutQualityMetrics):
     name = "fields"
     records_whole_steps = True  # 2,400-step rounds: docs/benchmarks.md, "Field diffusion"
     records_whole_ddp_steps = False  # not measured yet
+    evaluation_sampler: str | None = None  # the run's train.sample_sampler
     cond: torch.Tensor
     """(N, C) conditions on the device, in data units (set once the data is read)."""
     x: torch.Tensor
@@ -316,9 +317,9 @@ class FieldTask(WithoutQualityMetrics):
                             "rank histogram need at least 2 members",
                             f"pass --count 2 or more (default {EVAL_MEMBERS})")
         held_out = self.held_out_data(data) if data is not None else None
+        sampler, steps = self.cfg.train.sampling(sampler, steps, task_sampler=self.evaluation_sampler)
         return evaluate_fields(self, network, Path(out_dir), steps=steps, members=count or EVAL_MEMBERS, seed=seed,
-                               cases=cases, held_out=held_out,
-                               sampler=sampler or self.cfg.train.sample_sampler.value)
+                               cases=cases, held_out=held_out, sampler=sampler)
 
     def held_out_data(self, spec: str) -> FieldData:
         """Pairs of ``spec`` to score on, checked against the run's sizes."""

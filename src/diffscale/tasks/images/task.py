@@ -39,6 +39,7 @@ class ImageTask:
     name = "images"
     records_whole_steps = False  # not measured yet with whole-step graphs
     records_whole_ddp_steps = False
+    evaluation_sampler: str | None = None  # the run's train.sample_sampler
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:
@@ -309,7 +310,7 @@ class ImageTask:
             no_classes(self.name, (), guidance, trained="trained without classes (model.class_conditional off)")
         scale = self.cfg.train.sample_guidance if guidance is None else guidance
         count = count or self.cfg.train.eval_count
-        sampler = sampler or self.cfg.train.sample_sampler.value
+        sampler, steps = self.cfg.train.sampling(sampler, steps, task_sampler=self.evaluation_sampler)
         if count < 2:
             raise UserError(f"--count {count}: a Frechet distance needs at least 2 samples",
                             f"pass --count 2 or more (default {self.cfg.train.eval_count})")

@@ -36,6 +36,7 @@ from diffscale.tasks.base import (
     no_feature_network,
     no_given_data,
 )
+from diffscale.tasks.policy.controller import DEFAULT_SAMPLER
 from diffscale.tasks.policy.episodes import Episodes, MinMax, load_episodes, window_positions
 from diffscale.tasks.policy.network import build_unet1d
 
@@ -68,6 +69,9 @@ class PolicyTask(WithoutQualityMetrics):
     name = "policy"
     records_whole_steps = False  # one GPU: recording was no faster (docs/benchmarks.md, "Diffusion policy")
     records_whole_ddp_steps = True  # several GPUs: recorded steps scaled much better, in the same call
+    evaluation_sampler: str | None = DEFAULT_SAMPLER
+    """DDPM, whatever the run's ``train.sample_sampler``: runs trained before the presets named
+    DDPM there hold DPM-Solver++, and their evaluations ran DDPM."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, *, load_data: bool = True,
                  signature: dict[str, Any] | None = None) -> None:
@@ -253,7 +257,8 @@ class PolicyTask(WithoutQualityMetrics):
         no_classes(self.name, (), guidance)
         no_feature_network(self.name, self.cfg.train.eval_features)
         environment = environment_for(self.cfg.data.source, self.obs_dim, self.action_dim, env, max_episode_steps)
-        controller = Controller(self, network, sampler=sampler or "ddpm", steps=steps)
+        sampler, steps = self.cfg.train.sampling(sampler, steps, task_sampler=self.evaluation_sampler)
+        controller = Controller(self, network, sampler=sampler, steps=steps)
         results = rollouts(environment.make, controller, episodes=count or EVAL_EPISODES, seed=seed, record=gifs)
         write_gifs(results[:gifs], Path(out_dir))
         write_episodes(results, Path(out_dir) / "rollouts.jsonl", seed=seed)
