@@ -1,8 +1,9 @@
 """The recorded DDIM loop (one CUDA graph, on ``diffusion/ddim.py``'s coefficients) against the same
-samples step by step and against diffusers' ``DDIMScheduler`` loop in float64, for a small stand-in
+samples step by step (the same sampling network, bf16 autocast, unrecorded) and against diffusers'
+``DDIMScheduler`` loop in float64, for a small stand-in
 denoiser: leading and trailing spacing, epsilon and v-prediction, with and without guidance.
 Prints one JSON line per case and fails where the recorded loop is not recorded, does not replay
-the same samples, or is farther from float64 than float32 rounding allows.
+the same samples, or is farther from float64 than 4x the step-by-step samples are.
 
     PYTHONPATH=src python scripts/gpu/sampling_loop_check.py      (one CUDA GPU)
 """
@@ -68,8 +69,11 @@ def check(spacing: str, steps: int, trained: int, prediction: str, clip: bool, g
     unconditional = on_device[1:] or None
     kinds = {"recorded": Conditioned(graphed, on_device[:1], unconditional=unconditional,
                                      guidance=1.0 if guidance is None else guidance),
-             "step_by_step": lambda xt, t: guided(net, xt, t, on_device[:1], unconditional,
-                                                  1.0 if guidance is None else guidance)}
+             # the same network unrecorded: both run it under bf16 autocast, so the two differ by the loop only
+             "step_by_step": Conditioned(sampling_network(net, RuntimeConfig(compile=Toggle.OFF,
+                                                                             sampling_graph=Toggle.OFF)),
+                                         on_device[:1], unconditional=unconditional,
+                                         guidance=1.0 if guidance is None else guidance)}
     samples = {}
     for name in ("recorded", "recorded", "step_by_step"):
         key = name if name not in samples else "replayed"
