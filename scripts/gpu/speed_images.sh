@@ -7,8 +7,9 @@
 #             checkpoint the quality part kept (python -m diffscale.bench.sampler_quality) -> $OUT/samplers/
 #   pipeline  DDIM-50 against DDIMPipeline as shipped and with fp16 weights + a compiled UNet, per
 #             preset at the batches of docs/benchmarks.md (python -m diffscale.bench.sampling) -> $OUT/pipeline/
-#   startup   `diffscale train` cold and resumed to its first logged step, with the steady samples/s
-#             of one more window (python -m diffscale.bench.startup)              -> $OUT/startup/
+#   startup   `diffscale train` cold, resumed and as a new run of the same network, to its first
+#             logged step, with the steady samples/s of one more window (python -m diffscale.bench.startup)
+#                                                                                  -> $OUT/startup/
 # then prints the summary ($OUT/summary.md). Usage (repository root):
 #   OUT=DIR bash scripts/gpu/speed_images.sh
 # Settings (environment): PARTS (default "quality samplers pipeline startup", run in that order:
@@ -108,9 +109,9 @@ for name in $PARTS; do
         "$PY" -m diffscale.bench.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
         --json "$OUT/startup/startup.jsonl"
       FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)
-      if [ -d "$WORK/startup/startup-$FIRST/cache/inductor" ]; then
-        export TORCHINDUCTOR_CACHE_DIR="$WORK/startup/startup-$FIRST/cache/inductor"
-        export DIFFSCALE_CACHE_DIR="$WORK/startup/cache"
+      KERNELS=$(ls -d "$WORK/startup/cache/kernels"/*/ 2>/dev/null | head -1)
+      if [ -n "$KERNELS" ]; then
+        export TORCHINDUCTOR_CACHE_DIR="$KERNELS" DIFFSCALE_CACHE_DIR="$WORK/startup/cache"
         unset TRITON_CACHE_DIR  # the startup jobs' Triton kernels are in Triton's default cache
       fi ;;
     *) STATUS+=("$name: unknown part (quality, samplers, pipeline, startup)") ;;
@@ -141,12 +142,14 @@ if pipeline.is_file():
           f"{(records[0] if isinstance(records, list) else records).get('pipeline_strong_setup')}")
 startup = out / "startup" / "startup.jsonl"
 if startup.is_file():
-    print("\n| preset | cold s (target <= 60) | resumed s (target <= 15) | steady samples/s |")
-    print("|---|---:|---:|---:|")
+    print("\n| preset | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s |")
+    print("|---|---:|---:|---:|---:|")
     for line in startup.read_text().splitlines():
         r = json.loads(line)
         cold, resumed = r["cold"]["first_logged_step_s"], r["resumed"]["first_logged_step_s"]
+        new = (r.get("new_run") or {}).get("first_logged_step_s")
         steady = r["resumed"].get("steady_samples_per_s")
         print(f"| {r['preset']} | {cold or float('nan'):.1f} | {resumed or float('nan'):.1f} | "
+              f"{new or float('nan'):.1f} | "
               f"{'-' if steady is None else f'{steady:,.0f}'} |")
 PYEOF

@@ -154,18 +154,34 @@ def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
     assert compile_note(cache) == f"compiling the network: kernels cached by an earlier job in {cache} are reused"
 
 
-def test_compiled_kernels_go_to_the_run_dir_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
+def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
     import diffscale
+    from diffscale import config as C
     from diffscale.training.loop import run_compile_cache
 
+    def config(*overrides: str) -> C.RunConfig:
+        return C.resolve_config(C.ConfigSources(preset="tiny", overrides=list(overrides)))
+
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     # torch writes its node-local default into the variable once anything asks for its cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
     monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", None)
-    assert run_compile_cache(tmp_path / "run") == (tmp_path / "run" / "cache" / "inductor").resolve()
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "run" / "cache" / "inductor").resolve())
+    kernels = run_compile_cache(tmp_path / "first", config(), 1)
+    assert kernels.parent == (tmp_path / "cache" / "kernels").resolve()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(kernels)
+    # another run of the same network (another learning rate and seed): the same kernels
+    assert run_compile_cache(tmp_path / "second", config("optim.lr=5e-4", "train.seed=3"), 1) == kernels
+    # what changes the compiled graph gets a folder of its own
+    assert run_compile_cache(tmp_path / "second", config("train.batch_per_gpu=32"), 1) != kernels
+    assert run_compile_cache(tmp_path / "second", config("runtime.layout_opt=off"), 1) != kernels
+    assert run_compile_cache(tmp_path / "second", config(), 2) != kernels
+    # a run that kept kernels of its own keeps using them when it resumes
+    own = tmp_path / "older" / "cache" / "inductor"
+    (own / "fxgraph").mkdir(parents=True)
+    assert run_compile_cache(tmp_path / "older", config(), 1) == own.resolve()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/me/inductor")
     monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
-    assert run_compile_cache(tmp_path / "run") == Path("/scratch/me/inductor")
+    assert run_compile_cache(tmp_path / "first", config(), 1) == Path("/scratch/me/inductor")
 
 
 # A job in a process of its own (dynamo's state is per process), printing dynamo's counters at the end.
@@ -184,6 +200,7 @@ def _compiled_job(run_dir: Path, *args: str) -> tuple[str, dict]:
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "RANK", "WORLD_SIZE")}
+    env["DIFFSCALE_CACHE_DIR"] = str(run_dir.parent / "cache")  # the kernels of this test's runs only
     cmd = [sys.executable, "-c", _JOB, "train", "--device", "cpu", "--out", str(run_dir), *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**env, "COLUMNS": "250"}, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -194,14 +211,16 @@ def _compiled_job(run_dir: Path, *args: str) -> tuple[str, dict]:
 def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_path):
     """runtime.compile_cache: the first job saves dynamo's traced network after its first step; a
     resumed job (a new process) installs it, traces nothing, and trains bit for bit as the first
-    job did past the checkpoint it resumes from. (The network is the micro UNet cut to one level:
+    job did past the checkpoint it resumes from. The resumed job's run dir is a copy: it finds the
+    traced network and kernels in the user's kernel cache, as a new run of the network would. (The
+    network is the micro UNet cut to one level:
     its first compile on a CPU is most of this test's time.)"""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     one_level = micro_args("model.block_out_channels=[8]", "model.attention=[false]", "runtime.compile=on",
                            "runtime.compile_cache=on", "train.checkpoint_every=2", "train.log_every=1", steps=4)
     _, first = _compiled_job(straight, *one_level)
     assert first["frames"]["ok"] == 1 and first["dynamo_cache"] == {"dynamo_cache_miss": 1}
-    entries = list((straight / "cache" / "inductor" / "dynamo").glob("*/entry"))
+    entries = list((tmp_path / "cache" / "kernels").glob("*/dynamo/*/entry"))
     assert len(entries) == 1 and entries[0].stat().st_size > 0
 
     shutil.copytree(straight, resumed)

@@ -1,6 +1,7 @@
 """Start-up time as a user meets it: ``diffscale train`` launched in a fresh run dir (cold:
-nothing compiled yet), then the same run resumed (the run's cached kernels reused), each
-timed from launch to its first logged step.
+nothing compiled yet), then the same run resumed, then a new run of the same network in another
+run dir (both reuse the kernels the cold job left in the user's kernel cache), each timed from
+launch to its first logged step.
 
 ``python -m diffscale.bench.startup --preset small --json OUT``
 
@@ -122,8 +123,8 @@ def timed_job(args: list[str], run_dir: Path, since: int, *, profile: Path | Non
     child = run_dir.parent / "startup_child.py"
     child.write_text(_CHILD)
     prefix = [sys.executable, *(["-m", "cProfile", "-o", str(profile)] if profile else []), str(child)]
-    # Built-in data is rendered by the cold job and read from this folder by the resumed ones;
-    # compiled kernels go where a user's would (the run dir), not to a cache set for the machine.
+    # Built-in data is rendered by the cold job and read from this folder by the later ones, and
+    # compiled kernels go where a user's would (this folder's kernels/), not to a cache set for the machine.
     env = {"DIFFSCALE_CACHE_DIR": str(run_dir.parent / "cache"), **os.environ, "PYTHONUNBUFFERED": "1"}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(name, None)
@@ -166,6 +167,11 @@ def measure(preset: str, overrides: list[str], *, profile_resumed: bool, work: P
     record["resumed"] = timed_job([*common, "--resume", "auto", "--max-steps", str((1 + windows) * window)], run_dir,
                                   window, inductor=inductor, end_at=(1 + windows) * window if skip_preview else None)
     resumed_to = (1 + windows) * window
+    print(f"new run: {preset}, {window} steps, in another run dir", flush=True)
+    new_dir = work / f"startup-{preset}-new"
+    new_args = ["train", "--preset", preset, "--out", str(new_dir), *[a for o in overrides for a in ("--set", o)]]
+    record["new_run"] = timed_job([*new_args, "--max-steps", str(window)], new_dir, 0, inductor=inductor,
+                                  end_at=window if skip_preview else None)
     if profile_resumed:
         import pstats
 

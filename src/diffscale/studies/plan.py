@@ -4,8 +4,6 @@ cluster profile; nothing is written here."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,17 +23,8 @@ COMPILE_CACHE = "compile-cache"
 """The sweep directory's folder of kernel caches, one per compiled graph."""
 
 
-def graph_key(cfg: RunConfig, world_size: int) -> str:
-    """What decides a run's compiled graph (the network, runtime settings, per-rank batch, world
-    size): elements that agree on it share one kernel cache. Torch and source versions are keyed by
-    the cache itself."""
-    parts = {"task": cfg.task, "model": cfg.model_key(), "runtime": cfg.to_dict()["runtime"],
-             "batch_per_gpu": cfg.train.batch_per_gpu, "grad_accum": cfg.train.grad_accum, "world_size": world_size}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def compile_cache_dir(sweep_dir: Path, cfg: RunConfig, world_size: int) -> str:
-    return str(sweep_dir.absolute() / COMPILE_CACHE / graph_key(cfg, world_size))
+    return str(sweep_dir.absolute() / COMPILE_CACHE / cfg.graph_key(world_size))
 
 
 @dataclass(frozen=True)

@@ -200,16 +200,22 @@ def set_cpu_threads(asked: int, local_world_size: int, console: Console) -> None
     torch.set_num_threads(threads)
 
 
-def run_compile_cache(run_dir: Path) -> Path:
-    """Where compiled kernels go: the run dir (a shared file system on clusters, so a job that
-    resumes after a wall-time limit reuses them on any node instead of compiling again), unless
-    the user set ``TORCHINDUCTOR_CACHE_DIR``. Set over torch's own default, which torch writes
-    into the variable as soon as anything asks for its cache (node-local /tmp: resumed jobs on
-    another node compiled again)."""
+def run_compile_cache(run_dir: Path, cfg: RunConfig, world_size: int) -> Path:
+    """Where compiled kernels go: the user's kernel cache, one folder per compiled graph
+    (``DIFFSCALE_CACHE_DIR``/kernels/GRAPH_KEY, ``~/.cache/diffscale`` by default), so a new run
+    of a network compiled before -- another seed, learning rate or data fraction -- and a job
+    resumed on another node both find the kernels instead of compiling for minutes. A run that
+    kept its own (``RUN_DIR/cache/inductor``, before runs shared them) keeps using it, and
+    ``TORCHINDUCTOR_CACHE_DIR`` set by the user wins. Set over torch's own default, which torch
+    writes into the variable as soon as anything asks for its cache (node-local /tmp: resumed
+    jobs on another node compiled again)."""
     from diffscale import USER_COMPILE_CACHE
+    from diffscale.data.decoded_cache import cache_dir
 
     if USER_COMPILE_CACHE is None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir.resolve() / "cache" / "inductor")
+        own = run_dir.resolve() / "cache" / "inductor"
+        shared = cache_dir().resolve() / "kernels" / cfg.graph_key(world_size)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(own if own.is_dir() and any(own.iterdir()) else shared)
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
@@ -225,7 +231,7 @@ def compile_note(cache_dir: Path, traced: CompileCache | None = None) -> str:
         note = f"compiling the network: kernels cached by an earlier job in {cache_dir} are reused"
     else:
         note = (f"compiling the network before the first step (the first time takes minutes on a GPU; "
-                f"the kernels are kept in {cache_dir}, so a resumed job starts sooner)")
+                f"the kernels are kept in {cache_dir}, so resumed jobs and new runs of this network start sooner)")
     if traced is not None and traced.active:
         note += "; the traced network is cached after the first step"
     return note
@@ -298,7 +304,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     if policy.compile:
         from diffscale import USER_COMPILE_CACHE
 
-        cache_dir = run_compile_cache(run_dir)
+        cache_dir = run_compile_cache(run_dir, cfg, ctx.world_size)
         traced = open_compile_cache(cfg, cache_dir, world_size=ctx.world_size, own_cache=USER_COMPILE_CACHE is None,
                                     net=run_state.net, say=say)
         say(compile_note(cache_dir, traced))
