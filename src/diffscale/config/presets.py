@@ -66,7 +66,9 @@ def small() -> RunConfig:
 
 
 def medium() -> RunConfig:
-    """64 px, widths (64, 128, 256, 256), attention at level 3, batch 384 per GPU."""
+    """64 px, widths (64, 128, 256, 256), attention at level 3, batch 384 per GPU. Learning rate
+    1.2e-3 after 100 warm-up steps: it reached the plain recipe's final quality soonest
+    (docs/benchmarks.md, "Time to quality (images)")."""
     return RunConfig(
         preset="medium",
         model=ModelConfig(sample_size=64, block_out_channels=(64, 128, 256, 256),

@@ -146,12 +146,12 @@ TEXT_RULES: tuple[TextRule, ...] = (
          r"PytorchStreamWriter failed writing file"),
         "{what}: the job could not write its checkpoints, logs or caches",
         "free space, or write elsewhere: the run directory on scratch (--out /scratch/...), fewer checkpoints "
-        "kept (--set train.keep_checkpoints=1), caches off a small $HOME (TRITON_CACHE_DIR, "
+        "kept (--set train.keep_checkpoints=1), caches off a small $HOME (DIFFSCALE_CACHE_DIR, TRITON_CACHE_DIR, "
         "TORCHINDUCTOR_CACHE_DIR, HF_HOME in the profile's env:), TMPDIR on scratch when /tmp is full; "
         "the site's quota tool (quota -s, myquota) shows what is left",
         user_fix="free space, or write elsewhere: checkpoints and logs on scratch, fewer checkpoints kept, caches "
-                 "off a small $HOME (TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, HF_HOME), TMPDIR on scratch when "
-                 "/tmp is full; the site's quota tool (quota -s, myquota) shows what is left",
+                 "off a small $HOME (DIFFSCALE_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, HF_HOME), "
+                 "TMPDIR on scratch when /tmp is full; the site's quota tool (quota -s, myquota) shows what is left",
         derive=_disk, by_pattern=True,
     ),
     TextRule(
