@@ -191,7 +191,7 @@ def test_nan_without_a_checkpoint_stops_with_a_clear_message(tmp_path, monkeypat
 # ----------------------------------------------------------------------------- Ctrl-C / SIGTERM
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_path, sig, micro):
+def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_path, sig, micro, capsys):
     micro_args = micro
     steps = 400  # far more than it trains before the signal lands
     args = [*micro_args(steps=steps), "--resume", "auto"]
@@ -212,7 +212,9 @@ def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_pat
     at = int(stopped[0].split("at step ")[1].split(":")[0])
     assert ckpt.step_of(ckpt.list_checkpoints(run_dir)[-1]) == at  # nothing since the last log step is lost
     assert at < steps
-    rerun = train_process(run_dir, *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto")
-    text2 = rerun.communicate(timeout=300)[0]
-    assert rerun.returncode == 0, text2
+    # the same command continues in this process: only the signalled run needs a process of its own
+    capsys.readouterr()
+    code = main(["train", "--out", str(run_dir), *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto"])
+    text2 = capsys.readouterr().out
+    assert code == 0, text2
     assert f"resumed from step {at}" in text2 and f"done: {at + 6} steps" in text2
