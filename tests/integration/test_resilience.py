@@ -61,6 +61,77 @@ def train_process(run_dir: Path, *args: str) -> subprocess.Popen:
 
 # ----------------------------------------------------------------------------- kill -9
 
+# One process imports diffscale, torch and diffusers once, then forks a training process for each
+# command line it reads (a JSON list of `diffscale` arguments): every kill hits a fresh process that
+# trains from its command line, without a Python and torch start-up of its own. A training process
+# prints its pid first; the forking process prints how it ended and reaps it only when the next
+# command comes, so a signal the test sends never reaches a reused pid.
+FORKS = r"""
+import json, os, sys, traceback
+from diffscale.cli import main
+import diffscale.tasks.images.task, diffscale.training.loop  # what `train` imports, loaded before the forks
+
+ended = None
+for line in sys.stdin:
+    if ended is not None:
+        os.waitpid(ended, 0)
+    pid = os.fork()
+    if pid == 0:
+        code = 70
+        try:
+            print("PID", os.getpid(), flush=True)
+            code = main(json.loads(line))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    print("ENDED", info.si_status if info.si_code == os.CLD_EXITED else -info.si_status, flush=True)
+    ended = pid
+if ended is not None:
+    os.waitpid(ended, 0)
+"""
+
+
+class TrainingForks:
+    """`diffscale train` processes forked by one ``FORKS`` process, one at a time."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+        env.pop("RANK", None)
+        env.pop("WORLD_SIZE", None)
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env)
+        self.returncode: int | None = None
+
+    def train(self, run_dir: Path, *args: str) -> int:
+        """Start ``diffscale train --out RUN_DIR ARGS``; returns its pid."""
+        self.returncode = None
+        self.proc.stdin.write(json.dumps(["train", "--out", str(run_dir), *args]) + "\n")
+        self.proc.stdin.flush()
+        first = self.proc.stdout.readline()
+        assert first.startswith("PID "), first + self.proc.stdout.read()
+        return int(first.split()[1])
+
+    def output(self):
+        """The training process's lines until it ended (then ``returncode`` is set)."""
+        while self.returncode is None:
+            line = self.proc.stdout.readline()
+            assert line, "the forking process ended"
+            if line.startswith("ENDED "):
+                self.returncode = int(line.split()[1])
+                return
+            yield line
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=60) == 0
+        self.proc.stdout.close()
+
+
 def test_kill_9_at_random_moments_always_resumes_and_loses_at_most_one_interval(tmp_path, micro):
     micro_args = micro
     steps = 40
@@ -72,36 +143,36 @@ def test_kill_9_at_random_moments_always_resumes_and_loses_at_most_one_interval(
     kills = killed_mid_save = finished = 0
     chain = 0
     run_dir = tmp_path / f"killed{chain}"
+    forks = TrainingForks()
     while kills < 6:
         before = ckpt.list_checkpoints(run_dir)
         resumed_from = ckpt.step_of(before[-1]) if before else None
-        proc = train_process(run_dir, *args)
+        pid = forks.train(run_dir, *args)
         lines = []
-        for line in proc.stdout:  # wait until it trains, then kill it at a random moment
+        for line in forks.output():  # wait until it trains, then kill it at a random moment
             lines.append(line)
             if line.startswith("step "):
                 break
         time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        lines += proc.stdout.readlines()
-        proc.wait()
-        proc.stdout.close()
+        os.kill(pid, signal.SIGKILL)
+        lines += forks.output()
         text = "".join(lines)
         if resumed_from is not None:  # the previous kill left a checkpoint this run resumed from
             assert f"resumed from step {resumed_from}" in text, text
-        if proc.returncode == 0:  # it finished before the kill landed: compare, start a new chain
+        if forks.returncode == 0:  # it finished before the kill landed: compare, start a new chain
             finished += 1
             assert_same_run(straight, run_dir)
             chain += 1
             run_dir = tmp_path / f"killed{chain}"
             continue
-        assert proc.returncode == -signal.SIGKILL, text
+        assert forks.returncode == -signal.SIGKILL, text
         kills += 1
         killed_mid_save += any((run_dir / "checkpoints").glob(".tmp-*"))
         printed = [int(line.split()[1].split("/")[0]) for line in text.splitlines() if line.startswith("step ")]
         state = ckpt.load_latest(run_dir, log=lambda m: pytest.fail(f"a checkpoint is damaged: {m}"))
         newest = state.step if state else 0
         assert newest >= max(printed) - CHECKPOINT_EVERY, (newest, printed)
+    forks.close()
     # Random moments rarely land inside a save (it takes milliseconds): aim kills at the moment
     # a temporary checkpoint folder appears, in a chain of their own, until one lands mid-save.
     aimed = tmp_path / "aimed0"
@@ -191,7 +262,7 @@ def test_nan_without_a_checkpoint_stops_with_a_clear_message(tmp_path, monkeypat
 # ----------------------------------------------------------------------------- Ctrl-C / SIGTERM
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_path, sig, micro):
+def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_path, sig, micro, capsys):
     micro_args = micro
     steps = 400  # far more than it trains before the signal lands
     args = [*micro_args(steps=steps), "--resume", "auto"]
@@ -212,7 +283,9 @@ def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_pat
     at = int(stopped[0].split("at step ")[1].split(":")[0])
     assert ckpt.step_of(ckpt.list_checkpoints(run_dir)[-1]) == at  # nothing since the last log step is lost
     assert at < steps
-    rerun = train_process(run_dir, *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto")
-    text2 = rerun.communicate(timeout=300)[0]
-    assert rerun.returncode == 0, text2
+    # the same command continues in this process: only the signalled run needs a process of its own
+    capsys.readouterr()
+    code = main(["train", "--out", str(run_dir), *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto"])
+    text2 = capsys.readouterr().out
+    assert code == 0, text2
     assert f"resumed from step {at}" in text2 and f"done: {at + 6} steps" in text2

@@ -16,12 +16,18 @@ from diffscale.config import merge
 from diffscale.config.presets import get_preset
 from diffscale.tasks.images.task import ImageTask
 
+# tiny's UNet cut to the micro size (tests/helpers.py), convolutions and an attention block kept:
+# what a bench run reports does not depend on the network's size, and its steps are cheaper.
+MICRO_NET = ["--set", "model.sample_size=8", "--set", "model.block_out_channels=[8,16]",
+             "--set", "model.attention=[false,true]", "--set", "model.layers_per_block=1",
+             "--set", "model.norm_num_groups=8"]
+
 
 def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", "--preset", "tiny", "--gpus", "1,2", "--recipe", "fast,plain", "--steps", "2",
                  "--warmup", "1", "--plain-workers", "1", "--out", str(out), "--set", "train.batch_per_gpu=8",
-                 "--set", "model.block_out_channels=[16,32,32]", "--profile", "1", "--trace", "--concurrent", "2"])
+                 *MICRO_NET, "--profile", "1", "--trace", "--concurrent", "2"])
     assert code == 0, "\n".join(p.read_text() for p in (out / "logs").glob("*.log"))
     records = json.loads((out / "bench.json").read_text())
     assert {(r["recipe"], r["world_size"]) for r in records} == {("fast", 1), ("fast", 2), ("plain", 1), ("plain", 2)}
@@ -71,7 +77,7 @@ def test_bench_variants_side_by_side_then_sampling(tmp_path, capsys):
     against DDIMPipeline for the defaults and each variant; every call records its command."""
     out = tmp_path / "bench"
     code = main(["bench", "--preset", "tiny", "--recipe", "fast", "--steps", "2", "--warmup", "1", "--out", str(out),
-                 "--set", "train.batch_per_gpu=8", "--set", "model.block_out_channels=[16,32,32]",
+                 "--set", "train.batch_per_gpu=8", *MICRO_NET,
                  "--variant", "b4", "train.batch_per_gpu=4", "--concurrent", "2",
                  "--sampling", "--sampling-batch", "2", "--sampling-steps", "2", "--sampling-repeats", "1"])
     assert code == 0, "\n".join(p.read_text() for p in (out / "logs").glob("*.log"))

@@ -10,22 +10,38 @@ import time
 
 from diffscale.runtime import checkpoint as ckpt
 
+# One process imports torch once and forks a writer for each line on its stdin: every trial kills
+# a fresh writer process without paying a Python and torch start-up of its own. A writer prints
+# its pid, then each step it saved; the forking process prints how each writer ended.
 WRITER = textwrap.dedent("""
-    import sys, torch
+    import os, sys, traceback, torch
     from diffscale.runtime.checkpoint import CheckpointMeta, TrainingState, save_checkpoint
     run_dir = sys.argv[1]
-    big = {f"w{i}": torch.full((256, 1024), float(i)) for i in range(24)}  # ~24 MB: saving takes a while
-    opt = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4)}},
-           "param_groups": [{"lr": 0.1, "params": [0]}]}
-    step = 0
-    while True:
-        step += 1
-        for t in big.values():
-            t.add_(1)
-        save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt,
-                                               meta=CheckpointMeta(saved_at=step),
-                                               rng={"torch_cpu": torch.get_rng_state()}), keep=2)
-        print(step, flush=True)
+
+    def write_forever():
+        print("writer", os.getpid(), flush=True)
+        big = {f"w{i}": torch.full((256, 1024), float(i)) for i in range(24)}  # ~24 MB: saving takes a while
+        opt = {"state": {0: {"step": torch.tensor(1.0), "exp_avg": torch.ones(4)}},
+               "param_groups": [{"lr": 0.1, "params": [0]}]}
+        step = 0
+        while True:
+            step += 1
+            for t in big.values():
+                t.add_(1)
+            save_checkpoint(run_dir, TrainingState(step=step, model=big, ema=big, optimizer=opt,
+                                                   meta=CheckpointMeta(saved_at=step),
+                                                   rng={"torch_cpu": torch.get_rng_state()}), keep=2)
+            print(step, flush=True)
+
+    for _ in sys.stdin:
+        pid = os.fork()
+        if pid == 0:  # the writer: it never returns to this loop
+            try:
+                write_forever()
+            except BaseException:
+                traceback.print_exc()
+            os._exit(1)
+        print("ended", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
 
 
@@ -36,14 +52,18 @@ def test_sigkill_at_random_moments_never_leaves_a_broken_newest_checkpoint(tmp_p
     run_dir = tmp_path / "run"
     trials = 0
     killed_mid_save = 0
+    forks = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     for _ in range(8):
-        proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE, text=True)
-        first = proc.stdout.readline()  # at least one complete checkpoint exists
-        assert first.strip()
+        forks.stdin.write("next\n")
+        forks.stdin.flush()
+        pid = int(forks.stdout.readline().split()[1])
+        first = forks.stdout.readline()  # at least one complete checkpoint exists
+        assert first.strip().isdigit(), first
         time.sleep(rng.uniform(0.0, 0.6))
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+        os.kill(pid, signal.SIGKILL)
+        ended = next(line for line in forks.stdout if line.startswith("ended"))
+        assert ended.split() == ["ended", str(-signal.SIGKILL)]
         trials += 1
         leftovers = list((run_dir / "checkpoints").glob(".tmp-*"))
         killed_mid_save += bool(leftovers)
@@ -52,5 +72,8 @@ def test_sigkill_at_random_moments_never_leaves_a_broken_newest_checkpoint(tmp_p
         state = ckpt.load_latest(run_dir)
         assert state is not None and state.step == ckpt.step_of(newest)
         assert float(state.model["w0"][0, 0]) == state.step  # the weights of that very step
+    forks.stdin.close()
+    assert forks.wait(timeout=60) == 0
+    forks.stdout.close()
     assert trials == 8
     assert killed_mid_save >= 1, "no kill landed inside a save; the test did not exercise the atomic rename"
