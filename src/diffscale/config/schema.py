@@ -349,7 +349,7 @@ class RuntimeConfig:
     (training and sampling): a little faster, for a much longer first compile (cached after); off
     by default for that (docs/decisions.md, "Coordinate-descent kernel tuning")."""
     compile_cache: Toggle = Toggle.OFF
-    """Keep dynamo's traced network with the compiled kernels (RUN_DIR/cache/inductor/dynamo, torch's
+    """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     experimental caching precompile), so a resumed job installs it instead of tracing the network
     again, which shortened a resumed compile on the CPU (docs/benchmarks.md, "Start-up and compile
     time"). Written once, after the first step; one process only (a distributed run traces as
