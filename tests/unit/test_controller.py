@@ -55,6 +55,21 @@ def test_ddpm_loop_is_diffusers_ancestral_sampler_and_ddim_its_deterministic_one
     assert not torch.allclose(plans["dpmsolver"], plans["ddim"], atol=1e-3)  # its own solver, not DDIM's
 
 
+def test_ddpm_follows_the_visited_timesteps_where_a_trailing_spacing_visits_them_unevenly():
+    """7 of 100 trailing timesteps are not evenly spaced: DDPM steps to the next timestep visited,
+    as DDPMScheduler (and sampling) does, not by DDIM's fixed stride."""
+    torch.manual_seed(0)
+    cfg = resolve_config(ConfigSources(preset="policy-tiny", device="cpu",
+                                       overrides=["diffusion.timestep_spacing=trailing"]))
+    task = build_task(cfg, CPU)
+    net = task.build_network().eval()
+    history = task.preview_obs[:3]
+    controller = LoopController(task, net, sampler="ddpm", steps=7)
+    controller.reset(5)
+    reference = task.plan(net, history, steps=7, sampler="ddpm", generator=torch.Generator().manual_seed(5))
+    assert torch.allclose(controller.plan(history), reference.samples, atol=1e-5)
+
+
 def test_select_action_keeps_history_and_queue_and_replans_every_action_horizon(task_and_net):
     task, net = task_and_net
     controller = CountingController(task, net, steps=3)

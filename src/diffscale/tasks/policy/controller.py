@@ -8,12 +8,13 @@ action chunk from the history and queues ``action_horizon`` of its actions, from
 controller's own CPU generator, seeded by ``reset(seed)``: every plan draws fresh noise, and
 an episode reset with the same seed repeats exactly.
 
-One denoising loop serves both samplers. DDPM's ancestral step is DDIM's step with ``eta``
-1 and the clipped prediction's noise (diffusers' ``DDIMScheduler.step``, the same arithmetic),
-so the noise of every step is drawn before the loop and passed in; nothing is drawn inside.
-The step is not diffusers' call itself but its coefficients, computed once per controller
-from the run's diffusers scheduler (``diffusion.ddim.ddim_steps``: its ``alphas_cumprod`` and
-the timesteps its ``set_timesteps`` chooses): diffusers recomputes the schedule on the host at
+One denoising loop serves both samplers. DDPM's ancestral step is DDIM's update with ``eta``
+1 on the clipped prediction's noise, from each timestep to the next one visited (diffusers'
+``DDPMScheduler.step``, the same arithmetic), so the noise of every step is drawn before the
+loop and passed in; nothing is drawn inside. The step is not diffusers' call itself but its
+coefficients, computed once per controller from the run's diffusers scheduler
+(``diffusion.ddim.ddpm_steps`` / ``ddim_steps``, as sampling runs them: its ``alphas_cumprod``
+and the timesteps its ``set_timesteps`` chooses): diffusers recomputes the schedule on the host at
 every step, which on the CPU at batch 1 costs as much as a compiled network call. On a CUDA
 network that records loops (``InferenceNetwork.loops``), the whole loop is recorded once as
 one CUDA graph and replayed per plan for either sampler. DPM-Solver++ keeps diffusers' step:
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from diffscale.diffusion import SamplerKind
-from diffscale.diffusion.ddim import ddim_steps
+from diffscale.diffusion.ddim import ddim_steps, ddpm_steps
 from diffscale.diffusion.graphed import LoopCache
 from diffscale.diffusion.sampler import set_distinct_timesteps
 from diffscale.errors import UserError
@@ -67,10 +68,9 @@ class Controller:
         self.obs_horizon, self.action_horizon = task.model.obs_horizon, task.model.action_horizon
         self.pred_horizon = task.model.pred_horizon
         self.steps = min(int(steps), task.diffusion.num_timesteps)
-        ddpm = self.kind == SamplerKind.DDPM
-        self.schedule = ddim_steps(task.diffusion.ddim_scheduler(), self.steps, eta=1.0 if ddpm else 0.0,
-                                   clipped_output=ddpm)
-        """DDIM's (or DDPM's, ``eta`` 1) update per denoising step, from the run's scheduler."""
+        self.schedule = ddpm_steps(task.diffusion.ddpm_scheduler(), self.steps) if self.kind == SamplerKind.DDPM \
+            else ddim_steps(task.diffusion.ddim_scheduler(), self.steps)
+        """DDPM's or DDIM's update per denoising step, from the run's scheduler, as sampling runs them."""
         self.generator = torch.Generator()
         self.planned_shapes: set[tuple[int, ...]] = set()
         """Shapes of the plans run so far with the compiled network's guards checked."""
