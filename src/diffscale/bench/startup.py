@@ -157,7 +157,11 @@ def measure(preset: str, overrides: list[str], *, profile_resumed: bool, work: P
     cfg = C.resolve_config(C.ConfigSources(preset=preset, overrides=overrides))
     window = cfg.train.log_every
     run_dir = work / f"startup-{preset}"
-    common = ["train", "--preset", preset, "--out", str(run_dir), *[a for o in overrides for a in ("--set", o)]]
+
+    def train_args(out: Path) -> list[str]:
+        return ["train", "--preset", preset, "--out", str(out), *[a for o in overrides for a in ("--set", o)]]
+
+    common = train_args(run_dir)
     record: dict = {"preset": preset, "overrides": overrides, "inductor": inductor or {}, "steps_per_job": window,
                     "resumed_windows": windows}
     print(f"cold: {preset}, {window} steps", flush=True)
@@ -169,8 +173,7 @@ def measure(preset: str, overrides: list[str], *, profile_resumed: bool, work: P
     resumed_to = (1 + windows) * window
     print(f"new run: {preset}, {window} steps, in another run dir", flush=True)
     new_dir = work / f"startup-{preset}-new"
-    new_args = ["train", "--preset", preset, "--out", str(new_dir), *[a for o in overrides for a in ("--set", o)]]
-    record["new_run"] = timed_job([*new_args, "--max-steps", str(window)], new_dir, 0, inductor=inductor,
+    record["new_run"] = timed_job([*train_args(new_dir), "--max-steps", str(window)], new_dir, 0, inductor=inductor,
                                   end_at=window if skip_preview else None)
     if profile_resumed:
         import pstats

@@ -436,17 +436,21 @@ class RunConfig:
         before: dict[str, Any] = getattr(type(self.model), "KEYED_AS_BEFORE", {})
         return {k: v for k, v in _to_plain(self.model).items() if k not in before or before[k] != v}
 
+    def graph_parts(self, world_size: int) -> dict[str, Any]:
+        """What of the config decides the compiled graph: the task, network, runtime settings,
+        per-rank batch and micro-steps, and the world size."""
+        return {"task": self.task, "model": self.model_key(), "runtime": self.to_dict()["runtime"],
+                "batch_per_gpu": self.train.batch_per_gpu, "grad_accum": self.train.grad_accum,
+                "world_size": world_size}
+
     def graph_key(self, world_size: int) -> str:
-        """What decides the compiled graph (the task, network, runtime settings, per-rank batch and
-        world size) as a short hash: runs that agree on it share one folder of compiled kernels.
-        Torch and source versions are keyed by torch's caches themselves."""
+        """:meth:`graph_parts` as a short hash: runs that agree on it share one folder of compiled
+        kernels. Torch and source versions are keyed by torch's caches themselves."""
         import hashlib
         import json
 
-        parts = {"task": self.task, "model": self.model_key(), "runtime": self.to_dict()["runtime"],
-                 "batch_per_gpu": self.train.batch_per_gpu, "grad_accum": self.train.grad_accum,
-                 "world_size": world_size}
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        text = json.dumps(self.graph_parts(world_size), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)

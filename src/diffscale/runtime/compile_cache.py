@@ -74,9 +74,7 @@ def _on_defaults(guard: Any) -> bool:
 
 def fingerprint(cfg: RunConfig, world_size: int) -> str:
     """What decides the traced graph beyond the source torch checks itself."""
-    parts = {"task": cfg.task, "model": cfg.model_key(), "runtime": cfg.to_dict()["runtime"],
-             "batch_per_gpu": cfg.train.batch_per_gpu, "grad_accum": cfg.train.grad_accum,
-             "world_size": world_size, "torch": torch.__version__}
+    parts = {**cfg.graph_parts(world_size), "torch": torch.__version__}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
