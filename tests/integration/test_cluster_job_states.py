@@ -31,8 +31,19 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 180) -> ob
     raise TimeoutError(f"{what}: not after {timeout} s")
 
 
+def job_record(run_dir: Path) -> dict[str, str]:
+    return json.loads((run_dir / "jobs.json").read_text())["submissions"][-1]["jobs"][0]
+
+
 def job_id(run_dir: Path) -> str:
-    return json.loads((run_dir / "jobs.json").read_text())["submissions"][-1]["jobs"][0]["job_id"]
+    return job_record(run_dir)["job_id"]
+
+
+def slurm_log(cluster, job: str) -> str:
+    """slurmctld's lines about ``job`` (what it did with a signal), for a failure's message."""
+    log = cluster.state_dir / "log" / "slurmctld.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return "\n".join(line for line in lines if f"JobId={job}" in line or f"job {job}" in line.lower()) or "(none)"
 
 
 def status(run_dir: Path) -> str:
@@ -82,8 +93,19 @@ def test_slurm_a_stopped_job_is_active_and_cancel_stops_it(slurm_cluster, slurm_
     job = sleeper(slurm_profile, run_dir)
     try:
         wait_for("the job runs", lambda: slurm_cluster.job(job).get("JobState") == "RUNNING")
-        subprocess.run(["scancel", "--signal=STOP", job], check=True, timeout=30)
-        wait_for("the job is STOPPED", lambda: slurm_cluster.job(job).get("JobState") == "STOPPED")
+        # its batch script started (slurmstepd opened the log): the STOP is not sent mid-launch
+        wait_for("the job's log", (run_dir / job_record(run_dir)["log"]).exists)
+
+        def stopped() -> bool:
+            # slurmctld keeps STOPPED only for a signal it accepted; on a busy host a signal sent while
+            # the job is still being set up was once lost (CI, 2026-11-27), so it is sent until it holds
+            subprocess.run(["scancel", "--signal=STOP", job], check=True, timeout=30)
+            return any(slurm_cluster.job(job).get("JobState") == "STOPPED" or time.sleep(0.5) for _ in range(10))
+
+        try:
+            wait_for("the job is STOPPED", stopped)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; slurmctld's log of it:\n{slurm_log(slurm_cluster, job)}") from None
         shown = status(run_dir)
         assert re.search(rf"{job}\s.*STOPPED", shown) and "exit" not in shown, shown
         rc, out = ds("cancel", str(run_dir))
