@@ -250,7 +250,7 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
 
     from diffscale.config import Toggle
     from diffscale.config.presets import tiny
-    from diffscale.runtime.compile_cache import STAMP, fingerprint, open_compile_cache
+    from diffscale.runtime.compile_cache import DISCARDED, STAMP, fingerprint, open_compile_cache
     from diffscale.tasks.images.network import Denoiser, build_unet
 
     cfg = tiny()
@@ -274,6 +274,9 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     assert cache.active and not cache.found and not dynamo.exists()
     assert len(said) == 1 and said[0].startswith(f"[yellow]warning: the cached traced network in {dynamo} "
                                                  "could not be used (UnpicklingError")
+    kept = cache_dir / DISCARDED  # the whole traceback, for a report against torch
+    assert said[0].endswith(f"; tracing it again; the traceback is in {kept}[/]")
+    assert "Traceback (most recent call last)" in kept.read_text() and "UnpicklingError" in kept.read_text()
     cache = cache_with(b"x", "another config")
     assert cache.active and not cache.found and not dynamo.exists()
     assert len(said) == 1 and "(it was traced for another config or torch)" in said[0]

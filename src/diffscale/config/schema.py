@@ -356,7 +356,8 @@ class RuntimeConfig:
     before); an entry for another config or torch is discarded. ``auto``: off. On a GPU with CUDA
     graphs (torch 2.11) a resumed job could not install the saved network ("TracingContext.get()
     must be called within an ongoing trace") and traced it again (docs/decisions.md, "Dynamo's
-    traced network cached")."""
+    traced network cached"); a discarded entry's traceback is kept in the kernel folder's
+    ``traced-network-discarded.txt``."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.

@@ -19,6 +19,8 @@ import json
 import logging
 import pickle
 import shutil
+import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from diffscale.config import RunConfig, Toggle
 
 STAMP = "diffscale-stamp.json"
 """Beside torch's entries: the fingerprint of the run they were traced for."""
+DISCARDED = "traced-network-discarded.txt"
+"""Beside the entries' folder: why and where the last entry that could not be used failed."""
 
 # torch's CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES (torch 2.11, 2.13). Caching
 # precompile drops most of these itself, but not a CLASS_MATCH guard that carries no derived ID_MATCH
@@ -153,9 +157,19 @@ class CompileCache:
                      f"a resumed job traces it again[/]")
 
     def _discard(self, why: str) -> None:
+        """Drop the entry with one warning. Called while handling the failure, the traceback goes to
+        ``DISCARDED`` beside the entry (the warning names it): what a bug report against torch needs."""
         why = why.strip().splitlines()[0] if why.strip() else "unknown"
+        report = ""
+        if self.directory is not None and sys.exc_info()[0] is not None:
+            kept = self.directory.parent / DISCARDED
+            try:
+                kept.write_text(f"{self.directory}: {why}\ntorch {torch.__version__}\n\n{traceback.format_exc()}")
+                report = f"; the traceback is in {kept}"
+            except OSError:
+                pass
         self.say(f"[yellow]warning: the cached traced network in {self.directory} could not be used ({why}); "
-                 f"tracing it again[/]")
+                 f"tracing it again{report}[/]")
         self.found = False
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
