@@ -131,7 +131,8 @@ def test_training_replays_cuda_graphs_by_default_where_a_step_can_replay(fake_h1
     assert not trains_in_cuda_graphs(cfg, resolve_policy(cfg.runtime, torch.device("cpu")))  # not compiled on the CPU
 
 
-def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries(fake_h100):
+def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries_and_cudnn_search_follows_its_toggle(
+        fake_h100):
     """Inductor's cache key leaves out the SDPA kernel flags: without a tag of its own, code
     compiled under ``auto`` (cuDNN attention) was reused by a ``math`` run on a warm cache."""
     from diffscale.runtime.device import configure_backends
@@ -150,6 +151,9 @@ def test_a_forced_attention_kernel_gets_its_own_compile_cache_entries(fake_h100)
         configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.FLASH), fake_h100))
         configure_backends(resolve_policy(C.RuntimeConfig(attention=C.Attention.FLASH), fake_h100))
         assert torch.compiler.config.cache_key_tag == "lab-A|sdpa=flash"
+        assert torch.backends.cudnn.benchmark  # auto: cuDNN times its algorithms on CUDA
+        configure_backends(resolve_policy(C.RuntimeConfig(cudnn_benchmark=C.Toggle.OFF), fake_h100))
+        assert not torch.backends.cudnn.benchmark
     finally:
         b.enable_flash_sdp(saved[0]), b.enable_mem_efficient_sdp(saved[1])
         b.enable_cudnn_sdp(saved[2]), b.enable_math_sdp(saved[3])

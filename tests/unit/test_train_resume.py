@@ -171,6 +171,8 @@ def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(kernels)
     # another run of the same network (another learning rate and seed): the same kernels
     assert run_compile_cache(tmp_path / "second", config("optim.lr=5e-4", "train.seed=3"), 1) == kernels
+    # cuDNN's algorithm search is chosen at run time, outside the graph
+    assert run_compile_cache(tmp_path / "second", config("runtime.cudnn_benchmark=off"), 1) == kernels
     # what changes the compiled graph gets a folder of its own
     assert run_compile_cache(tmp_path / "second", config("train.batch_per_gpu=32"), 1) != kernels
     assert run_compile_cache(tmp_path / "second", config("runtime.layout_opt=off"), 1) != kernels

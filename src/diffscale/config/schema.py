@@ -323,6 +323,10 @@ class TrainConfig:
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
 
 
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark"})
+"""Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
+
+
 @dataclass(kw_only=True)
 class RuntimeConfig:
     """Hardware and distributed settings; the same config runs on every device."""
@@ -348,6 +352,10 @@ class RuntimeConfig:
     """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled
     (training and sampling): a little faster, for a much longer first compile (cached after); off
     by default for that (docs/decisions.md, "Coordinate-descent kernel tuning")."""
+    cudnn_benchmark: Toggle = Toggle.AUTO
+    """cuDNN times every algorithm for each convolution shape at its first call and keeps the
+    fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
+    job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.OFF
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     experimental caching precompile), so a resumed job installs it instead of tracing the network
@@ -440,7 +448,8 @@ class RunConfig:
     def graph_parts(self, world_size: int) -> dict[str, Any]:
         """What of the config decides the compiled graph: the task, network, runtime settings,
         per-rank batch and micro-steps, and the world size."""
-        return {"task": self.task, "model": self.model_key(), "runtime": self.to_dict()["runtime"],
+        runtime = {k: v for k, v in self.to_dict()["runtime"].items() if k not in RUNTIME_OUTSIDE_GRAPH}
+        return {"task": self.task, "model": self.model_key(), "runtime": runtime,
                 "batch_per_gpu": self.train.batch_per_gpu, "grad_accum": self.train.grad_accum,
                 "world_size": world_size}
 

@@ -39,6 +39,8 @@ class DevicePolicy:
     """Force inductor's channels-last layout optimisation in compiled graphs."""
     flex_min_rows: int | None = None
     """FlexAttention for attention calls of at least this many (batch x heads) rows; None: never."""
+    cudnn_benchmark: bool = False
+    """cuDNN times its convolution algorithms at each new shape's first call and keeps the fastest."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -155,6 +157,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         attention=cfg.attention,
         layout_opt=layout_opt,
         flex_min_rows=flex_min_rows,
+        cudnn_benchmark=_toggle(cfg.cudnn_benchmark, device.type == "cuda"),
     )
 
 
@@ -173,7 +176,8 @@ def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
 
 def configure_backends(policy: DevicePolicy) -> None:
-    """Process-wide math settings that are safe for training (TF32, cuDNN autotuning, no denormals)."""
+    """Process-wide math settings that are safe for training (TF32, cuDNN's algorithm search where
+    ``runtime.cudnn_benchmark`` keeps it, no denormals)."""
     if policy.device.type == "cpu":
         # Denormal floats (tiny weights/gradients late in training) slow CPU kernels many times over
         # (docs/benchmarks.md, "CPU demo"); flushing them to zero costs nothing visible.
@@ -181,7 +185,7 @@ def configure_backends(policy: DevicePolicy) -> None:
     if policy.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = policy.cudnn_benchmark
         if policy.attention not in (Attention.AUTO, Attention.SDPA, Attention.FLEX):  # flex: runtime/flex_attention.py
             # Process-wide: only the chosen scaled-dot-product-attention kernel stays enabled.
             chosen = policy.attention
