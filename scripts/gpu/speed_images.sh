@@ -17,7 +17,9 @@
 # QUALITY_EXTRA (more quality_time options, e.g. "--variant warm100 optim.warmup_steps=100"),
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
-# (small), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
+# (small), STARTUP_EXTRA (more bench.startup options, e.g. "--set runtime.cudnn_benchmark=off" or
+# "--set runtime.compile_cache=on"; an entry that could not be installed leaves its traceback in
+# $OUT/startup/), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
 # it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
 # sizes: a dry run of every part on a CPU in a few minutes; its figures mean nothing).
 # The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
@@ -47,6 +49,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   PIPELINE_ARGS=(--batch 2 --steps 3 --repeats 1 --set "model.block_out_channels=[16,32,32]")
   STARTUP_ARGS=(--skip-preview --windows 2 "${TINY[@]}" --set train.log_every=2)
 fi
+read -r -a STARTUP_EXTRA_ARGS <<< "${STARTUP_EXTRA:-}"
+STARTUP_ARGS+=("${STARTUP_EXTRA_ARGS[@]}")
 mkdir -p "$OUT/logs" "$WORK"
 START=$(date +%s)
 STATUS=()
@@ -108,6 +112,7 @@ for name in $PARTS; do
       part startup 300 env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
         "$PY" -m diffscale.bench.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
         --json "$OUT/startup/startup.jsonl"
+      cp "$WORK/startup/cache/kernels"/*/traced-network-discarded.txt "$OUT/startup/" 2>/dev/null
       FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)
       KERNELS=$(ls -d "$WORK/startup/cache/kernels"/*/ 2>/dev/null | head -1)
       if [ -n "$KERNELS" ]; then
