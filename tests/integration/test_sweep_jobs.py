@@ -79,16 +79,18 @@ def test_a_data_fraction_by_seed_study_finishes_and_collects_on_grid_engine(sge_
 
 
 def fraction_by_seed_study(profile: Path, tmp_path: Path) -> None:
-    """12 elements (4 fractions x 3 seeds) of a tiny CPU training: every one done, one row per fraction."""
-    definition = tiny_sweep(tmp_path, profile, {"data.fraction": [0.1, 0.25, 0.5, 1.0]}, steps=4, seeds=[0, 1, 2])
+    """6 elements (3 fractions x 2 seeds, two at a time) of a tiny CPU training: every one done, one
+    row per fraction over its seeds. (Each element is a job that imports torch: the study's size is
+    most of this test's time.)"""
+    definition = tiny_sweep(tmp_path, profile, {"data.fraction": [0.1, 0.5, 1.0]}, steps=4, seeds=[0, 1])
     rc, out = ds("sweep", "submit", str(definition))
     assert rc == 0, out
     final = wait_sweep(tmp_path / "sweep", timeout=900)
-    assert [s["state"] for s in final.values()] == ["done"] * 12, final
+    assert [s["state"] for s in final.values()] == ["done"] * 6, final
     rc, out = ds("sweep", "collect", str(tmp_path / "sweep"))
     assert rc == 0, out
     rows = (tmp_path / "sweep" / "collect-summary.csv").read_text().splitlines()
-    assert [r.split(",")[:2] for r in rows[1:]] == [["0.1", "3"], ["0.25", "3"], ["0.5", "3"], ["1.0", "3"]]
+    assert [r.split(",")[:2] for r in rows[1:]] == [["0.1", "2"], ["0.5", "2"], ["1.0", "2"]]
 
 
 def _final_weights(run_dir: Path) -> dict:
