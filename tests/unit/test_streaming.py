@@ -4,6 +4,7 @@ exact resume through it, and how the path and the workers are chosen."""
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -67,7 +68,9 @@ def test_streamed_training_resumes_bit_for_bit_and_matches_resident_training(tmp
     data = ["--data", f"imagefolder:{tmp_path / 'imgs'}"]
     streamed = micro_args("data.resident=off", "data.workers=1", "train.grad_accum=2", steps=8)
     straight, split, resident = tmp_path / "straight", tmp_path / "split", tmp_path / "resident"
+    before = {child.pid for child in psutil.Process().children()}
     assert main(["train", "--out", str(straight), *data, *streamed]) == 0
+    assert {child.pid for child in psutil.Process().children()} <= before  # its loader worker stopped with it
     out = capsys.readouterr().out
     assert "streamed from disk" in out and "data.resident off" in out and "1 loader workers per rank" in out
     assert main(["train", "--out", str(split), "--max-steps", "4", *data, *streamed]) == 0
