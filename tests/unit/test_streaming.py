@@ -49,6 +49,8 @@ def test_each_rank_streams_its_rows_of_the_resident_global_batch(tmp_path, worke
                 rows = micro_slice(micro, rank, world, per_gpu)
                 assert torch.equal(stream.rows_of(rows), torch.from_numpy(images)[indices[rows]])
     assert streams[0].position == resident.position
+    for stream in streams:  # its loader workers stop here, not in a later test's garbage collection
+        stream.close()
 
 
 def _folder(root, n=48):
