@@ -4,6 +4,7 @@ exact resume through it, and how the path and the workers are chosen."""
 from __future__ import annotations
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image
@@ -48,6 +49,8 @@ def test_each_rank_streams_its_rows_of_the_resident_global_batch(tmp_path, worke
                 rows = micro_slice(micro, rank, world, per_gpu)
                 assert torch.equal(stream.rows_of(rows), torch.from_numpy(images)[indices[rows]])
     assert streams[0].position == resident.position
+    for stream in streams:  # its loader workers stop here, not in a later test's garbage collection
+        stream.close()
 
 
 def _folder(root, n=48):
@@ -67,7 +70,9 @@ def test_streamed_training_resumes_bit_for_bit_and_matches_resident_training(tmp
     data = ["--data", f"imagefolder:{tmp_path / 'imgs'}"]
     streamed = micro_args("data.resident=off", "data.workers=1", "train.grad_accum=2", steps=8)
     straight, split, resident = tmp_path / "straight", tmp_path / "split", tmp_path / "resident"
+    before = {child.pid for child in psutil.Process().children()}
     assert main(["train", "--out", str(straight), *data, *streamed]) == 0
+    assert {child.pid for child in psutil.Process().children()} <= before  # its loader worker stopped with it
     out = capsys.readouterr().out
     assert "streamed from disk" in out and "data.resident off" in out and "1 loader workers per rank" in out
     assert main(["train", "--out", str(split), "--max-steps", "4", *data, *streamed]) == 0

@@ -99,6 +99,12 @@ class StreamingBatcher(DeviceBatcher):
         self.current = next(self._rows).to(self.device, non_blocking=True)
         return indices
 
+    def close(self) -> None:
+        """Stop the loader workers now (a later ``next_indices`` starts them again at ``position``).
+        Left to the garbage collector, the loader's queues can be finalized before it tells its
+        workers to stop, and it then waits out a timeout for each worker."""
+        self._rows = None
+
     def rows_of(self, rows: slice) -> torch.Tensor:
         """The images of global rows ``rows`` (one of this rank's micro slices), on the device."""
         assert self.current is not None, "next_indices comes first"
