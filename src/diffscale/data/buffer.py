@@ -192,6 +192,9 @@ class BufferBatcher:
         self._generator = torch.Generator(device=device)
         self.device = device
 
+    def close(self) -> None:
+        """Nothing to release: the buffer belongs to its owner."""
+
     def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.buffer.size == 0:
             raise UserError("training was asked for a batch while the buffer is empty",

@@ -80,6 +80,9 @@ class DeviceBatcher:
         assert self._perm is not None
         return self._perm
 
+    def close(self) -> None:
+        """Nothing to release: the indices are drawn on the device."""
+
     def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Indices of the next global batch (identical on every rank), copied into ``out`` if given."""
         if self.position.offset + self.global_batch > self.num_items:

@@ -28,6 +28,11 @@ class Batcher(Protocol):
         ``out`` (int64, on the device) when given, which is returned."""
         ...
 
+    def close(self) -> None:
+        """Release what the batcher holds (a streamed batcher's loader workers) once the loop is done
+        with it, rather than when the garbage collector reaches it."""
+        ...
+
 
 def _no_report(message: str, record: dict[str, Any]) -> None:
     del message, record

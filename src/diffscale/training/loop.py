@@ -22,7 +22,6 @@ from rich.console import Console
 from diffscale.config import RunConfig, write_yaml
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.data.locations import with_absolute_path
-from diffscale.data.streaming import StreamingBatcher
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_bytes
 from diffscale.io.rundir import read_config
@@ -335,16 +334,9 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
         finally:
             telemetry.close()
             if runner is not None:
-                _release(runner.batcher)
+                runner.batcher.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
                         data_ended=run_state.data_ended)
-
-
-def _release(batcher: object) -> None:
-    """A streamed batcher's loader workers stop once the loop is done with it, not when the garbage
-    collector reaches them (which waits out a timeout per worker)."""
-    if isinstance(batcher, StreamingBatcher):
-        batcher.close()
 
 
 def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -> Feed:
@@ -466,7 +458,7 @@ def _roll_back(run_state: RunState, runner: StepRunner, say: Say) -> None:
             "lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower so a rollback is possible",
         )
     run_state.roll_back(state)
-    _release(runner.batcher)
+    runner.batcher.close()
     runner.restart(run_state.make_batcher())
     say(f"warning: non-finite loss for {cfg.train.max_nonfinite_steps} steps in a row at step {step}: rolled back "
         f"to step {state.step} with the learning rate halved (rollback {run_state.rollbacks} of {MAX_ROLLBACKS})")
