@@ -458,7 +458,6 @@ def _roll_back(run_state: RunState, runner: StepRunner, say: Say) -> None:
             "lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower so a rollback is possible",
         )
     run_state.roll_back(state)
-    runner.batcher.close()
     runner.restart(run_state.make_batcher())
     say(f"warning: non-finite loss for {cfg.train.max_nonfinite_steps} steps in a row at step {step}: rolled back "
         f"to step {state.step} with the learning rate halved (rollback {run_state.rollbacks} of {MAX_ROLLBACKS})")

@@ -163,7 +163,9 @@ class StepRunner:
         return int(self._bad_run.item())
 
     def restart(self, batcher: Batcher) -> None:
-        """Continue from a restored run state's data stream (after a rollback)."""
+        """Continue from a restored run state's data stream (after a rollback); the batcher drawn
+        from so far is released."""
+        self.batcher.close()
         self.batcher = batcher
         self._bad_run.zero_()
         if self.whole is not None:  # the optimizer's state tensors were replaced
