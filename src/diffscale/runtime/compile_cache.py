@@ -19,7 +19,6 @@ import json
 import logging
 import pickle
 import shutil
-import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -136,7 +135,7 @@ class CompileCache:
             with _loading_as_compiled(options):
                 return _compile(model, {**options, "guard_filter_fn": writable_guards})
         except Exception as exc:  # torch falls back by itself only on RuntimeError
-            self._discard(f"{type(exc).__name__}: {exc}")
+            self._discard(f"{type(exc).__name__}: {exc}", exc)
             torch._dynamo.reset()
             return _compile(model, {**options, "guard_filter_fn": writable_guards})
 
@@ -156,15 +155,16 @@ class CompileCache:
             self.say(f"[yellow]warning: the traced network was not cached ({type(exc).__name__}: {exc}); "
                      f"a resumed job traces it again[/]")
 
-    def _discard(self, why: str) -> None:
-        """Drop the entry with one warning. Called while handling the failure, the traceback goes to
-        ``DISCARDED`` beside the entry (the warning names it): what a bug report against torch needs."""
+    def _discard(self, why: str, failure: BaseException | None = None) -> None:
+        """Drop the entry with one warning. ``failure``'s traceback goes to ``DISCARDED`` beside the
+        entry (the warning names it): what a bug report against torch needs."""
         why = why.strip().splitlines()[0] if why.strip() else "unknown"
         report = ""
-        if self.directory is not None and sys.exc_info()[0] is not None:
+        if self.directory is not None and failure is not None:
             kept = self.directory.parent / DISCARDED
+            trace = "".join(traceback.format_exception(failure))
             try:
-                kept.write_text(f"{self.directory}: {why}\ntorch {torch.__version__}\n\n{traceback.format_exc()}")
+                kept.write_text(f"{self.directory}: {why}\ntorch {torch.__version__}\n\n{trace}")
                 report = f"; the traceback is in {kept}"
             except OSError:
                 pass
@@ -200,7 +200,7 @@ class CompileCache:
                 for guarded in code.guarded_codes:
                     load_guards_state(guarded.guards_state)
         except Exception as exc:
-            self._discard(f"{type(exc).__name__}: {exc}")
+            self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
         self.found = True
 
