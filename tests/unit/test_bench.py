@@ -16,11 +16,11 @@ from diffscale.config import merge
 from diffscale.config.presets import get_preset
 from diffscale.tasks.images.task import ImageTask
 
-# tiny's UNet cut to the micro size (tests/helpers.py), convolutions and an attention block kept:
-# what a bench run reports does not depend on the network's size, and its steps are cheaper.
-MICRO_NET = ["--set", "model.sample_size=8", "--set", "model.block_out_channels=[8,16]",
-             "--set", "model.attention=[false,true]", "--set", "model.layers_per_block=1",
-             "--set", "model.norm_num_groups=8"]
+from helpers import MICRO
+
+# tiny's UNet cut to the micro size (MICRO's network settings), convolutions and an attention block
+# kept: what a bench run reports does not depend on the network's size, and its steps are cheaper.
+MICRO_NET = [arg for item in MICRO if item.startswith("model.") for arg in ("--set", item)]
 
 
 def test_bench_runs_fast_and_plain_and_reports(tmp_path, capsys):
