@@ -5,6 +5,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -285,3 +286,30 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     cache = cache_with(b"x", fingerprint(cfg, 2), world_size=2)
     assert not cache.active and cache.why_not.startswith("runtime.compile_cache is for one process")
     assert not said and dynamo.exists()  # a distributed run leaves the cache alone
+
+
+def test_the_traced_network_cache_leaves_out_guards_torch_cannot_read_back():
+    """On CUDA the traced step guards ``torch.cuda.current_device()`` through ``__import__('torch')``
+    (an ImportSource): building that source again installs a guard, so reading the entry outside a
+    trace failed ("TracingContext.get() must be called within an ongoing trace", H100, torch 2.11)
+    and every resumed job traced the network again. Such guards stay out of the entry."""
+    import pickle
+
+    from torch._dynamo.guards import GuardBuilder
+    from torch._dynamo.source import AttrSource, CallFunctionNoArgsSource, ImportSource, LocalSource
+    from torch._dynamo.types import GuardFilterEntry
+    from torch._guards import TracingContext, tracing
+
+    from diffscale.runtime.compile_cache import writable_guards
+
+    with tracing(TracingContext(None)):  # as dynamo builds them while tracing
+        current_device = CallFunctionNoArgsSource(
+            AttrSource(AttrSource(ImportSource("torch"), "cuda"), "current_device"))
+        guards = [current_device.make_guard(GuardBuilder.EQUALS_MATCH),
+                  LocalSource("x").make_guard(GuardBuilder.TENSOR_MATCH)]
+        written = pickle.dumps([g.originating_source for g in guards])
+    with pytest.raises(RuntimeError, match="within an ongoing trace"):
+        pickle.loads(written)  # what loading the entry met
+    entries = [GuardFilterEntry(name=g.name, has_value=False, value=None, guard_type=g.create_fn_name(),
+                                derived_guard_types=(), is_global=False, orig_guard=g) for g in guards]
+    assert writable_guards(entries) == [False, True]

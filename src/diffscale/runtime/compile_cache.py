@@ -59,17 +59,25 @@ def writable_guards(entries: Sequence[Any]) -> list[bool]:
     """``torch.compile``'s ``guard_filter_fn``: keep the guards torch can write into an entry and
     read back (tensor shapes, dtypes, devices, strides, global state such as grad mode and autocast)."""
     return [not (e.guard_type in _UNWRITABLE or _UNWRITABLE.intersection(e.derived_guard_types)
-                 or getattr(e.orig_guard, "_unserializable", False) or _on_defaults(e.orig_guard)) for e in entries]
+                 or getattr(e.orig_guard, "_unserializable", False) or _on_unreadable_source(e.orig_guard))
+            for e in entries]
 
 
-def _on_defaults(guard: Any) -> bool:
-    """A guard on a function's default argument. torch 2.11 writes its source (``DefaultsSource``)
-    with two fields it cannot read back: loading the entry failed with ``TypeError: DefaultsSource.
-    __init__() takes from 3 to 4 positional arguments but 6 were given`` (fixed in 2.13). The
-    defaults are in the source torch checksums."""
+# Sources torch writes into an entry but cannot read back outside a trace:
+# - DefaultsSource (a function's default argument): torch 2.11 writes two fields it cannot read back
+#   ("TypeError: DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given";
+#   fixed in 2.13). The defaults are in the source torch checksums.
+# - ImportSource (``__import__('torch')``): building one installs a guard, which needs an ongoing
+#   trace, so reading it back fails ("TracingContext.get() must be called within an ongoing trace",
+#   torch 2.11 and 2.13). On CUDA the traced step guards ``torch.cuda.current_device()`` through it;
+#   one process trains on one device, and the stamp holds the runtime settings that choose it.
+_UNREADABLE_SOURCES = frozenset({"DefaultsSource", "ImportSource"})
+
+
+def _on_unreadable_source(guard: Any) -> bool:
     source = getattr(guard, "originating_source", None)
     while source is not None:
-        if type(source).__name__ == "DefaultsSource":
+        if type(source).__name__ in _UNREADABLE_SOURCES:
             return True
         source = getattr(source, "base", None)
     return False
