@@ -17,9 +17,9 @@
 # QUALITY_EXTRA (more quality_time options, e.g. "--variant warm100 optim.warmup_steps=100"),
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
-# (small), STARTUP_EXTRA (more bench.startup options, e.g. "--set runtime.cudnn_benchmark=off" or
-# "--set runtime.compile_cache=on"; an entry that could not be installed leaves its traceback in
-# $OUT/startup/), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
+# (small), STARTUP_EXTRA (more bench.startup options, e.g. "--set runtime.compile_cache=on
+# --again-with runtime.cudnn_benchmark=off"; a traced network that could not be installed leaves its
+# traceback in $OUT/startup/), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
 # it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
 # sizes: a dry run of every part on a CPU in a few minutes; its figures mean nothing).
 # The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
@@ -147,14 +147,15 @@ if pipeline.is_file():
           f"{(records[0] if isinstance(records, list) else records).get('pipeline_strong_setup')}")
 startup = out / "startup" / "startup.jsonl"
 if startup.is_file():
-    print("\n| preset | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s |")
-    print("|---|---:|---:|---:|---:|")
+    print("\n| preset | settings | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s "
+          "| resumed again with | s | steady samples/s |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|")
+    def seconds(job): return f"{(job or {}).get('first_logged_step_s') or float('nan'):.1f}"
+    def rate(job): return "-" if (job or {}).get("steady_samples_per_s") is None else f"{job['steady_samples_per_s']:,.0f}"
     for line in startup.read_text().splitlines():
         r = json.loads(line)
-        cold, resumed = r["cold"]["first_logged_step_s"], r["resumed"]["first_logged_step_s"]
-        new = (r.get("new_run") or {}).get("first_logged_step_s")
-        steady = r["resumed"].get("steady_samples_per_s")
-        print(f"| {r['preset']} | {cold or float('nan'):.1f} | {resumed or float('nan'):.1f} | "
-              f"{new or float('nan'):.1f} | "
-              f"{'-' if steady is None else f'{steady:,.0f}'} |")
+        again = r.get("resumed_again")
+        print(f"| {r['preset']} | {' '.join(r['overrides']) or 'defaults'} | {seconds(r['cold'])} | "
+              f"{seconds(r['resumed'])} | {seconds(r.get('new_run'))} | {rate(r['resumed'])} | "
+              f"{' '.join(r.get('again_with', [])) or '-'} | {seconds(again) if again else '-'} | {rate(again)} |")
 PYEOF
