@@ -288,28 +288,27 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     assert not said and dynamo.exists()  # a distributed run leaves the cache alone
 
 
-def test_the_traced_network_cache_leaves_out_guards_torch_cannot_read_back():
-    """On CUDA the traced step guards ``torch.cuda.current_device()`` through ``__import__('torch')``
-    (an ImportSource): building that source again installs a guard, so reading the entry outside a
-    trace failed ("TracingContext.get() must be called within an ongoing trace", H100, torch 2.11)
-    and every resumed job traced the network again. Such guards stay out of the entry."""
+def test_a_traced_network_whose_guards_name_an_import_is_read_back():
+    """On CUDA the traced step's guards name ``__import__('torch')`` (an ImportSource): building one
+    installs a guard, so torch's reader failed outside a trace ("TracingContext.get() must be called
+    within an ongoing trace", H100, torch 2.11) and every resumed job traced the network again.
+    The cache reads guards inside a throwaway tracing context, in its check and while torch installs."""
     import pickle
 
-    from torch._dynamo.guards import GuardBuilder
-    from torch._dynamo.source import AttrSource, CallFunctionNoArgsSource, ImportSource, LocalSource
-    from torch._dynamo.types import GuardFilterEntry
+    from torch._dynamo import package
+    from torch._dynamo.source import AttrSource, CallFunctionNoArgsSource, ImportSource
     from torch._guards import TracingContext, tracing
 
-    from diffscale.runtime.compile_cache import writable_guards
+    from diffscale.runtime.compile_cache import _loading_as_compiled, read_guards_state
 
     with tracing(TracingContext(None)):  # as dynamo builds them while tracing
         current_device = CallFunctionNoArgsSource(
             AttrSource(AttrSource(ImportSource("torch"), "cuda"), "current_device"))
-        guards = [current_device.make_guard(GuardBuilder.EQUALS_MATCH),
-                  LocalSource("x").make_guard(GuardBuilder.TENSOR_MATCH)]
-        written = pickle.dumps([g.originating_source for g in guards])
+        written = pickle.dumps(current_device)
     with pytest.raises(RuntimeError, match="within an ongoing trace"):
-        pickle.loads(written)  # what loading the entry met
-    entries = [GuardFilterEntry(name=g.name, has_value=False, value=None, guard_type=g.create_fn_name(),
-                                derived_guard_types=(), is_global=False, orig_guard=g) for g in guards]
-    assert writable_guards(entries) == [False, True]
+        package.load_guards_state(written)  # what loading the entry met
+    assert read_guards_state(written) == current_device
+    torch_reader = package.load_guards_state
+    with _loading_as_compiled({"triton.cudagraphs": False}):
+        assert package.load_guards_state(written) == current_device  # torch's install reads it so
+    assert package.load_guards_state is torch_reader

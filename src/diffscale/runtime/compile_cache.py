@@ -14,6 +14,7 @@ and 2.13, where it was measured (docs/benchmarks.md, "Start-up and compile time"
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -59,25 +60,17 @@ def writable_guards(entries: Sequence[Any]) -> list[bool]:
     """``torch.compile``'s ``guard_filter_fn``: keep the guards torch can write into an entry and
     read back (tensor shapes, dtypes, devices, strides, global state such as grad mode and autocast)."""
     return [not (e.guard_type in _UNWRITABLE or _UNWRITABLE.intersection(e.derived_guard_types)
-                 or getattr(e.orig_guard, "_unserializable", False) or _on_unreadable_source(e.orig_guard))
-            for e in entries]
+                 or getattr(e.orig_guard, "_unserializable", False) or _on_defaults(e.orig_guard)) for e in entries]
 
 
-# Sources torch writes into an entry but cannot read back outside a trace:
-# - DefaultsSource (a function's default argument): torch 2.11 writes two fields it cannot read back
-#   ("TypeError: DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given";
-#   fixed in 2.13). The defaults are in the source torch checksums.
-# - ImportSource (``__import__('torch')``): building one installs a guard, which needs an ongoing
-#   trace, so reading it back fails ("TracingContext.get() must be called within an ongoing trace",
-#   torch 2.11 and 2.13). On CUDA the traced step guards ``torch.cuda.current_device()`` through it;
-#   one process trains on one device, and the stamp holds the runtime settings that choose it.
-_UNREADABLE_SOURCES = frozenset({"DefaultsSource", "ImportSource"})
-
-
-def _on_unreadable_source(guard: Any) -> bool:
+def _on_defaults(guard: Any) -> bool:
+    """A guard on a function's default argument. torch 2.11 writes its source (``DefaultsSource``)
+    with two fields it cannot read back: loading the entry failed with ``TypeError: DefaultsSource.
+    __init__() takes from 3 to 4 positional arguments but 6 were given`` (fixed in 2.13). The
+    defaults are in the source torch checksums."""
     source = getattr(guard, "originating_source", None)
     while source is not None:
-        if type(source).__name__ in _UNREADABLE_SOURCES:
+        if type(source).__name__ == "DefaultsSource":
             return True
         source = getattr(source, "base", None)
     return False
@@ -195,7 +188,7 @@ class CompileCache:
         if stamp != self.stamp:
             self._discard("it was traced for another config or torch" if stamp else "its stamp is missing")
             return
-        from torch._dynamo.package import CompilePackage, DynamoCache, load_guards_state
+        from torch._dynamo.package import CompilePackage, DynamoCache
 
         path = Path(DynamoCache.path_prefix()) / CompilePackage.source_id_from_fn(net.forward) / "entry"
         if not path.is_file():
@@ -206,7 +199,7 @@ class CompileCache:
             CompilePackage(net.forward, entry.dynamo)
             for code in entry.dynamo.codes:  # the guards read back (what torch 2.11 could not)
                 for guarded in code.guarded_codes:
-                    load_guards_state(guarded.guards_state)
+                    read_guards_state(guarded.guards_state)
         except Exception as exc:
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
@@ -236,11 +229,43 @@ def _compile(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module
     return compiled
 
 
+def read_guards_state(state: bytes) -> Any:
+    """torch's ``load_guards_state`` inside a throwaway tracing context. On CUDA the traced step's
+    guards name ``__import__('torch')`` (an ImportSource, through ``torch.cuda``); unpickling one
+    installs a guard, which needs an ongoing trace, so torch's own reader failed outside one
+    ("TracingContext.get() must be called within an ongoing trace", H100, torch 2.11; the same in
+    2.13) and every resumed job traced again. The guard that building it installs is an identity
+    guard caching precompile drops anyway."""
+    from torch._guards import TracingContext, tracing
+
+    if TracingContext.try_get() is not None:
+        return _torch_read_guards()(state)
+    with tracing(TracingContext(None)):
+        return _torch_read_guards()(state)
+
+
+@functools.cache
+def _torch_read_guards() -> Callable[[bytes], Any]:
+    """torch's own reader, kept before ``_loading_as_compiled`` puts ``read_guards_state`` in its place."""
+    from torch._dynamo import package
+
+    reader: Callable[[bytes], Any] = package.load_guards_state
+    return reader
+
+
 @contextmanager
 def _loading_as_compiled(options: dict[str, Any]) -> Iterator[None]:
-    """Inductor's config as the compile options set it, while ``torch.compile`` installs an entry:
-    torch rebuilds the saved forward/backward with the global config (``triton.cudagraphs`` decides
-    whether it replays as CUDA graphs), not with the options the entry was compiled with."""
+    """Inductor's config as the compile options set it, and guards read by ``read_guards_state``,
+    while ``torch.compile`` installs an entry: torch rebuilds the saved forward/backward with the
+    global config (``triton.cudagraphs`` decides whether it replays as CUDA graphs), not with the
+    options the entry was compiled with."""
+    from torch._dynamo import package
+
     inductor = {k: v for k, v in options.items() if k != "guard_filter_fn"}
+    torch_reader = _torch_read_guards()
     with torch._inductor.config.patch(inductor):
-        yield
+        package.load_guards_state = read_guards_state
+        try:
+            yield
+        finally:
+            package.load_guards_state = torch_reader
