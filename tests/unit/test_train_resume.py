@@ -312,3 +312,61 @@ def test_a_traced_network_whose_guards_name_an_import_is_read_back():
     with _loading_as_compiled({"triton.cudagraphs": False}):
         assert package.load_guards_state(written) == current_device  # torch's install reads it so
     assert package.load_guards_state is torch_reader
+
+
+_PRECOMPILED = """
+import sys
+from pathlib import Path
+import torch
+from torch._dynamo.utils import counters
+from diffscale.runtime.compile_cache import CompileCache
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.linear(x).relu() * 2
+
+torch.manual_seed(0)
+net = Net()
+cache = CompileCache(directory=Path(sys.argv[2]), stamp="test", say=print)
+with cache:
+    if sys.argv[1] != "save":
+        cache.check(net)
+    model = cache.compile(net, {})
+    for rows in {"save": [4], "load": [4, 6], "new shape first": [6]}[sys.argv[1]]:  # 6: not in the entry
+        loss = model(torch.ones(rows, 8)).sum()
+        loss.backward()
+        print("rows", rows, "loss", round(loss.item(), 3), "traced", counters["stats"]["unique_graphs"], flush=True)
+        cache.save_once()
+"""
+
+
+def test_a_job_that_installed_the_traced_network_can_still_trace(tmp_path):
+    """A job that installed an entry traces again where a guard fails or a shape is new. Torch drew
+    the new trace's global names from a fresh counter, the same names the entry had installed, and
+    stopped ("AssertionError: Name '__builtins_dict___0' already exists in scope"; an H100 resumed
+    job at its first step, and here at a second shape)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "precompiled.py"  # its own module: the entry is keyed by the function's file
+    script.write_text(_PRECOMPILED)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
+    def job(mode: str) -> str:
+        done = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "inductor" / "dynamo")],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "rows 4 loss 8.0 traced 1" in job("save")
+    out = job("load")
+    assert "rows 4 loss 8.0 traced 0" in out  # installed, not traced
+    assert "rows 6 loss 12.0 traced 1" in out  # traced beside it
+    assert "traced again at the first step" not in out
+    out = job("new shape first")  # the job's first step is not what the entry covers: said once
+    assert "rows 6 loss 12.0 traced 1" in out
+    assert out.count("warning: the cached traced network was installed, yet dynamo traced the network again at "
+                     "the first step") == 1

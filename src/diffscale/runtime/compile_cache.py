@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import pickle
+import re
 import shutil
+import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -105,6 +108,7 @@ class CompileCache:
     _saved: bool = False
     _traced_before: int = 0
     _prior: bool = field(default=False, repr=False)
+    _entry_modules: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -134,7 +138,9 @@ class CompileCache:
             return _compile(model, {**options, "guard_filter_fn": writable_guards})
         try:
             with _loading_as_compiled(options):
-                return _compile(model, {**options, "guard_filter_fn": writable_guards})
+                compiled = _compile(model, {**options, "guard_filter_fn": writable_guards})
+            _names_past_installed(self._entry_modules)
+            return compiled
         except Exception as exc:  # torch falls back by itself only on RuntimeError
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             torch._dynamo.reset()
@@ -149,6 +155,9 @@ class CompileCache:
         if _graphs_traced() == self._traced_before:
             return
         assert self.directory is not None
+        if self.found:  # what the next run of torch's recompile logs (TORCH_LOGS=recompiles) should explain
+            self.say("[yellow]warning: the cached traced network was installed, yet dynamo traced the network "
+                     "again at the first step (a guard of the entry did not hold); the new trace is cached[/]")
         try:
             torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries
             (self.directory / STAMP).write_text(json.dumps({"fingerprint": self.stamp}) + "\n")
@@ -204,6 +213,25 @@ class CompileCache:
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
         self.found = True
+        self._entry_modules = tuple(sorted({code.python_module for code in entry.dynamo.codes}))
+
+
+_NUMBERED = re.compile(r"^__\w+?_(\d+)$")
+
+
+def _names_past_installed(modules: Sequence[str]) -> None:
+    """Installing an entry puts globals named by the tracing job's counter (``__builtins_dict___0``,
+    ``__compiled_fn_1``) into the traced modules. A trace in this job -- a guard that fails, a new
+    shape -- draws the same names from a fresh counter, and torch stops with "AssertionError: Name
+    '__builtins_dict___0' already exists in scope" (torch 2.11 on an H100, 2.13 on a CPU). Moving
+    dynamo's counter past every such name lets that trace go on beside the installed entry."""
+    from torch._dynamo import bytecode_transformation
+
+    numbers = [int(m.group(1)) for name in modules if name in sys.modules
+               for key in vars(sys.modules[name]) if (m := _NUMBERED.match(key))]
+    if numbers:
+        counter = bytecode_transformation._unique_id_counter
+        bytecode_transformation._unique_id_counter = itertools.count(max(next(counter), max(numbers) + 1))
 
 
 def open_compile_cache(cfg: RunConfig, cache_dir: Path, *, world_size: int, own_cache: bool,
@@ -229,7 +257,7 @@ def _compile(model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module
     return compiled
 
 
-def read_guards_state(state: bytes) -> Any:
+def read_guards_state(guards_state: bytes) -> Any:
     """torch's ``load_guards_state`` inside a throwaway tracing context. On CUDA the traced step's
     guards name ``__import__('torch')`` (an ImportSource, through ``torch.cuda``); unpickling one
     installs a guard, which needs an ongoing trace, so torch's own reader failed outside one
@@ -239,9 +267,9 @@ def read_guards_state(state: bytes) -> Any:
     from torch._guards import TracingContext, tracing
 
     if TracingContext.try_get() is not None:
-        return _torch_read_guards()(state)
+        return _torch_read_guards()(guards_state)
     with tracing(TracingContext(None)):
-        return _torch_read_guards()(state)
+        return _torch_read_guards()(guards_state)
 
 
 @functools.cache
@@ -268,4 +296,4 @@ def _loading_as_compiled(options: dict[str, Any]) -> Iterator[None]:
         try:
             yield
         finally:
-            package.load_guards_state = torch_reader
+            package.load_guards_state = torch_reader  # type: ignore[assignment]  # torch's own function
