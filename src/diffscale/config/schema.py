@@ -362,10 +362,10 @@ class RuntimeConfig:
     again, which shortened a resumed compile on the CPU (docs/benchmarks.md, "Start-up and compile
     time"). Written once, after the first step; one process only (a distributed run traces as
     before); an entry for another config or torch is discarded. ``auto``: off. On a GPU with CUDA
-    graphs (torch 2.11) a resumed job could not install the saved network ("TracingContext.get()
-    must be called within an ongoing trace") and traced it again (docs/decisions.md, "Dynamo's
-    traced network cached"); a discarded entry's traceback is kept in the kernel folder's
-    ``traced-network-discarded.txt``."""
+    graphs (torch 2.11, 2026-11-28) a resumed job installs the saved network but its first step
+    traced the network again (a warning says so), so it does not shorten a GPU start yet
+    (docs/decisions.md, "Dynamo's traced network cached"); an entry that cannot be installed is
+    discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
