@@ -213,7 +213,8 @@ class CompileCache:
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
         self.found = True
-        self._entry_modules = tuple(sorted({code.python_module for code in entry.dynamo.codes}))
+        modules = {getattr(code, "python_module", None) for code in entry.dynamo.codes}
+        self._entry_modules = tuple(sorted(m for m in modules if m))
 
 
 _NUMBERED = re.compile(r"^__\w+?_(\d+)$")
