@@ -155,7 +155,7 @@ class CompileCache:
         if _graphs_traced() == self._traced_before:
             return
         assert self.directory is not None
-        if self.found:  # what the next run of torch's recompile logs (TORCH_LOGS=recompiles) should explain
+        if self.found:  # on a GPU, 2026-11-28; which guard failed is not known (docs/benchmarks.md)
             self.say("[yellow]warning: the cached traced network was installed, yet dynamo traced the network "
                      "again at the first step (a guard of the entry did not hold); the new trace is cached[/]")
         try:
