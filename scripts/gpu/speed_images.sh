@@ -17,9 +17,10 @@
 # QUALITY_EXTRA (more quality_time options, e.g. "--variant warm100 optim.warmup_steps=100"),
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
-# (small), STARTUP_EXTRA (more bench.startup options, e.g. "--set runtime.compile_cache=on
-# --again-with runtime.cudnn_benchmark=off"; a traced network that could not be installed leaves its
-# traceback in $OUT/startup/), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
+# (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more bench.startup
+# options, e.g. "--set runtime.compile_cache=on --again-with runtime.cudnn_benchmark=off"; a traced
+# network that could not be installed leaves its traceback in $OUT/startup/, one that was installed
+# yet traced again the guards it did not meet), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
 # it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
 # sizes: a dry run of every part on a CPU in a few minutes; its figures mean nothing).
 # The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
@@ -109,10 +110,10 @@ for name in $PARTS; do
       mapfile -t P < <(presets --preset $STARTUP_PRESETS)
       mkdir -p "$OUT/startup"
       rm -rf "$WORK/startup"
-      part startup 300 env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
+      part startup "${STARTUP_LIMIT_S:-300}" env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
         "$PY" -m diffscale.bench.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
         --json "$OUT/startup/startup.jsonl"
-      cp "$WORK/startup/cache/kernels"/*/traced-network-discarded.txt "$OUT/startup/" 2>/dev/null
+      cp "$WORK/startup/cache/kernels"/*/traced-network-{discarded,retraced}.txt "$OUT/startup/" 2>/dev/null
       FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)
       KERNELS=$(ls -d "$WORK/startup/cache/kernels"/*/ 2>/dev/null | head -1)
       if [ -n "$KERNELS" ]; then

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -315,6 +316,7 @@ def test_a_traced_network_whose_guards_name_an_import_is_read_back():
 
 
 _PRECOMPILED = """
+import contextlib
 import sys
 from pathlib import Path
 import torch
@@ -328,19 +330,42 @@ class Net(torch.nn.Module):
     def forward(self, x):
         return self.linear(x).relu() * 2
 
+def under():  # bf16 autocast (a GPU run's step) where asked
+    return torch.autocast("cpu", dtype=torch.bfloat16) if sys.argv[3:] == ["autocast"] else contextlib.nullcontext()
+
 torch.manual_seed(0)
 net = Net()
 cache = CompileCache(directory=Path(sys.argv[2]), stamp="test", say=print)
 with cache:
     if sys.argv[1] != "save":
         cache.check(net)
-    model = cache.compile(net, {})
+    model = cache.compile(net, {}, calls_under=under)
     for rows in {"save": [4], "load": [4, 6], "new shape first": [6]}[sys.argv[1]]:  # 6: not in the entry
-        loss = model(torch.ones(rows, 8)).sum()
+        with under():
+            loss = model(torch.ones(rows, 8)).float().sum()
         loss.backward()
         print("rows", rows, "loss", round(loss.item(), 3), "traced", counters["stats"]["unique_graphs"], flush=True)
         cache.save_once()
 """
+
+
+def _precompiled_job(tmp_path: Path) -> Callable[..., str]:
+    """Runs ``_PRECOMPILED`` in a fresh process (its own module: the entry is keyed by the
+    function's file) with its kernels and entry under ``tmp_path``; returns what it printed."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "precompiled.py"
+    script.write_text(_PRECOMPILED)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCHINDUCTOR_VEC_ISA_OK": "1"}
+
+    def job(mode: str, *under: str) -> str:
+        done = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "inductor" / "dynamo"), *under],
+                              capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    return job
 
 
 def test_a_job_that_installed_the_traced_network_can_still_trace(tmp_path):
@@ -348,19 +373,7 @@ def test_a_job_that_installed_the_traced_network_can_still_trace(tmp_path):
     the new trace's global names from a fresh counter, the same names the entry had installed, and
     stopped ("AssertionError: Name '__builtins_dict___0' already exists in scope"; an H100 resumed
     job at its first step, and here at a second shape)."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "precompiled.py"  # its own module: the entry is keyed by the function's file
-    script.write_text(_PRECOMPILED)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCHINDUCTOR_VEC_ISA_OK": "1"}
-
-    def job(mode: str) -> str:
-        done = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "inductor" / "dynamo")],
-                              capture_output=True, text=True, env=env, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
+    job = _precompiled_job(tmp_path)
     assert "rows 4 loss 8.0 traced 1" in job("save")
     out = job("load")
     assert "rows 4 loss 8.0 traced 0" in out  # installed, not traced
@@ -369,4 +382,18 @@ def test_a_job_that_installed_the_traced_network_can_still_trace(tmp_path):
     out = job("new shape first")  # the job's first step is not what the entry covers: said once
     assert "rows 6 loss 12.0 traced 1" in out
     assert out.count("warning: the cached traced network was installed, yet dynamo traced the network again at "
-                     "the first step") == 1
+                     "the first step (a guard of the entry failed: tensor 'L['x']' size mismatch at index 0. "
+                     "expected 4, actual 6; all in ") == 1  # the entry's own guards, checked on the traced call
+    report = (tmp_path / "inductor" / "traced-network-retraced.txt").read_text()
+    assert report.startswith("forward at precompiled.py:") and "expected 4, actual 6" in report
+
+
+def test_an_entry_traced_under_autocast_holds_in_a_job_that_trains_under_it(tmp_path):
+    """Torch builds an installed entry's guards under the context of the install, and a tensor's
+    guarded dispatch keys depend on autocast: installed outside the step's autocast, the entry failed
+    every call and the network was traced again (an H100 job in bf16; here bf16 on the CPU)."""
+    job = _precompiled_job(tmp_path)
+    assert "rows 4 loss 7.992 traced 1" in job("save", "autocast")
+    out = job("load", "autocast")
+    assert "rows 4 loss 7.992 traced 0" in out, out  # installed and used
+    assert "traced again" not in out

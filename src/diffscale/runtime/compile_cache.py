@@ -25,7 +25,7 @@ import shutil
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,9 @@ STAMP = "diffscale-stamp.json"
 """Beside torch's entries: the fingerprint of the run they were traced for."""
 DISCARDED = "traced-network-discarded.txt"
 """Beside the entries' folder: why and where the last entry that could not be used failed."""
+RETRACED = "traced-network-retraced.txt"
+"""Beside the entries' folder: which guards of the installed entry failed for the call that the last
+job traced anyway."""
 
 # torch's CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES (torch 2.11, 2.13). Caching
 # precompile drops most of these itself, but not a CLASS_MATCH guard that carries no derived ID_MATCH
@@ -109,6 +112,9 @@ class CompileCache:
     _traced_before: int = 0
     _prior: bool = field(default=False, repr=False)
     _entry_modules: tuple[str, ...] = ()
+    _entry: bytes = field(default=b"", repr=False)
+    _why_traced: str | None = None
+    _watch: Any = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
@@ -125,21 +131,29 @@ class CompileCache:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop_watching()
         if self.active:
             torch._dynamo.config.caching_precompile = self._prior
             _GUARDS_LOG.removeFilter(_QUIET)
 
-    def compile(self, model: torch.nn.Module, options: dict[str, Any]) -> torch.nn.Module:
+    def compile(self, model: torch.nn.Module, options: dict[str, Any],
+                calls_under: Callable[[], AbstractContextManager[Any]] = nullcontext) -> torch.nn.Module:
         """``torch.compile(model, options=options)``, installing a saved entry if there is one. A load
-        that fails for any reason discards the entry with one warning and compiles to trace."""
+        that fails for any reason discards the entry with one warning and compiles to trace.
+        ``calls_under``: the context the network is called in (the step's autocast). Torch builds the
+        installed guards under the context of the install, and a tensor's guarded dispatch keys
+        depend on it: an entry installed outside the step's autocast failed every call ("dispatch key
+        set mismatch ... AutocastCUDA", H100, torch 2.11) and the network was traced again."""
         if not self.active:
             return _compile(model, options)
         if not self.found:  # torch finds no entry: it traces at the first call and records what it traced
             return _compile(model, {**options, "guard_filter_fn": writable_guards})
         try:
-            with _loading_as_compiled(options):
+            with _loading_as_compiled(options), calls_under():
                 compiled = _compile(model, {**options, "guard_filter_fn": writable_guards})
             _names_past_installed(self._entry_modules)
+            self._watch = _first_trace_explained(self)
+            self._watch.__enter__()
             return compiled
         except Exception as exc:  # torch falls back by itself only on RuntimeError
             self._discard(f"{type(exc).__name__}: {exc}", exc)
@@ -152,18 +166,53 @@ class CompileCache:
         if not self.active or self._saved:
             return
         self._saved = True
+        self._stop_watching()
         if _graphs_traced() == self._traced_before:
             return
         assert self.directory is not None
-        if self.found:  # on a GPU, 2026-11-28; which guard failed is not known (docs/benchmarks.md)
-            self.say("[yellow]warning: the cached traced network was installed, yet dynamo traced the network "
-                     "again at the first step (a guard of the entry did not hold); the new trace is cached[/]")
         try:
             torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries
             (self.directory / STAMP).write_text(json.dumps({"fingerprint": self.stamp}) + "\n")
         except Exception as exc:
             self.say(f"[yellow]warning: the traced network was not cached ({type(exc).__name__}: {exc}); "
                      f"a resumed job traces it again[/]")
+        if self.found:
+            self.say(f"[yellow]warning: the cached traced network was installed, yet dynamo traced the network "
+                     f"again at the first step{self._why_traced or ''}; the new trace is cached[/]")
+
+    def _stop_watching(self) -> None:
+        if self._watch is not None:
+            self._watch.__exit__(None, None, None)
+            self._watch = None
+
+    def explain_trace(self, frame: Any) -> str:
+        """Why dynamo traces ``frame`` although an entry was installed: the guards installed on its
+        function checked on this call, as torch's ``fail_on_recompile`` stance reports them (torch logs
+        no reason for an installed entry it passes over). The failed guards go to ``RETRACED`` beside
+        the entries. Never fails: a diagnosis, through torch's private API."""
+        assert self.directory is not None
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, _debug_get_precompile_entries
+
+        code = frame.f_code
+        where = f"{code.co_name} at {Path(code.co_filename).name}:{code.co_firstlineno}"
+        try:
+            installed = _debug_get_precompile_entries(code)
+            if not installed:
+                cached = len(_debug_get_cache_entry_list(code))
+                return (f" (no entry is installed on the code of {where}, which it traced; {cached} compiled "
+                        f"before in this job)")
+            verdicts = [entry.guard_manager.check_verbose(frame.f_locals) for entry in installed]
+        except Exception as exc:
+            return f" (its guards could not be checked: {type(exc).__name__}: {exc})"
+        if any(verdict.result for verdict in verdicts):
+            return f" (the guards installed on {where} hold for this call, yet torch traced it)"
+        failed = [part.strip() for verdict in verdicts for part in verdict.verbose_code_parts]
+        report = self.directory.parent / RETRACED
+        try:
+            report.write_text(f"{where}: the installed entry's guards that failed\n" + "\n".join(failed) + "\n")
+        except OSError:
+            return f" (a guard of the entry failed: {failed[0] if failed else 'unknown'})"
+        return f" (a guard of the entry failed: {failed[0] if failed else 'unknown'}; all in {report})"
 
     def _discard(self, why: str, failure: BaseException | None = None) -> None:
         """Drop the entry with one warning. ``failure``'s traceback goes to ``DISCARDED`` beside the
@@ -203,7 +252,8 @@ class CompileCache:
         if not path.is_file():
             return
         try:
-            entry = pickle.loads(path.read_bytes())
+            data = path.read_bytes()
+            entry = pickle.loads(data)
             # versions and the inlined sources' checksums, as torch checks them; installs nothing
             CompilePackage(net.forward, entry.dynamo)
             for code in entry.dynamo.codes:  # the guards read back (what torch 2.11 could not)
@@ -213,6 +263,7 @@ class CompileCache:
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
         self.found = True
+        self._entry = data
         modules = {getattr(code, "python_module", None) for code in entry.dynamo.codes}
         self._entry_modules = tuple(sorted(m for m in modules if m))
 
@@ -271,6 +322,28 @@ def read_guards_state(guards_state: bytes) -> Any:
         return _torch_read_guards()(guards_state)
     with tracing(TracingContext(None)):
         return _torch_read_guards()(guards_state)
+
+
+@contextmanager
+def _first_trace_explained(cache: CompileCache) -> Iterator[None]:
+    """Within the block, dynamo's first trace is explained by ``cache.explain_trace`` before it
+    starts. Dynamo calls its frame converter only on a cache miss, so a job whose installed entry
+    holds pays nothing."""
+    from torch._dynamo import convert_frame
+
+    converter = convert_frame.ConvertFrameAssert
+    torch_call = converter.__call__
+
+    def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        converter.__call__ = torch_call  # type: ignore[method-assign]  # the first trace only
+        cache._why_traced = cache.explain_trace(frame)
+        return torch_call(self, frame, *args, **kwargs)
+
+    converter.__call__ = call  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        converter.__call__ = torch_call  # type: ignore[method-assign]
 
 
 @functools.cache

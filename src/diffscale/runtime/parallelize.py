@@ -39,7 +39,7 @@ def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, polic
     tune = cfg.runtime.kernel_tuning == Toggle.ON
     options = compile_options(mode.value, policy.layout_opt, tune)
     if cache is not None and cache.active:
-        return cache.compile(model, options)
+        return cache.compile(model, options, calls_under=policy.autocast)
     # torch.compile of a Module returns an OptimizedModule (typed as a plain callable)
     return cast(torch.nn.Module, torch.compile(model, options=options))
 
