@@ -112,7 +112,7 @@ class CompileCache:
     _traced_before: int = 0
     _prior: bool = field(default=False, repr=False)
     _entry_modules: tuple[str, ...] = ()
-    _entry: bytes = field(default=b"", repr=False)
+    _entry_function: tuple[str, int] = ("", 0)
     _why_traced: str | None = None
     _watch: Any = field(default=None, repr=False)
 
@@ -185,22 +185,23 @@ class CompileCache:
             self._watch.__exit__(None, None, None)
             self._watch = None
 
-    def explain_trace(self, frame: Any) -> str:
+    def explain_trace(self, frame: Any) -> str | None:
         """Why dynamo traces ``frame`` although an entry was installed: the guards installed on its
         function checked on this call, as torch's ``fail_on_recompile`` stance reports them (torch logs
         no reason for an installed entry it passes over). The failed guards go to ``RETRACED`` beside
-        the entries. Never fails: a diagnosis, through torch's private API."""
+        the entries. None: ``frame`` is not the network's (another function dynamo meets). Never
+        fails: a diagnosis, through torch's private API."""
         assert self.directory is not None
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, _debug_get_precompile_entries
+        from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
 
         code = frame.f_code
         where = f"{code.co_name} at {Path(code.co_filename).name}:{code.co_firstlineno}"
         try:
             installed = _debug_get_precompile_entries(code)
             if not installed:
-                cached = len(_debug_get_cache_entry_list(code))
-                return (f" (no entry is installed on the code of {where}, which it traced; {cached} compiled "
-                        f"before in this job)")
+                if (code.co_name, code.co_firstlineno) != self._entry_function:
+                    return None
+                return f" (no entry is installed on the code of {where}, which it traced)"
             verdicts = [entry.guard_manager.check_verbose(frame.f_locals) for entry in installed]
         except Exception as exc:
             return f" (its guards could not be checked: {type(exc).__name__}: {exc})"
@@ -252,8 +253,7 @@ class CompileCache:
         if not path.is_file():
             return
         try:
-            data = path.read_bytes()
-            entry = pickle.loads(data)
+            entry = pickle.loads(path.read_bytes())
             # versions and the inlined sources' checksums, as torch checks them; installs nothing
             CompilePackage(net.forward, entry.dynamo)
             for code in entry.dynamo.codes:  # the guards read back (what torch 2.11 could not)
@@ -263,7 +263,8 @@ class CompileCache:
             self._discard(f"{type(exc).__name__}: {exc}", exc)
             return
         self.found = True
-        self._entry = data
+        main = entry.dynamo.codes[0].python_code
+        self._entry_function = (main.co_name, main.co_firstlineno)
         modules = {getattr(code, "python_module", None) for code in entry.dynamo.codes}
         self._entry_modules = tuple(sorted(m for m in modules if m))
 
@@ -326,17 +327,19 @@ def read_guards_state(guards_state: bytes) -> Any:
 
 @contextmanager
 def _first_trace_explained(cache: CompileCache) -> Iterator[None]:
-    """Within the block, dynamo's first trace is explained by ``cache.explain_trace`` before it
-    starts. Dynamo calls its frame converter only on a cache miss, so a job whose installed entry
-    holds pays nothing."""
+    """Within the block, dynamo's first trace of the network is explained by ``cache.explain_trace``
+    before it starts. Dynamo calls its frame converter only on a cache miss, so a job whose installed
+    entry holds pays nothing."""
     from torch._dynamo import convert_frame
 
     converter = convert_frame.ConvertFrameAssert
     torch_call = converter.__call__
 
     def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
-        converter.__call__ = torch_call  # type: ignore[method-assign]  # the first trace only
-        cache._why_traced = cache.explain_trace(frame)
+        why = cache.explain_trace(frame)
+        if why is not None:  # the network's frame: explained once
+            converter.__call__ = torch_call  # type: ignore[method-assign]
+            cache._why_traced = why
         return torch_call(self, frame, *args, **kwargs)
 
     converter.__call__ = call  # type: ignore[method-assign]
