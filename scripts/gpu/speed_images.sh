@@ -20,9 +20,10 @@
 # (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more bench.startup
 # options, e.g. "--set runtime.compile_cache=on --again-with runtime.cudnn_benchmark=off"; a traced
 # network that could not be installed leaves its traceback in $OUT/startup/, one that was installed
-# yet traced again the guards it did not meet), BUDGET_S (570: a part that would start past it is skipped, and each part is stopped at
-# it), WORK (scratch: run folders, caches; default /tmp/diffscale-speed-images), SMOKE=1 (tiny
-# sizes: a dry run of every part on a CPU in a few minutes; its figures mean nothing).
+# yet traced again the guard that failed), BUDGET_S (570: a part that would start past it is
+# skipped, and each part is stopped at it), WORK (scratch: run folders, caches; default
+# /tmp/diffscale-speed-images), SMOKE=1 (tiny sizes: a dry run of every part on a CPU in a few
+# minutes; its figures mean nothing).
 # The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
 # too) and data in $WORK, and bench.startup gives its jobs caches of their own. A startup part
 # named first leaves its kernels and data to the parts after it.

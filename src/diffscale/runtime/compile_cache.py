@@ -114,7 +114,7 @@ class CompileCache:
     _entry_modules: tuple[str, ...] = ()
     _entry_function: tuple[str, int] = ("", 0)
     _why_traced: str | None = None
-    _watch: Any = field(default=None, repr=False)
+    _unwatch: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
@@ -152,8 +152,7 @@ class CompileCache:
             with _loading_as_compiled(options), calls_under():
                 compiled = _compile(model, {**options, "guard_filter_fn": writable_guards})
             _names_past_installed(self._entry_modules)
-            self._watch = _first_trace_explained(self)
-            self._watch.__enter__()
+            self._unwatch = _explain_first_trace(self)
             return compiled
         except Exception as exc:  # torch falls back by itself only on RuntimeError
             self._discard(f"{type(exc).__name__}: {exc}", exc)
@@ -181,9 +180,9 @@ class CompileCache:
                      f"again at the first step{self._why_traced or ''}; the new trace is cached[/]")
 
     def _stop_watching(self) -> None:
-        if self._watch is not None:
-            self._watch.__exit__(None, None, None)
-            self._watch = None
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
     def explain_trace(self, frame: Any) -> str | None:
         """Why dynamo traces ``frame`` although an entry was installed: the guards installed on its
@@ -325,28 +324,27 @@ def read_guards_state(guards_state: bytes) -> Any:
         return _torch_read_guards()(guards_state)
 
 
-@contextmanager
-def _first_trace_explained(cache: CompileCache) -> Iterator[None]:
-    """Within the block, dynamo's first trace of the network is explained by ``cache.explain_trace``
-    before it starts. Dynamo calls its frame converter only on a cache miss, so a job whose installed
-    entry holds pays nothing."""
+def _explain_first_trace(cache: CompileCache) -> Callable[[], None]:
+    """Until the returned function is called, dynamo's first trace of the network is explained by
+    ``cache.explain_trace`` before it starts. Dynamo calls its frame converter only on a cache miss,
+    so a job whose installed entry holds pays nothing."""
     from torch._dynamo import convert_frame
 
     converter = convert_frame.ConvertFrameAssert
     torch_call = converter.__call__
 
+    def restore() -> None:
+        converter.__call__ = torch_call  # type: ignore[method-assign]
+
     def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
         why = cache.explain_trace(frame)
         if why is not None:  # the network's frame: explained once
-            converter.__call__ = torch_call  # type: ignore[method-assign]
+            restore()
             cache._why_traced = why
         return torch_call(self, frame, *args, **kwargs)
 
     converter.__call__ = call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        converter.__call__ = torch_call  # type: ignore[method-assign]
+    return restore
 
 
 @functools.cache
