@@ -32,6 +32,25 @@ USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 """``TORCHINDUCTOR_CACHE_DIR`` as the user set it (None: unset). Read before torch loads: torch
 sets the variable itself (to /tmp/torchinductor_USER) the first time it looks for its cache."""
 
+
+
+class _BeforeDiffusers:
+    """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept
+    map of installed packages that diffusers and transformers read at import
+    (``diffscale.runtime.package_index``), then the usual finders load it."""
+
+    @classmethod
+    def find_spec(cls, name: str, path: object = None, target: object = None) -> None:
+        if name == "diffusers":
+            sys.meta_path.remove(cls)
+            from diffscale.runtime import package_index
+
+            package_index.install()
+
+
+if "diffusers" not in sys.modules and _BeforeDiffusers not in sys.meta_path:
+    sys.meta_path.insert(0, _BeforeDiffusers)
+
 _EXPORTS = {
     "train_run": ("diffscale.training.loop", "train"),
     "sample_run": ("diffscale.inference.sample", "sample_run"),

@@ -72,3 +72,47 @@ def test_the_train_verb_parses_without_the_registered_verbs():
     assert {"plan", "submit", "bench", "doctor"} <= verbs(build_parser()) - CORE_VERBS
     args = build_parser("train").parse_args(["train", "--preset", "tiny", "--max-steps", "3"])
     assert args.preset == "tiny" and args.max_steps == 3
+
+
+def test_installed_packages_map_is_kept_until_an_import_path_changes(tmp_path, monkeypatch):
+    """diffusers and transformers each list every installed file at import
+    (``importlib.metadata.packages_distributions``); the answer is kept per import paths and times."""
+    from diffscale.runtime.package_index import cached
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setattr(sys, "path", [str(site), str(tmp_path / "missing")])
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"pkg": ["dist-a"], f"n{len(calls)}": ["dist-b"]}
+
+    folder = tmp_path / "kept"
+    first = cached(compute, folder)
+    assert first == {"pkg": ["dist-a"], "n1": ["dist-b"]} and len(calls) == 1
+    assert cached(compute, folder) == first and len(calls) == 1  # read back, not computed
+    (site / "new_dist-1.0.dist-info").mkdir()  # an install changes the folder's time
+    os.utime(site, ns=(1, os.stat(site).st_mtime_ns + 10**9))
+    assert cached(compute, folder) == {"pkg": ["dist-a"], "n2": ["dist-b"]} and len(calls) == 2
+    for kept in folder.glob("*.json"):
+        kept.write_text("{not json")
+    assert cached(compute, folder)["n3"] == ["dist-b"]  # a damaged file: computed again
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert cached(compute, blocked / "sub")["n4"] == ["dist-b"]  # nowhere to keep it: still answered
+
+
+def test_the_first_diffusers_import_reads_the_kept_packages_map(tmp_path):
+    code = ("import diffscale, importlib.metadata as m\n"
+            "import diffusers.utils\n"
+            "assert m.packages_distributions.__wrapped__ is not None\n"
+            "print(m.packages_distributions() == m.packages_distributions.__wrapped__())\n")
+    first = _python(code, DIFFSCALE_CACHE_DIR=str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().endswith("True")
+    kept = list((tmp_path / "packages").glob("*.json"))
+    assert len(kept) == 1 and '"diffusers"' in kept[0].read_text()
+    light = _python("import diffscale, sys\nprint('importlib.metadata' in sys.modules)\n",
+                    DIFFSCALE_CACHE_DIR=str(tmp_path))
+    assert light.stdout.strip() == "False"  # import diffscale alone installs nothing

@@ -33,19 +33,13 @@ import numpy as np
 
 from diffscale.errors import UserError
 from diffscale.io.atomic import atomic_path, write_text
+from diffscale.io.paths import cache_dir
 
 CACHE_FORMAT = 2
 """Bump when the layout or the decoding changes: entries of another format are rebuilt (2: EMNIST and
 MNIST entries carry their labels)."""
 WAIT_S = 3600.0
 """How long a process waits for another one building the same entry."""
-
-
-def cache_dir() -> Path:
-    """``DIFFSCALE_CACHE_DIR``, else the user's cache folder (``XDG_CACHE_HOME`` or ``~/.cache``) / diffscale."""
-    if os.environ.get("DIFFSCALE_CACHE_DIR"):
-        return Path(os.environ["DIFFSCALE_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffscale"
 
 
 def _diffscale_version() -> str:

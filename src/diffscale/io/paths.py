@@ -130,3 +130,10 @@ def give_default_modes(folder: Path) -> None:
     for path in (Path(folder), *Path(folder).rglob("*")):
         if not path.is_symlink():
             path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def cache_dir() -> Path:
+    """``DIFFSCALE_CACHE_DIR``, else the user's cache folder (``XDG_CACHE_HOME`` or ``~/.cache``) / diffscale."""
+    if os.environ.get("DIFFSCALE_CACHE_DIR"):
+        return Path(os.environ["DIFFSCALE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "diffscale"

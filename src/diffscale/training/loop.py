@@ -210,7 +210,7 @@ def run_compile_cache(run_dir: Path, cfg: RunConfig, world_size: int) -> Path:
     writes into the variable as soon as anything asks for its cache (node-local /tmp: resumed
     jobs on another node compiled again)."""
     from diffscale import USER_COMPILE_CACHE
-    from diffscale.data.decoded_cache import cache_dir
+    from diffscale.io.paths import cache_dir
 
     if USER_COMPILE_CACHE is None:
         own = run_dir.resolve() / "cache" / "inductor"

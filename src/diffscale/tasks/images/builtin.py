@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from diffscale.data.decoded_cache import cache_dir
 from diffscale.errors import UserError
 from diffscale.io.atomic import atomic_path
+from diffscale.io.paths import cache_dir
 
 GLYPH_CHARS = string.digits + string.ascii_uppercase
 GLYPH_FONTS = (

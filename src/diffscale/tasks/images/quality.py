@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diffscale.data.decoded_cache import cache_dir
 from diffscale.errors import UserError
 from diffscale.io.atomic import atomic_path
+from diffscale.io.paths import cache_dir
 
 FORMAT = 1
 """Bump when the network or its training changes: older cached networks are trained again."""

@@ -1,0 +1,80 @@
+"""The installed packages' import names and distributions, kept on disk between processes.
+
+diffusers calls ``importlib.metadata.packages_distributions()`` when it is imported, and so does
+transformers, which diffusers imports wherever it is installed. The call lists every installed
+distribution's files and checks that each exists: on an H100 host's environment (150
+distributions, 53,000 files) the two calls took 5 s of a resumed job's 31 s under cProfile
+(docs/benchmarks.md, "A run's start-up"), and on a cluster's shared file system every rank of a
+job makes those stats at once. Its answer changes only when a distribution is installed or
+removed, which changes the folder it goes into: :func:`install` replaces the function with one
+that keeps the answer in the user's cache (``DIFFSCALE_CACHE_DIR``/packages), keyed by every import
+path and its modification time, and computes it as before on a miss or any error.
+
+``diffscale/__init__.py`` installs it the first time anything imports diffusers, so ``import
+diffscale`` stays light and code that never imports diffusers never sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from diffscale.io.atomic import write_text
+from diffscale.io.paths import cache_dir
+
+FORMAT = 1
+"""Bump when the kept file's layout changes."""
+
+
+def _key() -> list[list[str | int | None]]:
+    """Every import path with the modification time of what is there (a folder gets a new time
+    when a distribution is installed into it or removed from it); None where nothing is."""
+    key: list[list[str | int | None]] = [[sys.version, FORMAT]]
+    for entry in sys.path:
+        try:
+            key.append([entry, os.stat(entry or ".").st_mtime_ns])
+        except OSError:
+            key.append([entry, None])
+    return key
+
+
+def cached(compute: Callable[[], Mapping[str, list[str]]], folder: Path) -> dict[str, list[str]]:
+    """``compute()``'s answer for this process's import paths, read from ``folder`` when an earlier
+    process kept it for the same paths and times, else computed and kept. A cache that cannot be
+    read or written is only slower: the answer is computed."""
+    key = _key()
+    text = json.dumps(key, sort_keys=True)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("key") == key and isinstance(kept.get("packages"), dict):
+            return {str(name): list(dists) for name, dists in kept["packages"].items()}
+    except (OSError, ValueError, AttributeError):
+        pass
+    answer = {name: list(dists) for name, dists in compute().items()}
+    try:
+        write_text(path, json.dumps({"key": key, "packages": answer}))
+    except OSError:
+        pass
+    return answer
+
+
+def install() -> None:
+    """Replace ``importlib.metadata.packages_distributions`` with the cached one (once; a no-op
+    where it is replaced already)."""
+    import importlib.metadata as metadata
+
+    original = metadata.packages_distributions
+    if getattr(original, "__wrapped__", None) is not None:
+        return
+
+    def packages_distributions() -> Mapping[str, list[str]]:
+        return cached(original, cache_dir() / "packages")
+
+    packages_distributions.__wrapped__ = original  # type: ignore[attr-defined]
+    packages_distributions.__doc__ = original.__doc__
+    metadata.packages_distributions = packages_distributions
