@@ -18,7 +18,8 @@
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
 # (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more bench.startup
-# options, e.g. "--set runtime.compile_cache=on --again-with runtime.cudnn_benchmark=off"; a traced
+# options, e.g. "--set runtime.compile_cache=on --again-with runtime.cudnn_benchmark=off": one more
+# resumed job per --again-with, its overrides joined by ";"; a traced
 # network that could not be installed leaves its traceback in $OUT/startup/, one that was installed
 # yet traced again the guard that failed), BUDGET_S (570: a part that would start past it is
 # skipped, and each part is stopped at it), WORK (scratch: run folders, caches; default
@@ -149,15 +150,18 @@ if pipeline.is_file():
           f"{(records[0] if isinstance(records, list) else records).get('pipeline_strong_setup')}")
 startup = out / "startup" / "startup.jsonl"
 if startup.is_file():
-    print("\n| preset | settings | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s "
-          "| resumed again with | s | steady samples/s |")
-    print("|---|---|---:|---:|---:|---:|---|---:|---:|")
+    records = [json.loads(line) for line in startup.read_text().splitlines()]
+    print("\n| preset | settings | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s |")
+    print("|---|---|---:|---:|---:|---:|")
     def seconds(job): return f"{(job or {}).get('first_logged_step_s') or float('nan'):.1f}"
     def rate(job): return "-" if (job or {}).get("steady_samples_per_s") is None else f"{job['steady_samples_per_s']:,.0f}"
-    for line in startup.read_text().splitlines():
-        r = json.loads(line)
-        again = r.get("resumed_again")
+    for r in records:
         print(f"| {r['preset']} | {' '.join(r['overrides']) or 'defaults'} | {seconds(r['cold'])} | "
-              f"{seconds(r['resumed'])} | {seconds(r.get('new_run'))} | {rate(r['resumed'])} | "
-              f"{' '.join(r.get('again_with', [])) or '-'} | {seconds(again) if again else '-'} | {rate(again)} |")
+              f"{seconds(r['resumed'])} | {seconds(r.get('new_run'))} | {rate(r['resumed'])} |")
+    again = [(r, job) for r in records for job in r.get("again", [])]
+    if again:
+        print("\n| preset | resumed again with | s (target <= 15) | steady samples/s |")
+        print("|---|---|---:|---:|")
+        for r, job in again:
+            print(f"| {r['preset']} | {' '.join(job['with'])} | {seconds(job)} | {rate(job)} |")
 PYEOF

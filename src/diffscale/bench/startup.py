@@ -15,10 +15,11 @@ Settings that may shorten a cold compile are measured without changing diffscale
 (e.g. ``triton.autotune_pointwise=False``: one launch configuration per pointwise kernel instead
 of benchmarking several), environment variables such as ``TORCHINDUCTOR_COMPILE_THREADS`` pass
 through, and ``--windows N`` runs the resumed job N logged windows, so the record's
-``steady_samples_per_s`` (windows 2..N) says whether a setting costs speed; ``--again-with KEY=VALUE``
-resumes the run once more, after the new run, with those config overrides added (e.g.
-``runtime.cudnn_benchmark=off``), so a setting that only changes a warm start is measured against
-the resumed job of the same round without another cold compile. ``--skip-preview``
+``steady_samples_per_s`` (windows 2..N) says whether a setting costs speed; each ``--again-with
+KEY=VALUE[;KEY=VALUE]`` resumes the run once more, after the new run, with those config overrides
+added (e.g. ``runtime.cudnn_benchmark=off``; the record's ``again`` list, in turn), so settings that
+only change a warm start are measured against the resumed job of the same round without another
+cold compile. ``--skip-preview``
 ends each job (SIGKILL, exit code -9) once its checkpoint is in place, before the preview it
 would otherwise compile and write.
 """
@@ -179,13 +180,15 @@ def measure(preset: str, overrides: list[str], *, profile_resumed: bool, work: P
     new_dir = work / f"startup-{preset}-new"
     record["new_run"] = timed_job([*train_args(new_dir), "--max-steps", str(window)], new_dir, 0, inductor=inductor,
                                   end_at=window if skip_preview else None)
-    if again_with:
-        print(f"resumed again with {' '.join(again_with)}: {windows} x {window} more steps", flush=True)
-        record["again_with"] = again_with
+    record["again"] = []
+    for group in again_with or []:
+        extra = [item.strip() for item in group.split(";") if item.strip()]
+        print(f"resumed again with {' '.join(extra)}: {windows} x {window} more steps", flush=True)
         again_to = resumed_to + windows * window
-        record["resumed_again"] = timed_job(
-            [*common, *[a for o in again_with for a in ("--set", o)], "--resume", "auto", "--max-steps", str(again_to)],
-            run_dir, resumed_to, inductor=inductor, end_at=again_to if skip_preview else None)
+        job = timed_job([*common, *[a for o in extra for a in ("--set", o)], "--resume", "auto",
+                         "--max-steps", str(again_to)],
+                        run_dir, resumed_to, inductor=inductor, end_at=again_to if skip_preview else None)
+        record["again"].append({"with": extra, **job})
         resumed_to = again_to
     if profile_resumed:
         import pstats
@@ -213,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-preview", action="store_true",
                         help="end each job once its last checkpoint is written, before the preview it would write "
                              "(on a GPU that compiles the sampling network too: minutes of bench time)")
-    parser.add_argument("--again-with", action="append", default=[], metavar="KEY=VALUE",
-                        help="resume once more, after the new run, with this config override added (repeatable: "
-                             "all go to that one job), e.g. runtime.cudnn_benchmark=off")
+    parser.add_argument("--again-with", action="append", default=[], metavar="KEY=VALUE[;KEY=VALUE]",
+                        help="resume once more, after the new run, with these config overrides added (repeatable: "
+                             "one more job each, in turn), e.g. runtime.cudnn_benchmark=off")
     parser.add_argument("--profile-resumed", action="store_true", help="a third job under cProfile")
     parser.add_argument("--work", type=Path, help="where the run dirs go (default: a new temporary folder)")
     parser.add_argument("--json", type=Path, help="append one JSON line per preset here")
