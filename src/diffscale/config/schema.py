@@ -323,7 +323,7 @@ class TrainConfig:
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
 
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "cudnn_benchmark_limit"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -356,10 +356,6 @@ class RuntimeConfig:
     """cuDNN times every algorithm for each convolution shape at its first call and keeps the
     fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
     job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
-    cudnn_benchmark_limit: int = 10
-    """How many of cuDNN's algorithms, best first by its own heuristics, ``runtime.cudnn_benchmark``
-    times for each convolution shape (``torch.backends.cudnn.benchmark_limit``; ``0``: all of them).
-    Fewer shorten every job's first steps. Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.OFF
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     experimental caching precompile), so a resumed job installs it instead of tracing the network
@@ -420,10 +416,6 @@ class RuntimeConfig:
             _fail("runtime.join_timeout_s", "must be positive", "use e.g. 300")
         if self.collective_timeout_s <= 0:
             _fail("runtime.collective_timeout_s", "must be positive", "use e.g. 1800")
-        limit = self.cudnn_benchmark_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 1000:
-            _fail("runtime.cudnn_benchmark_limit", f"{limit!r} is not a whole number from 0 to 1000",
-                  "use 10 (torch's default), fewer for a shorter first step, or 0 to time every algorithm")
         if self.ddp_bucket_mb < 1:
             _fail("runtime.ddp_bucket_mb", "must be at least 1", "use e.g. 25 or 100")
 
