@@ -287,6 +287,14 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     cache = cache_with(b"x", fingerprint(cfg, 2), world_size=2)
     assert not cache.active and cache.why_not.startswith("runtime.compile_cache is for one process")
     assert not said and dynamo.exists()  # a distributed run leaves the cache alone
+    cfg.runtime.compile_cache = Toggle.AUTO  # auto: on for CUDA training, where it was measured
+    assert not open_compile_cache(cfg, cache_dir, world_size=1, own_cache=True, net=net, say=said.append).active
+    assert open_compile_cache(cfg, cache_dir, world_size=1, own_cache=True, net=net, say=said.append,
+                              on_cuda=True).active
+    for world_size, own in ((2, True), (1, False)):  # where it cannot be used, auto stays quiet
+        cache = open_compile_cache(cfg, cache_dir, world_size=world_size, own_cache=own, net=net, say=said.append,
+                                   on_cuda=True)
+        assert not cache.active and cache.why_not == ""
 
 
 def test_a_traced_network_whose_guards_name_an_import_is_read_back():

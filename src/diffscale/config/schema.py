@@ -323,7 +323,7 @@ class TrainConfig:
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
 
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -356,18 +356,18 @@ class RuntimeConfig:
     """cuDNN times every algorithm for each convolution shape at its first call and keeps the
     fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
     job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
-    compile_cache: Toggle = Toggle.OFF
+    compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
-    experimental caching precompile), so a resumed job installs it instead of tracing the network
-    again, which shortened a resumed compile on the CPU (docs/benchmarks.md, "Start-up and compile
-    time"). Written once, after the first step; one process only (a distributed run traces as
-    before); an entry for another config or torch is discarded. ``auto``: off (torch's feature is
-    experimental; one GPU round measured). On one H100 (small, torch 2.11, 2026-11-28) a resumed job
-    reached its first logged step in 19.9 s instead of 30-35 s, and a new run of the same network
-    in 21.7 s, at the same steady speed (docs/decisions.md, "Dynamo's traced network cached"). An
-    entry that cannot be installed is discarded and its traceback kept in the kernel folder's
-    ``traced-network-discarded.txt``; a job that traces although an entry was installed names the
-    failed guard in a warning and in ``traced-network-retraced.txt``."""
+    caching precompile), so a resumed job or a new run of the same network installs it instead of
+    tracing the network again. Written once, after the first step; one process only (a
+    distributed run traces as before); an entry for another config or torch is discarded.
+    ``auto``: on for compiled training on CUDA, where three rounds on one H100 (small, torch 2.11,
+    2026-11-28) started resumed jobs in 19.9-22.0 s instead of 30-37 s and new runs in 18.3-24.9 s
+    instead of 28-30 s at the same steady speed (docs/benchmarks.md, "The traced network cached
+    too"); ``on`` also where it was not measured (the CPU). An entry that cannot be installed is
+    discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``; a job
+    that traces although an entry was installed names the failed guard in a warning and in
+    ``traced-network-retraced.txt``. Not part of the compiled graph."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.

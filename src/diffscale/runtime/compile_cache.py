@@ -287,18 +287,22 @@ def _names_past_installed(modules: Sequence[str]) -> None:
 
 
 def open_compile_cache(cfg: RunConfig, cache_dir: Path, *, world_size: int, own_cache: bool,
-                       net: torch.nn.Module, say: Callable[[str], None]) -> CompileCache:
-    """The job's cache: on where ``runtime.compile_cache`` is on, one process trains and the
-    kernels go to the run's own folder (a cache shared between runs would mix their entries,
-    which torch keys by the function alone)."""
-    if cfg.runtime.compile_cache != Toggle.ON:
+                       net: torch.nn.Module, say: Callable[[str], None], on_cuda: bool = False) -> CompileCache:
+    """The job's cache: on where ``runtime.compile_cache`` is on (``auto``: on CUDA), one process
+    trains and the kernels go to diffscale's own folder (a cache the user set may be shared by
+    different networks, whose entries torch keys by the function alone). Where it was asked for
+    and cannot be used, ``why_not`` says so; ``auto`` stays quiet."""
+    setting = cfg.runtime.compile_cache
+    asked = setting == Toggle.ON
+    if not (asked or (setting == Toggle.AUTO and on_cuda)):
         return CompileCache(say=say)
     if world_size > 1:
         return CompileCache(say=say, why_not=f"runtime.compile_cache is for one process (this run has {world_size}): "
-                                             "the network is traced as before")
+                                             "the network is traced as before" if asked else "")
     if not own_cache:
         return CompileCache(say=say, why_not="runtime.compile_cache needs the run's own kernel cache "
-                                             "(TORCHINDUCTOR_CACHE_DIR is set): the network is traced as before")
+                                             "(TORCHINDUCTOR_CACHE_DIR is set): the network is traced as before"
+                            if asked else "")
     cache = CompileCache(directory=cache_dir / "dynamo", stamp=fingerprint(cfg, world_size), say=say)
     cache.check(net)
     return cache

@@ -306,7 +306,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
 
         cache_dir = run_compile_cache(run_dir, cfg, ctx.world_size)
         traced = open_compile_cache(cfg, cache_dir, world_size=ctx.world_size, own_cache=USER_COMPILE_CACHE is None,
-                                    net=run_state.net, say=say)
+                                    net=run_state.net, say=say, on_cuda=policy.device.type == "cuda")
         say(compile_note(cache_dir, traced))
         if traced.why_not:
             say(traced.why_not)
