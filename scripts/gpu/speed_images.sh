@@ -16,9 +16,10 @@
 # the rows with no figure yet first), SECONDS_PER_RUN (40), QUALITY_PRESETS (small),
 # QUALITY_EXTRA (more quality_time options, e.g. "--variant warm100 optim.warmup_steps=100"),
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
-# PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), STARTUP_PRESETS
+# PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), PIPELINE_LIMIT_S (420:
+# the pipeline part's time limit), STARTUP_PRESETS
 # (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more bench.startup
-# options, e.g. "--set runtime.compile_cache=on --again-with runtime.cudnn_benchmark=off": one more
+# options, e.g. "--set runtime.compile_cache=off --again-with runtime.cudnn_benchmark=off": one more
 # resumed job per --again-with, its overrides joined by ";"; a traced
 # network that could not be installed leaves its traceback in $OUT/startup/, one that was installed
 # yet traced again the guard that failed), BUDGET_S (570: a part that would start past it is
@@ -106,7 +107,7 @@ for name in $PARTS; do
     pipeline)
       mapfile -t P < <(presets --preset $PIPELINE_PRESETS)
       mkdir -p "$OUT/pipeline"
-      part pipeline 420 "$PY" -m diffscale.bench.sampling "${P[@]}" "${PIPELINE_ARGS[@]}" --strong-reference \
+      part pipeline "${PIPELINE_LIMIT_S:-420}" "$PY" -m diffscale.bench.sampling "${P[@]}" "${PIPELINE_ARGS[@]}" --strong-reference \
         --json "$OUT/pipeline/sampling.json" ;;
     startup)
       mapfile -t P < <(presets --preset $STARTUP_PRESETS)
