@@ -252,3 +252,30 @@ def test_shutdown_releases_recordings_before_the_process_group_goes_once():
     ctx.shutdown()
     ctx.shutdown()
     assert released == ["second", "first"]
+
+
+def test_dynamos_warning_on_diffusers_version_checks_is_filtered():
+    """diffusers' upsampling calls its cached ``is_torch_version`` under bf16; dynamo warns about
+    every such call it traces. The warning appears without diffscale's filter and not with it."""
+    import re
+    import warnings
+
+    from diffusers.models.upsampling import Upsample2D
+    from torch._dynamo.utils import warn_once_cache
+
+    from diffscale.runtime.parallelize import DIFFUSERS_VERSION_CHECKS
+
+    def dynamo_warnings(filtered: bool) -> list[str]:
+        torch._dynamo.reset()
+        warn_once_cache.clear()  # dynamo warns once per process and message
+        up = Upsample2D(4, use_conv=True).to(torch.bfloat16)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            if filtered:
+                warnings.filterwarnings("ignore", message=DIFFUSERS_VERSION_CHECKS, category=UserWarning)
+            torch.compile(up, backend="eager")(torch.randn(1, 4, 4, 4, dtype=torch.bfloat16))
+        return [str(w.message) for w in seen if "lru_cache" in str(w.message)]
+
+    unfiltered = dynamo_warnings(filtered=False)
+    assert unfiltered and re.match(DIFFUSERS_VERSION_CHECKS, unfiltered[0])
+    assert dynamo_warnings(filtered=True) == []

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -15,6 +16,14 @@ from diffscale.errors import UserError
 from diffscale.runtime.compile_cache import CompileCache
 from diffscale.runtime.device import DevicePolicy, on_side_stream, recording_stream
 from diffscale.runtime.distributed import DistContext
+
+DIFFUSERS_VERSION_CHECKS = (r"(?s)Dynamo detected a call to a `functools.lru_cache`-wrapped function"
+                            r".*[/\\]diffusers[/\\]")
+"""Dynamo's warning on each of diffusers' cached ``is_torch_version`` calls that a compiled network
+traces (its up- and downsampling blocks under bf16, about a dozen lines a job that end "Silent
+incorrectness is only a *potential* risk"): a version check is constant in a process, so the
+cache dynamo skips changes nothing, and the warning is filtered for every compile diffscale does."""
+warnings.filterwarnings("ignore", message=DIFFUSERS_VERSION_CHECKS, category=UserWarning)
 
 
 def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, policy: DevicePolicy,
