@@ -361,9 +361,9 @@ class RuntimeConfig:
     caching precompile), so a resumed job or a new run of the same network installs it instead of
     tracing the network again. Written once, after the first step; one process only (a
     distributed run traces as before); an entry for another config or torch is discarded.
-    ``auto``: on for compiled training on CUDA, where three rounds on one H100 (small, torch 2.11,
-    2026-11-28) started resumed jobs in 19.9-22.0 s instead of 30-37 s and new runs in 18.3-24.9 s
-    instead of 28-30 s at the same steady speed (docs/benchmarks.md, "The traced network cached
+    ``auto``: on for compiled training on CUDA, where it held in every round on one H100 (torch 2.11,
+    2026-11-28): small's resumed jobs started in 16.4-22.0 s instead of 30-37 s, medium's in 23.5 s
+    instead of 53.5 s, at the same steady speed (docs/benchmarks.md, "The traced network cached
     too"); ``on`` also where it was not measured (the CPU). An entry that cannot be installed is
     discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``; a job
     that traces although an entry was installed names the failed guard in a warning and in
