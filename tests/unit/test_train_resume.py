@@ -405,3 +405,19 @@ def test_an_entry_traced_under_autocast_holds_in_a_job_that_trains_under_it(tmp_
     out = job("load", "autocast")
     assert "rows 4 loss 7.992 traced 0" in out, out  # installed and used
     assert "traced again" not in out
+
+
+def test_the_stamp_is_in_place_before_the_traced_network_is_written(tmp_path, monkeypatch):
+    """Runs of one network share the entry's folder and may run at once: a job that starts while
+    another writes must find the stamp with (or before) the entry, never an entry without it,
+    which it would discard. (The real write: the precompiled jobs above.)"""
+    from diffscale.runtime import compile_cache as cc
+
+    dynamo = tmp_path / "dynamo"
+    stamps_when_written: list[dict] = []
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts",
+                        lambda: stamps_when_written.append(json.loads((dynamo / cc.STAMP).read_text())))
+    monkeypatch.setattr(cc, "_graphs_traced", lambda: 1)  # this job traced the network
+    said: list[str] = []
+    cc.CompileCache(directory=dynamo, stamp="abc", say=said.append).save_once()
+    assert stamps_when_written == [{"fingerprint": "abc"}] and not said

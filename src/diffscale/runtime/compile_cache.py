@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from diffscale.config import RunConfig, Toggle
+from diffscale.io.atomic import write_text
 
 STAMP = "diffscale-stamp.json"
 """Beside torch's entries: the fingerprint of the run they were traced for."""
@@ -170,8 +171,11 @@ class CompileCache:
             return
         assert self.directory is not None
         try:
-            torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries
-            (self.directory / STAMP).write_text(json.dumps({"fingerprint": self.stamp}) + "\n")
+            # Runs of one network share the folder, and may run at once (two seeds on two GPUs): the
+            # stamp goes first and whole, so a job starting meanwhile finds a stamp and no entry yet
+            # (it traces) rather than an entry without its stamp (which it would discard).
+            write_text(self.directory / STAMP, json.dumps({"fingerprint": self.stamp}) + "\n")
+            torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries (each whole)
         except Exception as exc:
             self.say(f"[yellow]warning: the traced network was not cached ({type(exc).__name__}: {exc}); "
                      f"a resumed job traces it again[/]")
