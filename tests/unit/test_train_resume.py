@@ -279,7 +279,8 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     assert len(said) == 1 and said[0].startswith(f"[yellow]warning: the cached traced network in {dynamo} "
                                                  "could not be used (UnpicklingError")
     kept = cache_dir / DISCARDED  # the whole traceback, for a report against torch
-    assert said[0].endswith(f"; tracing it again; the traceback is in {kept}[/]")
+    assert said[0].endswith(f"; tracing it again; the traceback is in {kept} (--set runtime.compile_cache=off "
+                            "stops trying)[/]")
     assert "Traceback (most recent call last)" in kept.read_text() and "UnpicklingError" in kept.read_text()
     cache = cache_with(b"x", "another config")
     assert cache.active and not cache.found and not dynamo.exists()

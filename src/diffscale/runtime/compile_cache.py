@@ -232,7 +232,7 @@ class CompileCache:
             except OSError:
                 pass
         self.say(f"[yellow]warning: the cached traced network in {self.directory} could not be used ({why}); "
-                 f"tracing it again{report}[/]")
+                 f"tracing it again{report} (--set runtime.compile_cache=off stops trying)[/]")
         self.found = False
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
