@@ -33,7 +33,6 @@ USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
 sets the variable itself (to /tmp/torchinductor_USER) the first time it looks for its cache."""
 
 
-
 class _BeforeDiffusers:
     """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept
     map of installed packages that diffusers and transformers read at import
