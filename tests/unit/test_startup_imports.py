@@ -116,3 +116,23 @@ def test_the_first_diffusers_import_reads_the_kept_packages_map(tmp_path):
     light = _python("import diffscale, sys\nprint('importlib.metadata' in sys.modules)\n",
                     DIFFSCALE_CACHE_DIR=str(tmp_path))
     assert light.stdout.strip() == "False"  # import diffscale alone installs nothing
+
+
+def test_an_installed_transformers_is_not_imported_by_the_unet(tmp_path):
+    """``diffusers.quantizers`` imports transformers where it is installed; the UNet needs two of
+    its classes only. A stand-in transformers on the path shows who imports it."""
+    stub = tmp_path / "site" / "transformers"
+    (stub / "utils").mkdir(parents=True)
+    (stub / "__init__.py").write_text("")
+    (stub / "utils" / "__init__.py").write_text("")
+    (stub / "utils" / "quantization_config.py").write_text("class QuantizationConfigMixin:\n    pass\n")
+    code = ("import sys\n"
+            "from diffscale.tasks.images.network import build_unet\n"
+            "from diffusers.models.modeling_utils import ModelMixin\n"
+            "from diffusers.quantizers import DiffusersAutoQuantizer\n"
+            "print('unet', 'transformers' in sys.modules)\n"
+            "from diffusers.quantizers import PipelineQuantizationConfig\n"  # the real __init__ runs now
+            "print('pipeline config', 'transformers' in sys.modules)\n")
+    done = _python(code, PYTHONPATH=f"{SRC}{os.pathsep}{tmp_path / 'site'}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-3:-1] == ["unet False", "pipeline config True"]

@@ -6,12 +6,16 @@ every UNet and every transformer model eagerly; one of those loads ``diffusers.l
 single-file code, which imports most schedulers and with them ``scipy.stats``. None of that is
 used to train or sample a ``UNet2DModel``, yet it was a noticeable part of each start (hundreds of
 modules; more on a machine whose installation has no cached bytecode; docs/decisions.md,
-"diffusers' UNet2DModel imported alone").
+"diffusers' UNet2DModel imported alone"). Likewise ``diffusers.quantizers``, which every model's
+``modeling_utils`` imports for two classes, imports transformers wherever it is installed (for a
+pipeline's quantization config): 1.4 s of a start on an H100 host (docs/benchmarks.md).
 
 :func:`defer_package_init` puts such a package into ``sys.modules`` with its ``__init__`` not run
 yet: its submodules import as usual (``unet_2d`` and the two transformer modules its blocks
-use), and the first lookup of any other name on the package runs the real ``__init__``, so
-``from diffusers.models.unets import UNet2DConditionModel`` in the same process still works.
+use), a name listed in ``DEFERRED`` comes from its own submodule, and the first lookup of any
+other name on the package runs the real ``__init__``, so ``from diffusers.models.unets import
+UNet2DConditionModel`` or ``from diffusers.quantizers import PipelineQuantizationConfig`` in the
+same process still works.
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ import importlib.util
 import sys
 import types
 
-DEFERRED = ("diffusers.models.unets", "diffusers.models.transformers")
-"""Packages whose ``__init__`` waits until a name on them is looked up."""
+DEFERRED: dict[str, dict[str, str]] = {
+    "diffusers.models.unets": {},
+    "diffusers.models.transformers": {},
+    "diffusers.quantizers": {"DiffusersAutoQuantizer": "auto", "DiffusersQuantizer": "base"},
+}
+"""Packages whose ``__init__`` waits until a name on them is looked up, with the names that come
+from one submodule of theirs without it (diffusers 0.42's layout; elsewhere the ``__init__`` runs)."""
 
 
 class _DeferredPackage(types.ModuleType):
@@ -37,6 +46,15 @@ class _DeferredPackage(types.ModuleType):
         if importlib.util.find_spec(f"{self.__name__}.{name}") is not None:
             # `from package import submodule`: the import system loads it after this AttributeError
             raise AttributeError(name)
+        submodule = DEFERRED.get(self.__name__, {}).get(name)
+        if submodule is not None:
+            try:
+                value = getattr(importlib.import_module(f"{self.__name__}.{submodule}"), name)
+            except (ImportError, AttributeError):  # another layout: the package's own __init__ knows
+                pass
+            else:
+                object.__setattr__(self, name, value)
+                return value
         object.__setattr__(self, "__class__", types.ModuleType)  # from now on an ordinary package
         spec.loader.exec_module(self)
         return getattr(self, name)
