@@ -36,12 +36,15 @@ sets the variable itself (to /tmp/torchinductor_USER) the first time it looks fo
 class _BeforeDiffusers:
     """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept
     map of installed packages that diffusers and transformers read at import
-    (``diffscale.runtime.package_index``), then the usual finders load it."""
+    (``diffscale.runtime.package_index``), then the usual finders load it. It stays in
+    ``sys.meta_path`` (the import system is iterating that list when it asks), idle after that."""
+
+    done = False
 
     @classmethod
     def find_spec(cls, name: str, path: object = None, target: object = None) -> None:
-        if name == "diffusers":
-            sys.meta_path.remove(cls)
+        if name == "diffusers" and not cls.done:
+            cls.done = True
             from diffscale.runtime import package_index
 
             package_index.install()

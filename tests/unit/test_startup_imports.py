@@ -136,3 +136,20 @@ def test_an_installed_transformers_is_not_imported_by_the_unet(tmp_path):
     done = _python(code, PYTHONPATH=f"{SRC}{os.pathsep}{tmp_path / 'site'}")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-3:-1] == ["unet False", "pipeline config True"]
+
+
+def test_the_finder_waiting_for_diffusers_leaves_every_other_finder_asked(tmp_path):
+    """The import system iterates ``sys.meta_path`` while it asks each finder: one that removed
+    itself there would make it skip the finder after it for that import."""
+    code = ("import sys, diffscale\n"
+            "asked = []\n"
+            "class Recorder:\n"
+            "    @classmethod\n"
+            "    def find_spec(cls, name, path=None, target=None):\n"
+            "        asked.append(name)\n"
+            "sys.meta_path.insert(sys.meta_path.index(diffscale._BeforeDiffusers) + 1, Recorder)\n"
+            "import diffusers\n"
+            "print('diffusers' in asked)\n")
+    done = _python(code, DIFFSCALE_CACHE_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("True")
