@@ -77,7 +77,7 @@ def test_the_train_verb_parses_without_the_registered_verbs():
 def test_installed_packages_map_is_kept_until_an_import_path_changes(tmp_path, monkeypatch):
     """diffusers and transformers each list every installed file at import
     (``importlib.metadata.packages_distributions``); the answer is kept per import paths and times."""
-    from diffscale.runtime.package_index import cached
+    from diffscale.runtime.package_index import KEEP, cached
 
     site = tmp_path / "site"
     site.mkdir()
@@ -92,15 +92,23 @@ def test_installed_packages_map_is_kept_until_an_import_path_changes(tmp_path, m
     first = cached(compute, folder)
     assert first == {"pkg": ["dist-a"], "n1": ["dist-b"]} and len(calls) == 1
     assert cached(compute, folder) == first and len(calls) == 1  # read back, not computed
-    (site / "new_dist-1.0.dist-info").mkdir()  # an install changes the folder's time
-    os.utime(site, ns=(1, os.stat(site).st_mtime_ns + 10**9))
+    (site / "runs").mkdir()  # a run dir in the working directory (an import path) changes nothing
+    assert cached(compute, folder) == first and len(calls) == 1
+    (site / "new_dist-1.0.dist-info").mkdir()  # an install
     assert cached(compute, folder) == {"pkg": ["dist-a"], "n2": ["dist-b"]} and len(calls) == 2
+    os.utime(site / "new_dist-1.0.dist-info", ns=(1, 10**9))  # reinstalled in place: rewritten
+    assert cached(compute, folder) == {"pkg": ["dist-a"], "n3": ["dist-b"]} and len(calls) == 3
+    calls.clear()
     for kept in folder.glob("*.json"):
         kept.write_text("{not json")
-    assert cached(compute, folder)["n3"] == ["dist-b"]  # a damaged file: computed again
+    assert cached(compute, folder)["n1"] == ["dist-b"]  # a damaged file: computed again
     blocked = tmp_path / "file"
     blocked.write_text("")
-    assert cached(compute, blocked / "sub")["n4"] == ["dist-b"]  # nowhere to keep it: still answered
+    assert cached(compute, blocked / "sub")["n2"] == ["dist-b"]  # nowhere to keep it: still answered
+    for version in range(12):  # environments come and go: the newest answers are kept
+        (site / f"churn-{version}.dist-info").mkdir()
+        cached(compute, folder)
+    assert len(list(folder.glob("*.json"))) == KEEP
 
 
 def test_the_first_diffusers_import_reads_the_kept_packages_map(tmp_path):

@@ -6,9 +6,10 @@ distribution's files and checks that each exists: on an H100 host's environment 
 distributions, 53,000 files) the two calls took 5 s of a resumed job's 31 s under cProfile
 (docs/benchmarks.md, "The traced network cached too"), and on a cluster's shared file system every rank of a
 job makes those stats at once. Its answer changes only when a distribution is installed or
-removed, which changes the folder it goes into: :func:`install` replaces the function with one
-that keeps the answer in the user's cache (``DIFFSCALE_CACHE_DIR``/packages), keyed by every import
-path and its modification time, and computes it as before on a miss or any error.
+removed, which adds, renames or rewrites its metadata folder: :func:`install` replaces the function
+with one that keeps the answer in the user's cache (``DIFFSCALE_CACHE_DIR``/packages), keyed by
+the metadata folders on every import path and their modification times, and computes it as
+before on a miss or any error.
 
 ``diffscale/__init__.py`` installs it the first time anything imports diffusers, so ``import
 diffscale`` stays light and code that never imports diffusers never sees it.
@@ -26,17 +27,27 @@ from pathlib import Path
 from diffscale.io.atomic import write_text
 from diffscale.io.paths import cache_dir
 
-FORMAT = 1
-"""Bump when the kept file's layout changes."""
+FORMAT = 2
+"""Bump when the kept file's layout or key changes."""
+KEEP = 8
+"""Answers kept (the newest): one per environment and state of its installed packages."""
 
 
-def _key() -> list[list[str | int | None]]:
-    """Every import path with the modification time of what is there (a folder gets a new time
-    when a distribution is installed into it or removed from it); None where nothing is."""
-    key: list[list[str | int | None]] = [[sys.version, FORMAT]]
+def _key() -> list[object]:
+    """What the answer depends on: for every import path, its distributions' metadata folders
+    (``*.dist-info``, ``*.egg-info``) with their modification times -- an install, upgrade or
+    removal adds, renames or rewrites one -- read from one listing per path, not from the files'
+    records. A path that is a file (a zip) counts by its own time."""
+    key: list[object] = [sys.version, FORMAT]
     for entry in sys.path:
+        where = entry or "."
         try:
-            key.append([entry, os.stat(entry or ".").st_mtime_ns])
+            with os.scandir(where) as listing:
+                found = sorted([item.name, item.stat().st_mtime_ns] for item in listing
+                               if item.name.endswith((".dist-info", ".egg-info")))
+            key.append([entry, found])
+        except NotADirectoryError:
+            key.append([entry, os.stat(where).st_mtime_ns])
         except OSError:
             key.append([entry, None])
     return key
@@ -58,6 +69,9 @@ def cached(compute: Callable[[], Mapping[str, list[str]]], folder: Path) -> dict
     answer = {name: list(dists) for name, dists in compute().items()}
     try:
         write_text(path, json.dumps({"key": key, "packages": answer}))
+        older = sorted(folder.glob("*.json"), key=lambda kept: kept.stat().st_mtime_ns)[:-KEEP]
+        for stale in older:  # environments changed or gone: a few answers are plenty
+            stale.unlink(missing_ok=True)
     except OSError:
         pass
     return answer
