@@ -22,7 +22,7 @@ cd "$RUN_DIR" || exit 2
 echo "diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST"
 
 # For the command: the sweep's kernel cache, shared by its runs that compile the same graph.
-export TORCHINDUCTOR_CACHE_DIR='/scratch/it'"'"'s a "weird" $HOME `date` sweep/compile-cache/c61079e8e3182d9c'
+export TORCHINDUCTOR_CACHE_DIR='/scratch/it'"'"'s a "weird" $HOME `date` sweep/compile-cache/179611c7bd6fecc1'
 
 # Rendezvous of every rank: the first host of the allocation, a port derived from the
 # job id (diffscale, Lightning and torch env:// all read MASTER_ADDR/MASTER_PORT).
