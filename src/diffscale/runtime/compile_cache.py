@@ -213,7 +213,7 @@ class CompileCache:
         failed = [part.strip() for verdict in verdicts for part in verdict.verbose_code_parts]
         report = self.directory.parent / RETRACED
         try:
-            report.write_text(f"{where}: the installed entry's guards that failed\n" + "\n".join(failed) + "\n")
+            write_text(report, f"{where}: the installed entry's guards that failed\n" + "\n".join(failed) + "\n")
         except OSError:
             return f" (a guard of the entry failed: {failed[0] if failed else 'unknown'})"
         return f" (a guard of the entry failed: {failed[0] if failed else 'unknown'}; all in {report})"
@@ -227,7 +227,7 @@ class CompileCache:
             kept = self.directory.parent / DISCARDED
             trace = "".join(traceback.format_exception(failure))
             try:
-                kept.write_text(f"{self.directory}: {why}\ntorch {torch.__version__}\n\n{trace}")
+                write_text(kept, f"{self.directory}: {why}\ntorch {torch.__version__}\n\n{trace}")
                 report = f"; the traceback is in {kept}"
             except OSError:
                 pass
@@ -300,13 +300,15 @@ def open_compile_cache(cfg: RunConfig, cache_dir: Path, *, world_size: int, own_
     asked = setting == Toggle.ON
     if not (asked or (setting == Toggle.AUTO and on_cuda)):
         return CompileCache(say=say)
+    why_not = ""
     if world_size > 1:
-        return CompileCache(say=say, why_not=f"runtime.compile_cache is for one process (this run has {world_size}): "
-                                             "the network is traced as before" if asked else "")
-    if not own_cache:
-        return CompileCache(say=say, why_not="runtime.compile_cache needs the run's own kernel cache "
-                                             "(TORCHINDUCTOR_CACHE_DIR is set): the network is traced as before"
-                            if asked else "")
+        why_not = (f"runtime.compile_cache is for one process (this run has {world_size}): "
+                   "the network is traced as before")
+    elif not own_cache:
+        why_not = ("runtime.compile_cache needs the run's own kernel cache (TORCHINDUCTOR_CACHE_DIR is set): "
+                   "the network is traced as before")
+    if why_not:
+        return CompileCache(say=say, why_not=why_not if asked else "")
     cache = CompileCache(directory=cache_dir / "dynamo", stamp=fingerprint(cfg, world_size), say=say)
     cache.check(net)
     return cache
