@@ -13,6 +13,7 @@ from diffscale.cli_parser import ExampleFormatter, Parser, verb
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
+from diffscale.runtime.bytecode import keep_bytecode
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -395,6 +396,7 @@ def outlive_readers() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     outlive_readers()
+    keep_bytecode()  # before anything imports torch
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset

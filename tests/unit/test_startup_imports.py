@@ -153,3 +153,68 @@ def test_an_installed_transformers_is_not_imported_by_the_unet(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-3:-1] == ["unet False", "pipeline config True"]
 
+
+
+def _installation_without_bytecode(root: Path) -> Path:
+    """A site folder whose ``torch`` (first on the path) has no ``__pycache__``, and one more module."""
+    site = root / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "later_module.py").write_text("VALUE = 1\n")
+    return site
+
+
+_KEEP_AND_IMPORT = (
+    "import os, subprocess, sys\n"
+    "from diffscale.runtime.bytecode import keep_bytecode\n"
+    "print(keep_bytecode())\n"
+    "import later_module\n"
+    "print(subprocess.run([sys.executable, '-c', 'import sys; print(sys.pycache_prefix, sys.dont_write_bytecode)'],"
+    " capture_output=True, text=True).stdout.strip())\n"
+)
+
+
+def test_bytecode_is_kept_in_the_cache_where_torch_has_none(tmp_path):
+    site = _installation_without_bytecode(tmp_path)
+    cache = tmp_path / "cache"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    done = subprocess.run(
+        [sys.executable, "-c", _KEEP_AND_IMPORT], capture_output=True, text=True, timeout=120,
+        env={**environ, "PYTHONPATH": f"{site}{os.pathsep}{SRC}", "PYTHONDONTWRITEBYTECODE": "1",
+             "DIFFSCALE_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    folder = cache / "bytecode"
+    assert done.stdout.splitlines() == [str(folder), f"{folder} False"]  # this process and the ones it starts
+    kept = [p.name for p in folder.rglob("*.pyc")]
+    assert any(name.startswith("later_module.") for name in kept), kept
+    assert not (site / "__pycache__").exists()  # nothing written into the installation
+
+
+def test_bytecode_stays_where_the_user_or_the_installation_keeps_it(tmp_path):
+    site = _installation_without_bytecode(tmp_path)
+    environ = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{SRC}", "DIFFSCALE_CACHE_DIR": str(tmp_path / "cache")}
+    mine = tmp_path / "mine"
+    done = subprocess.run([sys.executable, "-c", _KEEP_AND_IMPORT], capture_output=True, text=True, timeout=120,
+                          env={**environ, "PYTHONPYCACHEPREFIX": str(mine), "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["None", f"{mine} True"]  # the user's settings, untouched
+    import py_compile
+
+    py_compile.compile(str(site / "torch" / "__init__.py"))  # torch installed with its bytecode
+    environ.pop("PYTHONPYCACHEPREFIX", None)
+    done = subprocess.run([sys.executable, "-c", _KEEP_AND_IMPORT], capture_output=True, text=True, timeout=120,
+                          env=environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "None"
+    assert not (tmp_path / "cache" / "bytecode").exists()
+
+
+def test_the_command_line_keeps_bytecode_before_it_imports_anything_heavy(tmp_path):
+    site = _installation_without_bytecode(tmp_path)
+    cache = tmp_path / "cache"
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    done = subprocess.run([sys.executable, "-m", "diffscale", "presets"], capture_output=True, text=True, timeout=120,
+                          env={**environ, "PYTHONPATH": f"{site}{os.pathsep}{SRC}", "DIFFSCALE_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert "small" in done.stdout
+    assert list((cache / "bytecode").rglob("*.pyc"))  # the verb's own imports came after keep_bytecode
