@@ -20,18 +20,35 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 SCOPES = ("whole", "blocks")
 
 
-def child(scope: str, preset: str, batch: int | None, backend: str) -> dict:
+def compiled(scope: str, net: Any, backend: str, cuda: bool) -> Any:
+    """``net`` compiled whole, or each of its ResnetBlock2D and Attention layers (``scope`` blocks)."""
     import torch
     from diffusers.models.attention_processor import Attention
     from diffusers.models.resnet import ResnetBlock2D
 
+    from diffscale.runtime.parallelize import compile_options
+
+    options = compile_options("reduce-overhead" if cuda else "default", layout_opt=cuda)
+    compile_args = {"options": options} if backend == "inductor" else {"backend": backend}
+    torch._dynamo.config.recompile_limit = 64  # one compiled graph per layer shape in the blocks scope
+    if scope == "whole":
+        return torch.compile(net, **compile_args)
+    for module in net.modules():
+        if isinstance(module, (ResnetBlock2D, Attention)):
+            module.compile(dynamic=False, **compile_args)
+    return net
+
+
+def child(scope: str, preset: str, batch: int | None, backend: str) -> dict:
+    import torch
+
     from diffscale.config.presets import PRESETS
     from diffscale.runtime.flex_attention import use_flex_attention
-    from diffscale.runtime.parallelize import compile_options
     from diffscale.tasks.images.network import Denoiser, build_unet
 
     cfg = PRESETS[preset].build()
@@ -43,16 +60,7 @@ def child(scope: str, preset: str, batch: int | None, backend: str) -> dict:
     if cuda:
         use_flex_attention(net, 8192)
         net = net.to(memory_format=torch.channels_last)
-    options = compile_options("reduce-overhead" if cuda else "default", layout_opt=cuda)
-    compile_args = {"options": options} if backend == "inductor" else {"backend": backend}
-    torch._dynamo.config.recompile_limit = 64  # one compiled graph per layer shape in the blocks scope
-    if scope == "whole":
-        model = torch.compile(net, **compile_args)
-    else:
-        for module in net.modules():
-            if isinstance(module, (ResnetBlock2D, Attention)):
-                module.compile(dynamic=False, **compile_args)
-        model = net
+    model = compiled(scope, net, backend, cuda)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4, fused=cuda)
     size = cfg.model.sample_size
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
