@@ -154,8 +154,12 @@ if startup.is_file():
     records = [json.loads(line) for line in startup.read_text().splitlines()]
     print("\n| preset | settings | cold s (target <= 60) | resumed s (target <= 15) | new run s | steady samples/s |")
     print("|---|---|---:|---:|---:|---:|")
-    def seconds(job): return f"{(job or {}).get('first_logged_step_s') or float('nan'):.1f}"
+    def seconds(job):  # the first step, then the first logged step (train.log_every steps later)
+        job = job or {}
+        first, logged = job.get("first_step_s"), job.get("first_logged_step_s")
+        return f"{float('nan') if first is None else first:.1f} / {float('nan') if logged is None else logged:.1f}"
     def rate(job): return "-" if (job or {}).get("steady_samples_per_s") is None else f"{job['steady_samples_per_s']:,.0f}"
+    print("(seconds from launch to the first step / to the first logged step)")
     for r in records:
         print(f"| {r['preset']} | {' '.join(r['overrides']) or 'defaults'} | {seconds(r['cold'])} | "
               f"{seconds(r['resumed'])} | {seconds(r.get('new_run'))} | {rate(r['resumed'])} |")

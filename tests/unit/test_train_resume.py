@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -236,6 +237,10 @@ def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_pat
     out, second = _compiled_job(resumed, "--resume", "auto")  # the run's config.yaml: compile_cache on
     assert "resumed from step 2" in out
     assert "the traced network and kernels cached by an earlier job" in out
+    waited = re.search(r"^first step of this job \(step 3\) ([\d.]+) s after it started: compiled$", out, re.M)
+    events = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines() if '"kind"' in line]
+    assert waited and [(e["step"], e["since_start_s"]) for e in events if e["kind"] == "first_step"][-1] == \
+        (3, pytest.approx(float(waited[1]), abs=0.051))
     assert second["dynamo_cache"] == {"dynamo_cache_hit": 1}
     assert second["frames"] == {}  # dynamo traced no frame
     assert "is dropped with caching_precompile" not in out and "could not be used" not in out
@@ -422,3 +427,21 @@ def test_the_stamp_is_in_place_before_the_traced_network_is_written(tmp_path, mo
     said: list[str] = []
     cc.CompileCache(directory=dynamo, stamp="abc", say=said.append).save_once()
     assert stamps_when_written == [{"fingerprint": "abc"}] and not said
+
+
+
+def test_a_process_knows_how_long_it_has_run_to_a_tenth_of_a_second(tmp_path):
+    """The first-step line's seconds: a process that slept 1 s says at least 1 s and no more than its
+    parent timed from before starting it (psutil's create_time counts the boot time in whole seconds
+    and was 1.0 s over)."""
+    import subprocess
+    import sys
+    import time
+
+    code = "import time; time.sleep(1.0); from diffscale.training.telemetry import seconds_since_process_start as s; " \
+           "print(s())"
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    timed = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    assert 1.0 <= float(done.stdout) <= timed

@@ -1,7 +1,8 @@
 """Start-up time as a user meets it: ``diffscale train`` launched in a fresh run dir (cold:
 nothing compiled yet), then the same run resumed, then a new run of the same network in another
 run dir (both reuse the kernels the cold job left in the user's kernel cache), each timed from
-launch to its first logged step.
+launch to its first step (``first_step_s``: the line a compiled job prints after it) and to its
+first logged step (``first_logged_step_s``: ``train.log_every`` steps later).
 
 ``python -m diffscale.bench.startup --preset small --json OUT``
 
@@ -44,6 +45,8 @@ from diffscale.io.rundir import read_records
 # The child prints dynamo's compile-phase totals and the cache hit counters at its first logged
 # step (and when it exits, if it never logged): they say which part of the compile a job still pays.
 _CHILD = """
+from diffscale.runtime.bytecode import keep_bytecode
+keep_bytecode()  # as the command line does first: bytecode kept where torch's installation has none
 import atexit, json, os, runpy, sys
 _reported = []
 def _compile_report():
@@ -136,11 +139,14 @@ def timed_job(args: list[str], run_dir: Path, since: int, *, profile: Path | Non
         env["DIFFSCALE_BENCH_INDUCTOR"] = json.dumps(inductor)
     start = time.perf_counter()
     first_log: float | None = None
+    first_step: float | None = None  # the job's "first step of this job" line (compiled jobs print it)
     proc = subprocess.Popen([*prefix, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None
     for line in proc.stdout:
         now = time.perf_counter() - start
         print(f"  [{now:7.1f} s] {line.rstrip()}", flush=True)
+        if first_step is None and line.startswith("first step of this job"):
+            first_step = now
         if first_log is None and _first_logged_step(run_dir, since) is not None:
             first_log = now
         if end_at is not None and first_log is not None and _checkpointed(run_dir, end_at):
@@ -152,7 +158,7 @@ def timed_job(args: list[str], run_dir: Path, since: int, *, profile: Path | Non
     if first_log is None and _first_logged_step(run_dir, since) is not None:
         first_log = ended
     steady = _rates_after_first(run_dir, since)
-    return {"first_logged_step_s": first_log, "exit_s": ended, "exit_code": code,
+    return {"first_step_s": first_step, "first_logged_step_s": first_log, "exit_s": ended, "exit_code": code,
             "steady_samples_per_s": statistics.median(steady) if steady else None}
 
 

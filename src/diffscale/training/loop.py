@@ -44,7 +44,7 @@ from diffscale.tasks.base import Generated, count_parameters
 from diffscale.training.state import RunState
 from diffscale.training.step import StepRunner, learning_rate
 from diffscale.training.step_graph import records_whole_steps
-from diffscale.training.telemetry import Telemetry, ThroughputMeter, open_telemetry
+from diffscale.training.telemetry import Telemetry, ThroughputMeter, open_telemetry, seconds_since_process_start
 
 MAX_ROLLBACKS = 3
 
@@ -360,6 +360,7 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
     t, ctx = run_state.cfg.train, run_state.ctx
     clock = _Clock(run_state.step, stop_at)
     samples: list[Path] = []
+    first_step = True
     while run_state.step < stop_at:
         try:
             lr = runner.step()
@@ -368,6 +369,9 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
         except DataEnded as ended:  # the data's source (a coupled simulation) ended: no more will come
             _data_ended(run_state, runner, ended, say)
             return None, samples
+        if first_step and run_state.policy.compile:
+            _first_step_note(run_state, telemetry, say)
+        first_step = False
         traced.save_once()
         meter.add(runner.effective)
         if run_state.step % t.log_every == 0 or run_state.step == stop_at:
@@ -384,6 +388,15 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
         if t.eval_every and run_state.step % t.eval_every == 0:
             _evaluate(run_state, ctx, say, telemetry)
     return None, samples
+
+
+def _first_step_note(run_state: RunState, telemetry: Telemetry, say: Say) -> None:
+    """After a compiled job's first step: how long the job waited for it, from its process's start
+    (imports, data, the compile), on the console and in metrics.jsonl (``kind`` first_step)."""
+    waited = seconds_since_process_start()
+    say(f"first step of this job (step {run_state.step}) {waited:.1f} s after it started: compiled")
+    telemetry.event({"kind": "first_step", "step": run_state.step, "since_start_s": round(waited, 2),
+                     "time": time.time()})
 
 
 def _data_ended(run_state: RunState, runner: StepRunner, ended: DataEnded, say: Say) -> None:
