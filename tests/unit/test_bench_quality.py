@@ -133,3 +133,26 @@ def test_sampler_list_refuses_what_is_not_kind_and_steps():
     for bad in ("ddim", "euler:10", "ddim:0", "ddim:x"):
         with pytest.raises(UserError, match="is not KIND:STEPS"):
             parse_samplers([bad])
+
+
+def test_raw_weights_are_scored_through_the_ema_network_which_keeps_its_own_weights(monkeypatch):
+    """--raw-weights: diffscale's raw weights sample exactly as its EMA does (through the EMA network),
+    and the EMA network holds its own weights again afterwards, the next evaluation and training
+    going on from them."""
+    from types import SimpleNamespace
+
+    from diffscale.bench import quality_time
+
+    net, ema = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        net.weight.fill_(1.0), net.bias.fill_(1.0), ema.weight.fill_(0.5), ema.bias.fill_(0.5)
+    seen = []
+
+    def scores(run_state, network, spec):
+        seen.append(network)
+        return {"fd": float(sum(p.detach().sum() for p in network.parameters())), "precision": 1.0, "recall": 1.0}
+
+    monkeypatch.setattr(quality_time, "_scores", scores)
+    raw = quality_time._raw_scores(SimpleNamespace(net=net, ema=ema), quality_time.EvalSpec(raw_too=True))
+    assert raw["fd"] == 8.0 and seen == [ema]  # the raw weights (6 + 2 ones), sampled by the EMA network
+    assert all(bool((p == 0.5).all()) for p in ema.parameters()) and bool((net.weight == 1.0).all())
