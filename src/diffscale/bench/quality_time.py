@@ -193,7 +193,7 @@ def _raw_scores(run_state: RunState, spec: EvalSpec) -> dict[str, float]:
     """diffscale's raw weights scored through its EMA network (the raw weights copied in, the EMA's
     put back after), so they sample exactly as the EMA does: the training network itself is
     compiled for training and keeps FlexAttention's training kernel."""
-    ema = list(run_state.ema.parameters())
+    ema: list[torch.Tensor] = list(run_state.ema.parameters())
     with torch.no_grad():
         kept = [p.detach().clone() for p in ema]
         torch._foreach_copy_(ema, [p.detach() for p in run_state.net.parameters()])
