@@ -156,3 +156,19 @@ def test_raw_weights_are_scored_through_the_ema_network_which_keeps_its_own_weig
     raw = quality_time._raw_scores(SimpleNamespace(net=net, ema=ema), quality_time.EvalSpec(raw_too=True))
     assert raw["fd"] == 8.0 and seen == [ema]  # the raw weights (6 + 2 ones), sampled by the EMA network
     assert all(bool((p == 0.5).all()) for p in ema.parameters()) and bool((net.weight == 1.0).all())
+
+
+def test_runs_trained_apart_are_summarized_against_each_other(tmp_path, capsys):
+    """--merge: the plain recipe and diffscale trained at once on two GPUs, each writing its own
+    quality_time.json, compared as one run of the bench would compare them."""
+    import json
+
+    from diffscale.bench import quality_time
+
+    for name, run in (("plain", _run("small", "plain", "plain", [(0, 300), (30, 120), (60, 80)])),
+                      ("fast", _run("small", "fast", "fast", [(0, 300), (20, 90), (40, 70), (60, 50)]))):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"about": ABOUT_RUNS, "summary": [], "runs": [run]}))
+    assert quality_time.main(["--merge", str(tmp_path / "plain.json"), str(tmp_path / "fast.json")]) == 0
+    assert "| small | fast | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | missed |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        quality_time.main(["--seconds", "3"])  # training needs --out

@@ -355,9 +355,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="steps before the clock starts (default 3)")
     parser.add_argument("--check-every", type=int, default=5, help="steps between clock reads (default 5)")
     parser.add_argument("--plain-workers", type=int, default=4)
-    parser.add_argument("--out", type=Path, required=True, help="folder for quality_time.json, .md and .png")
+    parser.add_argument("--out", type=Path, help="folder for quality_time.json, .md and .png (required to train)")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                        help="train nothing: the tables and summary of the runs in these quality_time.json files "
+                             "(e.g. the plain recipe and diffscale trained on two GPUs at once)")
     parser.add_argument("--runs", type=Path, help="where diffscale's last weights are kept (default OUT/runs)")
     args = parser.parse_args(argv)
+    if args.out is None and not args.merge:
+        parser.error("--out is required (or --merge JSON ... to summarize earlier runs)")
     for flag, value in (("--seconds", args.seconds), ("--evals", args.evals), ("--eval-steps", args.eval_steps),
                         ("--check-every", args.check_every), ("--warmup", args.warmup)):
         if not value > 0:
@@ -380,8 +385,19 @@ def _plans(args: argparse.Namespace) -> list[RunPlan]:
             for variant in [Variant(), *(variants if recipe == "fast" else [])]]
 
 
+def merged(paths: Sequence[Path]) -> str:
+    """The tables and summary of the runs kept in several ``quality_time.json`` files, with the
+    first file's provenance."""
+    files = [json.loads(path.read_text()) for path in paths]
+    records = [run for kept in files for run in kept["runs"]]
+    return markdown(records, summarize(records), files[0]["about"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        print(merged(args.merge), flush=True)
+        return 0
     plans = _plans(args)
     spec = EvalSpec(count=args.count, steps=args.eval_steps, sampler=args.sampler, raw_too=args.raw_weights)
 
