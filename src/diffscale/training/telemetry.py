@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import psutil
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -49,6 +48,8 @@ def seconds_since_process_start() -> float:
         started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
         return time.clock_gettime(time.CLOCK_BOOTTIME) - started
     except (OSError, ValueError, IndexError, AttributeError):
+        import psutil
+
         return time.time() - psutil.Process().create_time()
 
 
