@@ -5,8 +5,8 @@
 # way (python -m diffscale.bench.quality_time --recipe plain|fast). Usage (repository root):
 #   OUT=DIR bash scripts/gpu/quality_side_by_side.sh
 # Settings (environment): PRESET (small), SECONDS_EACH (260), EVALS (8), LIMIT_S (540: each
-# process's time limit), EXTRA (more quality_time options for both, e.g. "--raw-weights"; --set and
-# --count reach the feature network's preparation too). $OUT/plain/ and $OUT/fast/ get each run's
+# process's time limit), EXTRA (more quality_time options for both and for the feature network's
+# preparation, e.g. "--raw-weights"). $OUT/plain/ and $OUT/fast/ get each run's
 # quality_time.json, .md and .png; the summary against the plain recipe is
 #   python -m diffscale.bench.quality_time --merge $OUT/plain/quality_time.json $OUT/fast/quality_time.json
 # A dry run on a CPU (figures mean nothing): PRESET=tiny SECONDS_EACH=3 EVALS=2 EXTRA="--count 32
@@ -22,14 +22,7 @@ PRESET=${PRESET:-small}; SECONDS_EACH=${SECONDS_EACH:-260}; EVALS=${EVALS:-8}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 mkdir -p "$OUT"
 "$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" >/dev/null 2>&1
-"$PY" -c "
-import sys
-from diffscale.bench.quality_time import EvalSpec, prepare_features
-args = sys.argv[2:]
-overrides = [args[i + 1] for i, a in enumerate(args[:-1]) if a == '--set']
-count = [int(args[i + 1]) for i, a in enumerate(args[:-1]) if a == '--count']
-prepare_features(sys.argv[1], overrides, EvalSpec(count=count[0]) if count else EvalSpec(), print)" \
-  "$PRESET" "${EXTRA_ARGS[@]}"
+"$PY" -m diffscale.bench.quality_time --preset "$PRESET" --features-only "${EXTRA_ARGS[@]}"
 for recipe in plain fast; do
   gpu=0; [ "$recipe" = fast ] && gpu=1
   CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$recipe \

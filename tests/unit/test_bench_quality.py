@@ -172,3 +172,18 @@ def test_runs_trained_apart_are_summarized_against_each_other(tmp_path, capsys):
     assert "| small | fast | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | missed |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         quality_time.main(["--seconds", "3"])  # training needs --out
+
+
+def test_features_only_prepares_each_presets_feature_network_and_trains_nothing(tmp_path, monkeypatch):
+    """--features-only: the feature network prepared once, before runs started apart share it (the
+    real preparation runs in scripts/gpu/quality_side_by_side.sh's dry run)."""
+    from diffscale.bench import quality_time
+
+    prepared = []
+    monkeypatch.setattr(quality_time, "prepare_features",
+                        lambda preset, overrides, spec, say: prepared.append((preset, overrides, spec.count)) or {})
+    monkeypatch.setattr(quality_time, "run_one", lambda *args: pytest.fail("--features-only trained a run"))
+    monkeypatch.chdir(tmp_path)
+    assert quality_time.main(["--features-only", "--preset", "tiny", "--count", "32",
+                              "--set", "train.batch_per_gpu=16"]) == 0
+    assert prepared == [("tiny", ["train.batch_per_gpu=16"], 32)] and not list(tmp_path.iterdir())

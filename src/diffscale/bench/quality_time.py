@@ -359,10 +359,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                         help="train nothing: the tables and summary of the runs in these quality_time.json files "
                              "(e.g. the plain recipe and diffscale trained on two GPUs at once)")
+    parser.add_argument("--features-only", action="store_true",
+                        help="train nothing: the feature network prepared (trained or read from the data cache) "
+                             "for runs started after, e.g. on two GPUs at once sharing it")
     parser.add_argument("--runs", type=Path, help="where diffscale's last weights are kept (default OUT/runs)")
     args = parser.parse_args(argv)
-    if args.out is None and not args.merge:
-        parser.error("--out is required (or --merge JSON ... to summarize earlier runs)")
+    if args.out is None and not (args.merge or args.features_only):
+        parser.error("--out is required (or --merge JSON ... to summarize earlier runs, --features-only)")
     for flag, value in (("--seconds", args.seconds), ("--evals", args.evals), ("--eval-steps", args.eval_steps),
                         ("--check-every", args.check_every), ("--warmup", args.warmup)):
         if not value > 0:
@@ -404,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(f"[quality-time] {text}", flush=True)
 
-    args.out.mkdir(parents=True, exist_ok=True)
     features = {p: prepare_features(p, args.set, spec, say) for p in dict.fromkeys(plan.preset for plan in plans)}
+    if args.features_only:
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
     table = ""
     for plan in plans:
