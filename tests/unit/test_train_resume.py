@@ -204,7 +204,9 @@ def _compiled_job(run_dir: Path, *args: str) -> tuple[str, dict]:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "RANK", "WORLD_SIZE")}
+    # PYTHONDONTWRITEBYTECODE off, as on most users' machines: the generated code's bytecode is kept
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "RANK", "WORLD_SIZE", "PYTHONDONTWRITEBYTECODE")}
     env["DIFFSCALE_CACHE_DIR"] = str(run_dir.parent / "cache")  # the kernels of this test's runs only
     # Inductor first dry-compiles and loads a probe program per vector ISA the CPU reports, into the
     # (here always empty) kernel cache: a quarter of the first job's time. Trusting the CPU's flags
@@ -231,6 +233,10 @@ def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_pat
     assert first["frames"]["ok"] == 1 and first["dynamo_cache"] == {"dynamo_cache_miss": 1}
     entries = list((tmp_path / "cache" / "kernels").glob("*/dynamo/*/entry"))
     assert len(entries) == 1 and entries[0].stat().st_size > 0
+    # runtime.generated_bytecode: the output code's bytecode beside the kernels, read (not written
+    # again) by the resumed job
+    kept = {p: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "kernels").rglob("__pycache__/*.pyc")}
+    assert kept
 
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_00000004")
@@ -244,6 +250,7 @@ def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_pat
     assert second["dynamo_cache"] == {"dynamo_cache_hit": 1}
     assert second["frames"] == {}  # dynamo traced no frame
     assert "is dropped with caching_precompile" not in out and "could not be used" not in out
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
     name_a, a = _final_tensors(straight)
     name_b, b = _final_tensors(resumed)
     assert name_a == name_b == "step_00000004"

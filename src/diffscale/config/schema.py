@@ -323,7 +323,7 @@ class TrainConfig:
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
 
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -368,6 +368,12 @@ class RuntimeConfig:
     discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``; a job
     that traces although an entry was installed names the failed guard in a warning and in
     ``traced-network-retraced.txt``. Not part of the compiled graph."""
+    generated_bytecode: Toggle = Toggle.AUTO
+    """Load the Python that torch's compiler generates (the code running each compiled graph, its
+    kernels' modules) through Python's bytecode cache: the first job writes the bytecode beside
+    the kernels, later jobs read it instead of compiling that source again, which torch does in
+    every process (``runtime/generated_code.py``). ``auto``: on wherever the run compiles; ``off``:
+    torch's own loader. Not part of the compiled graph."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.

@@ -13,6 +13,7 @@ import torch
 
 from diffscale.config import Attention, Device, Precision, Recipe, RuntimeConfig, Toggle
 from diffscale.errors import UserError
+from diffscale.runtime.generated_code import keep_generated_bytecode
 from diffscale.runtime.resources import host_memory_bytes
 
 FLEX_AUTO_MIN_ROWS = 8192
@@ -41,6 +42,8 @@ class DevicePolicy:
     """FlexAttention for attention calls of at least this many (batch x heads) rows; None: never."""
     cudnn_benchmark: bool = False
     """cuDNN times its convolution algorithms at each new shape's first call and keeps the fastest."""
+    generated_bytecode: bool = False
+    """Compiled code's generated Python loaded with kept bytecode (``runtime.generated_bytecode``)."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -158,6 +161,7 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         layout_opt=layout_opt,
         flex_min_rows=flex_min_rows,
         cudnn_benchmark=_toggle(cfg.cudnn_benchmark, device.type == "cuda"),
+        generated_bytecode=compile_on and _toggle(cfg.generated_bytecode, True),
     )
 
 
@@ -176,12 +180,15 @@ def inference_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
 
 
 def configure_backends(policy: DevicePolicy) -> None:
-    """Process-wide math settings that are safe for training (TF32, cuDNN's algorithm search where
-    ``runtime.cudnn_benchmark`` keeps it, no denormals)."""
+    """Process-wide settings that are safe for training (TF32, cuDNN's algorithm search where
+    ``runtime.cudnn_benchmark`` keeps it, no denormals; compiled code's bytecode kept where
+    ``runtime.generated_bytecode`` keeps it)."""
     if policy.device.type == "cpu":
         # Denormal floats (tiny weights/gradients late in training) slow CPU kernels many times over
         # (docs/benchmarks.md, "CPU demo"); flushing them to zero costs nothing visible.
         torch.set_flush_denormal(True)
+    if policy.generated_bytecode:
+        keep_generated_bytecode()
     if policy.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
