@@ -372,8 +372,9 @@ class RuntimeConfig:
     """Load the Python that torch's compiler generates (the code running each compiled graph, its
     kernels' modules) through Python's bytecode cache: the first job writes the bytecode beside
     the kernels, later jobs read it instead of compiling that source again, which torch does in
-    every process (``runtime/generated_code.py``). ``auto``: on wherever the run compiles; ``off``:
-    torch's own loader. Not part of the compiled graph."""
+    every process (``runtime/generated_code.py``): 0.42-0.44 s -> 0.23-0.34 s of a resumed small or
+    medium job's start on a 2 x H200 host (docs/benchmarks.md, "The generated code's bytecode kept").
+    ``auto``: on wherever the run compiles; ``off``: torch's own loader. Not part of the compiled graph."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
     one CUDA graph and replayed, so a small network's step is not bound by kernel launches.

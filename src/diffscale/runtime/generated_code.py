@@ -3,14 +3,16 @@
 Torch loads every module inductor generates -- the output code that runs a compiled graph, each
 Triton kernel's module -- by compiling its source again in every process
 (``torch._inductor.codecache._reload_python_module``: ``compile`` of the file, then ``exec``).
-A job that installs a cached compile therefore still compiles the output code's source: ~20,000
-lines for small's backward, most of the 1.0 s its resumed job spent loading the output code on an
-H200 host (docs/benchmarks.md, "The first step, and bytecode kept by the command line").
+A job that installs a cached compile therefore still compiles the output code's source (~20,000
+lines for small's backward): loading it took 0.42-0.44 s of a resumed small or medium job on a
+2 x H200 host, 0.23-0.34 s with the bytecode kept (docs/benchmarks.md, "The generated code's
+bytecode kept").
 
 :func:`keep_generated_bytecode` has torch load those files with importlib's ``SourceFileLoader``
 instead, as an import would: the first process writes the bytecode (``__pycache__`` beside the
 source, or under ``sys.pycache_prefix``), later processes read it, checked against the source's
-modification time and size. Inductor names each file by a hash of its content and writes it once.
+modification time and size (``PYTHONDONTWRITEBYTECODE`` is honoured as imports honour it).
+Inductor names each file by a hash of its content and writes it once.
 Everything else is torch's: the module's name, ``__file__`` and ``key``, ``sys.modules``; a file
 the loader cannot compile goes to torch's own function, which raises torch's error.
 
