@@ -323,7 +323,7 @@ class TrainConfig:
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
 
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "cudnn_benchmark_limit", "compile_cache", "generated_bytecode"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -356,11 +356,6 @@ class RuntimeConfig:
     """cuDNN times every algorithm for each convolution shape at its first call and keeps the
     fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
     job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
-    cudnn_benchmark_limit: int = 10
-    """With ``runtime.cudnn_benchmark`` on: how many of cuDNN's candidate algorithms, in the order of
-    its heuristics, are timed for each convolution shape (``torch.backends.cudnn.benchmark_limit``,
-    torch's default 10; ``0``: every one). Fewer shorten the first step of every job. Not part of
-    the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     caching precompile), so a resumed job or a new run of the same network installs it instead of
@@ -424,11 +419,6 @@ class RuntimeConfig:
                 or not 0 <= self.cpu_threads <= 4096:
             _fail("runtime.cpu_threads", f"{self.cpu_threads!r} is not a whole number from 0 to 4096",
                   "use 0 (auto: the free cores) or the number of threads, e.g. 2")
-        if isinstance(self.cudnn_benchmark_limit, bool) or not isinstance(self.cudnn_benchmark_limit, int) \
-                or not 0 <= self.cudnn_benchmark_limit <= 1000:
-            _fail("runtime.cudnn_benchmark_limit",
-                  f"{self.cudnn_benchmark_limit!r} is not a whole number from 0 to 1000",
-                  "use 0 (time every algorithm) or how many to time, e.g. 10 (torch's default)")
         if self.join_timeout_s <= 0:
             _fail("runtime.join_timeout_s", "must be positive", "use e.g. 300")
         if self.collective_timeout_s <= 0:

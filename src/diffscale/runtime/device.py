@@ -42,8 +42,6 @@ class DevicePolicy:
     """FlexAttention for attention calls of at least this many (batch x heads) rows; None: never."""
     cudnn_benchmark: bool = False
     """cuDNN times its convolution algorithms at each new shape's first call and keeps the fastest."""
-    cudnn_benchmark_limit: int = 10
-    """The algorithms cuDNN times per convolution shape when it searches (0: all)."""
     generated_bytecode: bool = False
     """Compiled code's generated Python loaded with kept bytecode (``runtime.generated_bytecode``)."""
 
@@ -163,7 +161,6 @@ def resolve_policy(cfg: RuntimeConfig, device: torch.device) -> DevicePolicy:
         layout_opt=layout_opt,
         flex_min_rows=flex_min_rows,
         cudnn_benchmark=_toggle(cfg.cudnn_benchmark, device.type == "cuda"),
-        cudnn_benchmark_limit=cfg.cudnn_benchmark_limit,
         generated_bytecode=compile_on and _toggle(cfg.generated_bytecode, True),
     )
 
@@ -196,7 +193,6 @@ def configure_backends(policy: DevicePolicy) -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.benchmark = policy.cudnn_benchmark
-        torch.backends.cudnn.benchmark_limit = policy.cudnn_benchmark_limit
         if policy.attention not in (Attention.AUTO, Attention.SDPA, Attention.FLEX):  # flex: runtime/flex_attention.py
             # Process-wide: only the chosen scaled-dot-product-attention kernel stays enabled.
             chosen = policy.attention
