@@ -54,6 +54,8 @@ def test_on_off_switches_survive_yaml_booleans():
     ("runtime.precision=fp8", "config runtime.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
     ("model.sample_size=30", "config model.sample_size: 30 px cannot be halved 2 times by a 3-level UNet"),
     ("model.attention=[true]", "config model.attention: has 1 entries but model.block_out_channels has 3"),
+    ("diffusion.loss_weighting=snr", "config diffusion.loss_weighting: 'snr' is not one of none, min-snr"),
+    ("diffusion.min_snr_gamma=0", "config diffusion.min_snr_gamma: must be positive (got 0.0)"),
 ])
 def test_bad_config_values_are_named_with_a_fix(override, message):
     with pytest.raises(UserError) as info:

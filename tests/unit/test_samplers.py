@@ -81,3 +81,32 @@ def test_field_presets_start_any_step_count_at_the_last_trained_timestep():
     ddim = GaussianDiffusion(images.diffusion).ddim_scheduler()  # images keep diffusers' default
     ddim.set_timesteps(20)
     assert images.diffusion.timestep_spacing == C.TimestepSpacing.LEADING and int(ddim.timesteps[0]) == 950
+
+
+def test_min_snr_weights_each_samples_error_by_its_timestep():
+    """diffusion.loss_weighting min-snr: min(SNR_t, 5) / SNR_t for epsilon (1 where SNR_t < 5: the
+    noisy timesteps; less at the clean ones), / (SNR_t + 1) for v, and the loss is the weighted
+    mean of each sample's squared error; ``none`` keeps the plain mean."""
+    from diffscale.config import LossWeighting, Prediction
+    from diffscale.diffusion.process import min_snr_weights
+
+    plain = GaussianDiffusion(DiffusionConfig())
+    weighted = GaussianDiffusion(DiffusionConfig(loss_weighting=LossWeighting.MIN_SNR))
+    abar = plain.ddpm_scheduler().alphas_cumprod.double()
+    snr = abar / (1 - abar)
+    eps = min_snr_weights(abar.float(), Prediction.EPSILON, 5.0).double()
+    assert torch.allclose(eps, torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / snr, rtol=1e-5)
+    assert eps[-1] == 1.0 and eps[0] < 0.001  # the noisiest step counts fully, the cleanest ~5 / 9999
+    v = min_snr_weights(abar.float(), Prediction.V_PREDICTION, 5.0).double()
+    assert torch.allclose(v, torch.minimum(snr, torch.tensor(5.0, dtype=torch.float64)) / (snr + 1), rtol=1e-5)
+    zero_snr = torch.tensor([0.5, 0.0])  # a schedule ending at zero SNR (abar_T = 0)
+    assert min_snr_weights(zero_snr, Prediction.EPSILON, 5.0).tolist() == [1.0, 1.0]
+
+    generator = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(3, 1, 4, 4, generator=generator), torch.randn(3, 1, 4, 4, generator=generator)
+    prediction, t = torch.randn(3, 1, 4, 4, generator=generator), torch.tensor([0, 500, 999])
+    errors = (prediction - noise).square().flatten(1).mean(dim=1)
+    assert torch.allclose(plain.loss(prediction, x0, noise, t), errors.mean())
+    expected = (errors * eps.float()[t]).mean()
+    assert torch.allclose(weighted.loss(prediction, x0, noise, t), expected)
+    assert not torch.allclose(expected, errors.mean())

@@ -16,6 +16,7 @@ from diffscale.config.schema import (
     DataConfig,
     Device,
     DiffusionConfig,
+    LossWeighting,
     LrScaling,
     LrSchedule,
     OptimConfig,
@@ -33,7 +34,7 @@ from diffscale.config.trackers import LoggingConfig, WandbMode
 
 __all__ = [
     "MODEL_CONFIGS", "FieldModelConfig", "PolicyModelConfig", "TaskModelConfig", "Attention", "BetaSchedule",
-    "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LrScaling",
+    "CompileMode", "DataConfig", "Device", "DiffusionConfig", "LossWeighting", "LrScaling",
     "LrSchedule", "ModelConfig", "OptimConfig", "Precision", "Prediction", "Recipe", "RunConfig", "RuntimeConfig",
     "SamplerName", "TimestepSpacing", "Toggle", "TrainConfig", "LoggingConfig", "WandbMode",
     "ConfigSources", "resolve_config", "deep_merge", "from_dict", "load_yaml", "merge",

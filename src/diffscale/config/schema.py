@@ -106,6 +106,13 @@ class Prediction(str, enum.Enum):
     SAMPLE = "sample"
 
 
+class LossWeighting(str, enum.Enum):
+    """How each timestep's squared error is weighted in the training loss."""
+
+    NONE = "none"
+    MIN_SNR = "min-snr"
+
+
 class LrSchedule(str, enum.Enum):
     """Learning rate after warm-up: constant or cosine decay to 10 %."""
 
@@ -145,6 +152,14 @@ class DiffusionConfig:
     """Last beta of the linear schedules."""
     prediction_type: Prediction = Prediction.EPSILON
     """Training target."""
+    loss_weighting: LossWeighting = LossWeighting.NONE
+    """``none``: every timestep's error counts alike (the common recipe). ``min-snr``: Min-SNR-gamma
+    weighting (Hang et al. 2023, as diffusers' training examples apply it): each sample's error
+    weighted by min(SNR_t, gamma) / SNR_t for epsilon prediction (/(SNR_t + 1) for v-prediction,
+    min(SNR_t, gamma) for sample prediction), so low-noise timesteps stop dominating the loss. Off
+    by default: not yet measured against time to quality (docs/benchmarks.md, "Time to quality")."""
+    min_snr_gamma: float = 5.0
+    """gamma of ``loss_weighting: min-snr`` (the paper's and diffusers' 5)."""
     clip_sample: bool = True
     """Clip each sampling step's clean-sample estimate to [-1, 1] (data scaled to that range:
     images, min/max-normalised actions); off for standardised data such as fields."""
@@ -160,6 +175,8 @@ class DiffusionConfig:
             _fail("diffusion.num_train_timesteps", "must be at least 2", "use 1000")
         if not 0 < self.beta_start < self.beta_end < 1:
             _fail("diffusion.beta_start/beta_end", "need 0 < beta_start < beta_end < 1", "use 1e-4 and 0.02")
+        if not self.min_snr_gamma > 0:
+            _fail("diffusion.min_snr_gamma", f"must be positive (got {self.min_snr_gamma})", "use 5")
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
-from diffscale.config import DiffusionConfig, Prediction
+from diffscale.config import DiffusionConfig, LossWeighting, Prediction
 
 if TYPE_CHECKING:
     from diffusers import DPMSolverMultistepScheduler
@@ -30,6 +30,9 @@ class GaussianDiffusion:
         self._sqrt_abar = abar.sqrt()
         self._sqrt_one_minus_abar = (1.0 - abar).sqrt()
         self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._weights = min_snr_weights(abar, cfg.prediction_type, cfg.min_snr_gamma) \
+            if cfg.loss_weighting == LossWeighting.MIN_SNR else None
+        self._weights_on: dict[torch.device, torch.Tensor] = {}
 
     def scheduler_kwargs(self) -> dict:
         return dict(
@@ -84,5 +87,28 @@ class GaussianDiffusion:
         return a * noise - s * x0
 
     def loss(self, prediction: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """Mean squared error against the configured target, in fp32. Returns a scalar."""
-        return torch.nn.functional.mse_loss(prediction.float(), self.target(x0, noise, t).float())
+        """Mean squared error against the configured target, in fp32, each sample's weighted by its
+        timestep's ``diffusion.loss_weighting``. Returns a scalar."""
+        target = self.target(x0, noise, t).float()
+        if self._weights is None:
+            return torch.nn.functional.mse_loss(prediction.float(), target)
+        if t.device not in self._weights_on:
+            self._weights_on[t.device] = self._weights.to(t.device)
+        per_sample = (prediction.float() - target).square().flatten(1).mean(dim=1)
+        return (per_sample * self._weights_on[t.device][t]).mean()
+
+
+def min_snr_weights(alphas_cumprod: torch.Tensor, prediction: Prediction, gamma: float) -> torch.Tensor:
+    """Min-SNR-gamma loss weight of each training timestep (Hang et al. 2023, "Efficient Diffusion
+    Training via Min-SNR Weighting Strategy"), for the loss on ``prediction``'s target. SNR_t =
+    abar_t / (1 - abar_t), what diffusers' ``training_utils.compute_snr`` returns; that module is
+    not imported for it, as it imports transformers and peft where they are installed."""
+    snr = alphas_cumprod.double() / (1.0 - alphas_cumprod.double())
+    clipped = snr.clamp(max=gamma)
+    if prediction == Prediction.EPSILON:  # min(SNR, gamma) / SNR tends to 1 where SNR reaches 0
+        weights = torch.where(snr > 0, clipped / snr.clamp(min=torch.finfo(torch.float64).tiny), 1.0)
+    elif prediction == Prediction.V_PREDICTION:
+        weights = clipped / (snr + 1.0)
+    else:
+        weights = clipped
+    return weights.float()
