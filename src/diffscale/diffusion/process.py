@@ -29,10 +29,9 @@ class GaussianDiffusion:
         abar = scheduler.alphas_cumprod.to(torch.float32)
         self._sqrt_abar = abar.sqrt()
         self._sqrt_one_minus_abar = (1.0 - abar).sqrt()
-        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._weights = min_snr_weights(abar, cfg.prediction_type, cfg.min_snr_gamma) \
             if cfg.loss_weighting == LossWeighting.MIN_SNR else None
-        self._weights_on: dict[torch.device, torch.Tensor] = {}
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     def scheduler_kwargs(self) -> dict:
         return dict(
@@ -62,14 +61,17 @@ class GaussianDiffusion:
         return DPMSolverMultistepScheduler(**kwargs, algorithm_type="dpmsolver++", solver_order=2,
                                            thresholding=bool(clip), sample_max_value=1.0)
 
-    def _coefficients(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The per-timestep tables on ``device``: sqrt(abar), sqrt(1 - abar) and the loss weights
+        (None: unweighted)."""
         if device not in self._cache:
-            self._cache[device] = (self._sqrt_abar.to(device), self._sqrt_one_minus_abar.to(device))
+            weights = None if self._weights is None else self._weights.to(device)
+            self._cache[device] = (self._sqrt_abar.to(device), self._sqrt_one_minus_abar.to(device), weights)
         return self._cache[device]
 
     def _per_row(self, x0: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """sqrt(abar_t) and sqrt(1 - abar_t) of each row, shaped to broadcast over x0's other dimensions."""
-        a, s = self._coefficients(x0.device)
+        a, s, _ = self._tables(x0.device)
         shape = (-1,) + (1,) * (x0.dim() - 1)
         return a[t].view(shape), s[t].view(shape)
 
@@ -90,12 +92,11 @@ class GaussianDiffusion:
         """Mean squared error against the configured target, in fp32, each sample's weighted by its
         timestep's ``diffusion.loss_weighting``. Returns a scalar."""
         target = self.target(x0, noise, t).float()
-        if self._weights is None:
+        weights = self._tables(t.device)[2]
+        if weights is None:
             return torch.nn.functional.mse_loss(prediction.float(), target)
-        if t.device not in self._weights_on:
-            self._weights_on[t.device] = self._weights.to(t.device)
         per_sample = (prediction.float() - target).square().flatten(1).mean(dim=1)
-        return (per_sample * self._weights_on[t.device][t]).mean()
+        return (per_sample * weights[t]).mean()
 
 
 def min_snr_weights(alphas_cumprod: torch.Tensor, prediction: Prediction, gamma: float) -> torch.Tensor:
