@@ -60,7 +60,7 @@ def load_with_bytecode(name: str, key: str, path: str, set_sys_modules: bool,
     try:
         code = importlib.machinery.SourceFileLoader(name, path).get_code(name)
     except Exception:  # torch's own loader raises what torch raises for such a file
-        return torch_loader(key, path, set_sys_modules=set_sys_modules)
+        code = None
     if code is None:
         return torch_loader(key, path, set_sys_modules=set_sys_modules)
     module = ModuleType(name)
