@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Time to quality over a longer budget on two GPUs of one host: the plain recipe on GPU 0 and
-# diffscale's defaults on GPU 1 at the same time (two processes; one feature network, trained first
-# and shared, so both score in the same feature space), SECONDS_EACH of training each, FD along the
-# way (python -m diffscale.bench.quality_time --recipe plain|fast). Usage (repository root):
+# Time to quality over a longer budget on the GPUs of one host: the plain recipe on GPU 0,
+# diffscale's defaults on GPU 1 and each training choice of VARIANTS on the next GPU, all at the
+# same time (one process each; one feature network, trained first and shared, so all score in the
+# same feature space), SECONDS_EACH of training each, FD along the way (python -m
+# diffscale.bench.quality_time --recipe plain|fast [--variants-only --variant ...]). Usage
+# (repository root):
 #   OUT=DIR bash scripts/gpu/quality_side_by_side.sh
 # Settings (environment): PRESET (small), SECONDS_EACH (260), EVALS (8), LIMIT_S (540: each
-# process's time limit), EXTRA (more quality_time options for both and for the feature network's
-# preparation, e.g. "--raw-weights"). $OUT/plain/ and $OUT/fast/ get each run's
-# quality_time.json, .md and .png; the summary against the plain recipe is
-#   python -m diffscale.bench.quality_time --merge $OUT/plain/quality_time.json $OUT/fast/quality_time.json
+# process's time limit), EXTRA (more quality_time options for every run and for the feature
+# network's preparation, e.g. "--raw-weights"), VARIANTS (';'-separated "LABEL KEY=VALUE ...", one
+# GPU each, e.g. "minsnr diffusion.loss_weighting=min-snr; v diffusion.prediction_type=v_prediction"),
+# DEFAULTS (on; off leaves diffscale's defaults out and starts the variants on GPU 1). $OUT/plain/,
+# $OUT/fast/ and $OUT/LABEL/ get each run's quality_time.json, .md and .png; the summary against
+# the plain recipe ($OUT/summary.md) is
+#   python -m diffscale.bench.quality_time --merge $OUT/*/quality_time.json
 # A dry run on a CPU (figures mean nothing): PRESET=tiny SECONDS_EACH=3 EVALS=2 EXTRA="--count 32
 # --eval-steps 3 --plain-workers 0 --set train.batch_per_gpu=16 --set model.block_out_channels=[16,32,32]".
 set -u
@@ -23,14 +28,25 @@ read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 mkdir -p "$OUT"
 "$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" >/dev/null 2>&1
 "$PY" -m diffscale.bench.quality_time --preset "$PRESET" --features-only "${EXTRA_ARGS[@]}"
-for recipe in plain fast; do
-  gpu=0; [ "$recipe" = fast ] && gpu=1
-  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$recipe \
-    TRITON_CACHE_DIR=/tmp/diffscale-triton-$recipe timeout "${LIMIT_S:-540}" \
-    "$PY" -m diffscale.bench.quality_time --preset "$PRESET" --recipe "$recipe" --seconds "$SECONDS_EACH" \
-    --evals "$EVALS" "${EXTRA_ARGS[@]}" --out "$OUT/$recipe" > "$OUT/$recipe.log" 2>&1 &
+# one run per GPU: NAME then its quality_time options
+RUNS=("plain --recipe plain")
+[ "${DEFAULTS:-on}" = off ] || RUNS+=("fast --recipe fast")
+IFS=';' read -r -a VARIANT_LIST <<< "${VARIANTS:-}"
+for variant in "${VARIANT_LIST[@]}"; do
+  read -r -a words <<< "$variant"
+  [ ${#words[@]} -gt 0 ] && RUNS+=("${words[0]} --recipe fast --variants-only --variant ${words[*]}")
+done
+gpu=0
+for run in "${RUNS[@]}"; do
+  read -r -a words <<< "$run"
+  name=${words[0]}
+  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$name \
+    TRITON_CACHE_DIR=/tmp/diffscale-triton-$name timeout "${LIMIT_S:-540}" \
+    "$PY" -m diffscale.bench.quality_time --preset "$PRESET" "${words[@]:1}" --seconds "$SECONDS_EACH" \
+    --evals "$EVALS" "${EXTRA_ARGS[@]}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 &
+  gpu=$((gpu + 1))
 done
 wait
 date -u
-"$PY" -m diffscale.bench.quality_time --merge "$OUT/plain/quality_time.json" "$OUT/fast/quality_time.json" \
-  | tee "$OUT/summary.md"
+"$PY" -m diffscale.bench.quality_time --merge "$OUT"/plain/quality_time.json \
+  $(for run in "${RUNS[@]:1}"; do echo "$OUT/${run%% *}/quality_time.json"; done) | tee "$OUT/summary.md"

@@ -187,3 +187,18 @@ def test_features_only_prepares_each_presets_feature_network_and_trains_nothing(
     assert quality_time.main(["--features-only", "--preset", "tiny", "--count", "32",
                               "--set", "train.batch_per_gpu=16"]) == 0
     assert prepared == [("tiny", ["train.batch_per_gpu=16"], 32)] and not list(tmp_path.iterdir())
+
+
+def test_variants_only_trains_the_variants_without_the_defaults(capsys):
+    """--variants-only: diffscale's recipe trains each --variant and not its defaults (a process
+    on another GPU trains those); without a variant it names the missing flag."""
+    from diffscale.bench import quality_time
+
+    args = quality_time.parse_args(["--recipe", "fast", "--variants-only", "--out", "o",
+                                    "--variant", "minsnr", "diffusion.loss_weighting=min-snr"])
+    assert [plan.name for plan in quality_time._plans(args)] == ["fast-minsnr"]
+    both = quality_time.parse_args(["--out", "o", "--variant", "minsnr", "diffusion.loss_weighting=min-snr"])
+    assert [plan.name for plan in quality_time._plans(both)] == ["plain", "fast", "fast-minsnr"]
+    with pytest.raises(SystemExit):
+        quality_time.parse_args(["--recipe", "fast", "--variants-only", "--out", "o"])
+    assert "--variants-only needs at least one --variant" in capsys.readouterr().err

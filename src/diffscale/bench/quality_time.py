@@ -351,6 +351,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--recipe", default="plain,fast", help="plain, fast or plain,fast (default)")
     parser.add_argument("--variant", nargs="+", action="append", metavar=("LABEL", "KEY=VALUE"),
                         help="also train diffscale with these overrides (a training choice to weigh), repeatable")
+    parser.add_argument("--variants-only", action="store_true",
+                        help="diffscale's recipe trains its --variant runs only, not its defaults (e.g. variants on "
+                             "more GPUs beside a process that trains the defaults)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="overrides of every run")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the clock starts (default 3)")
     parser.add_argument("--check-every", type=int, default=5, help="steps between clock reads (default 5)")
@@ -372,6 +375,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"{flag} must be more than 0")
     if args.count < 2:
         parser.error("--count must be at least 2 (a Frechet distance fits a covariance)")
+    if args.variants_only and not args.variant:
+        parser.error("--variants-only needs at least one --variant LABEL KEY=VALUE to train")
     return args
 
 
@@ -382,10 +387,11 @@ def _plans(args: argparse.Namespace) -> list[RunPlan]:
         raise UserError(f"--recipe '{args.recipe}' is not plain, fast or plain,fast", "e.g. --recipe plain,fast")
     variants = parse_variants(args.variant)
     check_configs(presets, args.set, variants)
+    fast_runs = variants if args.variants_only else [Variant(), *variants]
     # plain first: its loader workers fork before anything of the compiled runs exists
     return [RunPlan(p, recipe, variant, args.seconds, args.evals, args.warmup, args.check_every, args.plain_workers)
             for p in presets for recipe in ("plain", "fast") if recipe in recipes
-            for variant in [Variant(), *(variants if recipe == "fast" else [])]]
+            for variant in (fast_runs if recipe == "fast" else [Variant()])]
 
 
 def merged(paths: Sequence[Path]) -> str:
