@@ -202,3 +202,16 @@ def test_variants_only_trains_the_variants_without_the_defaults(capsys):
     with pytest.raises(SystemExit):
         quality_time.parse_args(["--recipe", "fast", "--variants-only", "--out", "o"])
     assert "--variants-only needs at least one --variant" in capsys.readouterr().err
+
+
+def test_the_plain_recipe_predicts_the_noise_whatever_the_preset_trains():
+    """small trains v-prediction; the plain recipe it is compared with stays the common one."""
+    from diffscale.bench import quality_time
+    from diffscale.config import LossWeighting, Prediction
+
+    spec = quality_time.EvalSpec(count=64)
+    plain = quality_time._config("small", "plain", ["diffusion.loss_weighting=min-snr"], spec)
+    fast = quality_time._config("small", "fast", [], spec)
+    assert (plain.diffusion.prediction_type, plain.diffusion.loss_weighting) == \
+        (Prediction.EPSILON, LossWeighting.NONE)
+    assert fast.diffusion.prediction_type == Prediction.V_PREDICTION and plain.train.eval_count == 64

@@ -154,11 +154,19 @@ def write_chart(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+# What the common recipe trains (diffusers' unconditional training example): the noise, every
+# timestep's error alike -- whatever the preset's own training choices are.
+PLAIN_DIFFUSION = {"prediction_type": C.Prediction.EPSILON.value, "loss_weighting": C.LossWeighting.NONE.value}
+
+
 def _config(preset: str, recipe: str, overrides: list[str], spec: EvalSpec) -> C.RunConfig:
     """The preset as a user runs it (its own step count and schedule), with the evaluation's
-    sample count as ``train.eval_count`` (the data images the samples are scored against)."""
-    return C.resolve_config(C.ConfigSources(preset=preset, recipe=recipe, overrides=overrides,
-                                            fixed={"train": {"eval_count": spec.count}}))
+    sample count as ``train.eval_count`` (the data images the samples are scored against); the
+    plain recipe predicts the noise with an unweighted loss, as the common recipe does."""
+    fixed: dict = {"train": {"eval_count": spec.count}}
+    if recipe == "plain":
+        fixed["diffusion"] = PLAIN_DIFFUSION
+    return C.resolve_config(C.ConfigSources(preset=preset, recipe=recipe, overrides=overrides, fixed=fixed))
 
 
 def prepare_features(preset: str, overrides: list[str], spec: EvalSpec, say: Callable[[str], None]) -> dict:

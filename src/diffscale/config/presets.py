@@ -53,12 +53,13 @@ def tiny() -> RunConfig:
 
 def small() -> RunConfig:
     """EMNIST-size: 28 px, widths (32, 64, 128), attention at levels 2 and 3, batch 2048 per GPU.
-    Learning rate 2e-3 after 100 warm-up steps: it reached the plain recipe's final quality soonest
-    (docs/benchmarks.md, "Time to quality (images)")."""
+    Learning rate 2e-3 after 100 warm-up steps and v-prediction: they reached the plain recipe's
+    final quality soonest (docs/benchmarks.md, "Time to quality (images)")."""
     return RunConfig(
         preset="small",
         model=ModelConfig(sample_size=28, block_out_channels=(32, 64, 128), attention=(False, True, True)),
         data=DataConfig(source="builtin:mix", shift_px=1),
+        diffusion=DiffusionConfig(prediction_type=Prediction.V_PREDICTION),
         optim=OptimConfig(lr=2e-3, warmup_steps=100),
         train=TrainConfig(steps=20_000, batch_per_gpu=2048, ema_decay=0.9995, log_every=50, checkpoint_every=1000,
                           sample_every=5000),
@@ -67,13 +68,15 @@ def small() -> RunConfig:
 
 def medium() -> RunConfig:
     """64 px, widths (64, 128, 256, 256), attention at level 3, batch 384 per GPU. Learning rate
-    1.2e-3 after 100 warm-up steps: it reached the plain recipe's final quality soonest
-    (docs/benchmarks.md, "Time to quality (images)")."""
+    1.2e-3 after 100 warm-up steps and v-prediction: they reached the plain recipe's final quality
+    soonest; with epsilon prediction at that rate, one 200 s run's samples got worse from step
+    ~500 on (docs/benchmarks.md, "Time to quality (images)")."""
     return RunConfig(
         preset="medium",
         model=ModelConfig(sample_size=64, block_out_channels=(64, 128, 256, 256),
                           attention=(False, False, True, False)),
         data=DataConfig(source="builtin:mix", shift_px=2),
+        diffusion=DiffusionConfig(prediction_type=Prediction.V_PREDICTION),
         optim=OptimConfig(lr=1.2e-3, warmup_steps=100),
         train=TrainConfig(steps=50_000, batch_per_gpu=384, ema_decay=0.9999, log_every=50, checkpoint_every=2000,
                           sample_every=10_000),
