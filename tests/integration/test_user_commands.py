@@ -40,6 +40,7 @@ trainer.fit(Tiny(), data)
 import torch.distributed as dist
 print(f"LIGHTNING rank={trainer.global_rank} world={trainer.world_size} dist={dist.get_world_size()} "
       f"env={type(trainer.strategy.cluster_environment).__name__}", flush=True)
+dist.destroy_process_group()  # as docs/clusters.md advises: gloo's threads can otherwise abort the exit
 '''
 
 

@@ -70,6 +70,8 @@ CASES = {
     "lightning-hang-one-member.log": ("lightning-rendezvous-hang", "the other nodes never started: no srun -- one "
                                       "process (global rank 0 of 8) joined", "`srun python my_trainer.py`"),
     "segfault.log": ("segfault", "a process died of signal 11 (segmentation fault)", "PYTHONFAULTHANDLER=1"),
+    "abort-at-exit.log": ("abort-at-exit", "a process aborted (SIGABRT) as its interpreter exited",
+                          "torch.distributed.destroy_process_group()"),
     "sacct-oom.sacct": ("sacct-limit", "ReqMem 256.0 GiB (256G), largest task MaxRSS 251.3 GiB (step 48377.batch) "
                         "= 98% of it", "--mem"),
     "sacct-timeout.sacct": ("sacct-limit", "Elapsed 2-00:00:12 of Timelimit 2-00:00:00, 12 s past it", "--time"),

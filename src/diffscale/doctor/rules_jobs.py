@@ -195,4 +195,17 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "list on a compute node); with several ranks, the first rank that crashed is the one to read",
         by_pattern=True,
     ),
+    TextRule(
+        "abort-at-exit", "a process aborted as Python exited (threads still running)",
+        (r"terminate called without an active exception",),
+        "a process aborted (SIGABRT) as its interpreter exited, after its Python code had ended: native threads "
+        "were still running then -- most often those of a torch.distributed process group never destroyed, whose "
+        "gloo or NCCL threads outlive the interpreter; the scheduler records the job as failed even where the "
+        "training finished",
+        "diffscale's runs end their process group themselves: a diffscale run that shows this is a bug to report, "
+        "with this log; checkpoints written before the abort are whole (--resume auto continues from them)",
+        user_fix="end the script with `torch.distributed.destroy_process_group()` once training is done (after "
+        "`trainer.fit(...)` with Lightning: `if torch.distributed.is_initialized(): "
+        "torch.distributed.destroy_process_group()`), so the group's threads stop before Python exits",
+    ),
 )
