@@ -157,7 +157,8 @@ class DiffusionConfig:
     weighting (Hang et al. 2023, as diffusers' training examples apply it): each sample's error
     weighted by min(SNR_t, gamma) / SNR_t for epsilon prediction (/(SNR_t + 1) for v-prediction,
     min(SNR_t, gamma) for sample prediction), so low-noise timesteps stop dominating the loss. Off
-    by default: not yet measured against time to quality (docs/benchmarks.md, "Time to quality")."""
+    by default: it sped up noise prediction's time to quality but not v-prediction's, which tiny,
+    small and medium train (docs/benchmarks.md, "Time to quality (images)")."""
     min_snr_gamma: float = 5.0
     """gamma of ``loss_weighting: min-snr`` (the paper's and diffusers' 5)."""
     clip_sample: bool = True
