@@ -10,10 +10,14 @@
 # process's time limit), EXTRA (more quality_time options for every run and for the feature
 # network's preparation, e.g. "--raw-weights"), VARIANTS (';'-separated "LABEL KEY=VALUE ...", one
 # GPU each, e.g. "minsnr diffusion.loss_weighting=min-snr; v diffusion.prediction_type=v_prediction"),
-# DEFAULTS (on; off leaves diffscale's defaults out and starts the variants on GPU 1). $OUT/plain/,
-# $OUT/fast/ and $OUT/LABEL/ get each run's quality_time.json, .md and .png; the summary against
-# the plain recipe ($OUT/summary.md) is
-#   python -m diffscale.bench.quality_time --merge $OUT/*/quality_time.json
+# DEFAULTS (on; off leaves diffscale's defaults out and starts the variants on GPU 1), PLAIN (on;
+# off leaves the plain recipe out: diffscale's defaults on GPU 0, each variant weighed against
+# them), SAMPLERS (off; on samples each diffscale run's last weights with every sampler of
+# python -m diffscale.bench.sampler_quality afterwards, on the GPU it trained on, into
+# $OUT/LABEL/samplers/; SAMPLER_COUNT images each, 512; SAMPLER_LIMIT_S, 300, each process's time
+# limit). $OUT/plain/, $OUT/fast/ and $OUT/LABEL/ get each run's quality_time.json, .md and .png;
+# the summary against the plain recipe, or the defaults with PLAIN=off ($OUT/summary.md), is
+#   python -m diffscale.bench.quality_time --merge $OUT/*/quality_time.json [--against fast]
 # A dry run on a CPU (figures mean nothing): PRESET=tiny SECONDS_EACH=3 EVALS=2 EXTRA="--count 32
 # --eval-steps 3 --plain-workers 0 --set train.batch_per_gpu=16 --set model.block_out_channels=[16,32,32]".
 set -u
@@ -29,7 +33,9 @@ mkdir -p "$OUT"
 "$PY" -c "import torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.bench.worker" >/dev/null 2>&1
 "$PY" -m diffscale.bench.quality_time --preset "$PRESET" --features-only "${EXTRA_ARGS[@]}"
 # one run per GPU: NAME then its quality_time options
-RUNS=("plain --recipe plain")
+RUNS=()
+AGAINST=()
+[ "${PLAIN:-on}" = off ] && AGAINST=(--against fast) || RUNS+=("plain --recipe plain")
 [ "${DEFAULTS:-on}" = off ] || RUNS+=("fast --recipe fast")
 IFS=';' read -r -a VARIANT_LIST <<< "${VARIANTS:-}"
 for variant in "${VARIANT_LIST[@]}"; do
@@ -48,5 +54,21 @@ for run in "${RUNS[@]}"; do
 done
 wait
 date -u
-"$PY" -m diffscale.bench.quality_time --merge "$OUT"/plain/quality_time.json \
-  $(for run in "${RUNS[@]:1}"; do echo "$OUT/${run%% *}/quality_time.json"; done) | tee "$OUT/summary.md"
+"$PY" -m diffscale.bench.quality_time "${AGAINST[@]}" --merge \
+  $(for run in "${RUNS[@]}"; do echo "$OUT/${run%% *}/quality_time.json"; done) | tee "$OUT/summary.md"
+if [ "${SAMPLERS:-off}" = on ]; then  # DDIM 50 against DPM-Solver++ on each run's last weights
+  gpu=0
+  for run in "${RUNS[@]}"; do
+    name=${run%% *}
+    for kept in "$OUT/$name"/runs/*/; do
+      [ -d "$kept" ] || continue
+      CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$name \
+        TRITON_CACHE_DIR=/tmp/diffscale-triton-$name timeout "${SAMPLER_LIMIT_S:-300}" \
+        "$PY" -m diffscale.bench.sampler_quality --run "$kept" --count "${SAMPLER_COUNT:-512}" --out "$OUT/$name/samplers" \
+        > "$OUT/$name.samplers.log" 2>&1 &
+    done
+    gpu=$((gpu + 1))
+  done
+  wait
+  cat "$OUT"/*/samplers/sampler_quality.md 2>/dev/null
+fi

@@ -174,6 +174,32 @@ def test_runs_trained_apart_are_summarized_against_each_other(tmp_path, capsys):
         quality_time.main(["--seconds", "3"])  # training needs --out
 
 
+def test_a_training_choice_is_weighed_against_diffscales_defaults(tmp_path, capsys):
+    """--merge --against fast: a variant trained beside the defaults (no plain recipe in the call)
+    is summarized against the defaults' final FD; the plain recipe's 40 % target is not judged."""
+    import json
+
+    from diffscale.bench import quality_time
+    from diffscale.errors import UserError
+
+    runs = {"fast": _run("small", "fast", "fast", [(0, 300), (30, 120), (60, 80)]),
+            "b1024": _run("small", "fast", "fast-b1024", [(0, 300), (20, 90), (40, 70), (60, 50)])}
+    for name, run in runs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({"about": ABOUT_RUNS, "summary": [], "runs": [run]}))
+    files = [str(tmp_path / "fast.json"), str(tmp_path / "b1024.json")]
+    assert quality_time.main(["--against", "fast", "--merge", *files]) == 0
+    out = capsys.readouterr().out
+    assert "| fast final FD | reaches it at s (images) | of fast's time |" in out
+    assert "| small | fast-b1024 | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | - |" in out
+    assert "| small | fast | 5.0 | 1,000 | 80.00 |  |  |  |  |" in out  # the reference itself
+    summary = quality_time.summarize(list(runs.values()), against="fast")
+    assert [(s["run"], s["reference"], s["target_met"]) for s in summary] == [("fast-b1024", "fast", None)]
+    with pytest.raises(UserError, match="--against 'plain' names no run in these files .*fast, fast-b1024"):
+        quality_time.main(["--against", "plain", "--merge", *files])
+    with pytest.raises(SystemExit):
+        quality_time.main(["--against", "fast", "--out", str(tmp_path / "o")])  # nothing trained to compare
+
+
 def test_features_only_prepares_each_presets_feature_network_and_trains_nothing(tmp_path, monkeypatch):
     """--features-only: the feature network prepared once, before runs started apart share it (the
     real preparation runs in scripts/gpu/quality_side_by_side.sh's dry run)."""
