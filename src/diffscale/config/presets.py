@@ -87,12 +87,16 @@ def medium() -> RunConfig:
 
 
 def large() -> RunConfig:
-    """96 px, widths (128, 128, 256, 256, 512), attention at level 4, batch 96 per GPU."""
+    """96 px, widths (128, 128, 256, 256, 512), attention at level 4, batch 96 per GPU.
+    v-prediction: over 150 s on one H200 its FD fell to 19 against 225 predicting the noise, at the
+    same learning rate; at 3e-4 it ended worse (28) and at 6e-4 it diverged from step ~1,000 on
+    (docs/benchmarks.md, "Time to quality (images)")."""
     return RunConfig(
         preset="large",
         model=ModelConfig(sample_size=96, block_out_channels=(128, 128, 256, 256, 512),
                           attention=(False, False, False, True, False)),
         data=DataConfig(source="builtin:mix", shift_px=3),
+        diffusion=DiffusionConfig(prediction_type=Prediction.V_PREDICTION),
         optim=OptimConfig(lr=1e-4, warmup_steps=1000),
         train=TrainConfig(steps=100_000, batch_per_gpu=96, ema_decay=0.9999, log_every=50, checkpoint_every=2000,
                           sample_every=10_000),
