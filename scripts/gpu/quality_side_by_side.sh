@@ -34,9 +34,10 @@ mkdir -p "$OUT"
 "$PY" -m diffscale.bench.quality_time --preset "$PRESET" --features-only "${EXTRA_ARGS[@]}"
 # one run per GPU: NAME then its quality_time options
 RUNS=()
-AGAINST=()
-[ "${PLAIN:-on}" = off ] && AGAINST=(--against fast) || RUNS+=("plain --recipe plain")
+AGAINST=()  # the summary's reference: the plain recipe, else the defaults where they train
+[ "${PLAIN:-on}" = off ] || RUNS+=("plain --recipe plain")
 [ "${DEFAULTS:-on}" = off ] || RUNS+=("fast --recipe fast")
+[ "${PLAIN:-on}" = off ] && [ "${DEFAULTS:-on}" != off ] && AGAINST=(--against fast)
 IFS=';' read -r -a VARIANT_LIST <<< "${VARIANTS:-}"
 for variant in "${VARIANT_LIST[@]}"; do
   read -r -a words <<< "$variant"
