@@ -194,8 +194,11 @@ def test_a_training_choice_is_weighed_against_diffscales_defaults(tmp_path, caps
     assert "| small | fast | 5.0 | 1,000 | 80.00 |  |  |  |  |" in out  # the reference itself
     summary = quality_time.summarize(list(runs.values()), against="fast")
     assert [(s["run"], s["reference"], s["target_met"]) for s in summary] == [("fast-b1024", "fast", None)]
-    with pytest.raises(UserError, match="--against 'plain' names no run in these files .*fast, fast-b1024"):
+    with pytest.raises(UserError, match="--against 'plain' names no run in these files .*fast, fast-b1024") as error:
         quality_time.main(["--against", "plain", "--merge", *files])
+    assert "e.g. --against fast," in str(error.value)
+    with pytest.raises(UserError, match="e.g. --against fast-b1024,"):  # a name the files hold
+        quality_time.main(["--against", "fast-v", "--merge", files[1]])
     with pytest.raises(SystemExit):
         quality_time.main(["--against", "fast", "--out", str(tmp_path / "o")])  # nothing trained to compare
 

@@ -417,10 +417,11 @@ def merged(paths: Sequence[Path], against: str | None = None) -> str:
     first file's provenance, against the plain recipe or the run named ``against``."""
     files = [json.loads(path.read_text()) for path in paths]
     records = [run for kept in files for run in kept["runs"]]
-    names = {run["name"] for run in records}
+    names = sorted({run["name"] for run in records})
     if against and against not in names:
-        raise UserError(f"--against '{against}' names no run in these files (they hold {', '.join(sorted(names))})",
-                        "pass one of those names, e.g. --against fast")
+        raise UserError(f"--against '{against}' names no run in these files (they hold {', '.join(names)})",
+                        f"pass one of those names, e.g. --against {names[0]}, or leave --against out to "
+                        "compare with the plain recipe")
     return markdown(records, summarize(records, against), files[0]["about"], against)
 
 
