@@ -18,8 +18,10 @@
 # limit). $OUT/plain/, $OUT/fast/ and $OUT/LABEL/ get each run's quality_time.json, .md and .png;
 # the summary against the plain recipe, or the defaults with PLAIN=off ($OUT/summary.md), is
 #   python -m diffscale.bench.quality_time --merge $OUT/*/quality_time.json [--against fast]
-# A dry run on a CPU (figures mean nothing): PRESET=tiny SECONDS_EACH=3 EVALS=2 EXTRA="--count 32
-# --eval-steps 3 --plain-workers 0 --set train.batch_per_gpu=16 --set model.block_out_channels=[16,32,32]".
+# A dry run on a CPU (figures mean nothing): OMP_NUM_THREADS=1 PRESET=tiny SECONDS_EACH=3 EVALS=2
+# SAMPLER_COUNT=16 EXTRA="--count 32 --eval-steps 3 --plain-workers 0 --set train.batch_per_gpu=16 --set
+# model.block_out_channels=[16,32,32]" (one thread each: the processes share the CPU's cores, and with
+# torch's default threads each two of them on a 2-core machine sampled ~70 x slower).
 set -u
 OUT=${OUT:?set OUT to the folder the results go to}
 nvidia-smi -L 2>/dev/null; date -u
@@ -43,12 +45,17 @@ for variant in "${VARIANT_LIST[@]}"; do
   read -r -a words <<< "$variant"
   [ ${#words[@]} -gt 0 ] && RUNS+=("${words[0]} --recipe fast --variants-only --variant ${words[*]}")
 done
+on_gpu() {  # GPU NAME LIMIT_S COMMAND...: one process on its GPU, with the compile caches of run NAME
+  local gpu=$1 name=$2 limit=$3
+  shift 3
+  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$name \
+    TRITON_CACHE_DIR=/tmp/diffscale-triton-$name timeout "$limit" "$@"
+}
 gpu=0
 for run in "${RUNS[@]}"; do
   read -r -a words <<< "$run"
   name=${words[0]}
-  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$name \
-    TRITON_CACHE_DIR=/tmp/diffscale-triton-$name timeout "${LIMIT_S:-540}" \
+  on_gpu $gpu "$name" "${LIMIT_S:-540}" \
     "$PY" -m diffscale.bench.quality_time --preset "$PRESET" "${words[@]:1}" --seconds "$SECONDS_EACH" \
     --evals "$EVALS" "${EXTRA_ARGS[@]}" --out "$OUT/$name" > "$OUT/$name.log" 2>&1 &
   gpu=$((gpu + 1))
@@ -63,8 +70,7 @@ if [ "${SAMPLERS:-off}" = on ]; then  # DDIM 50 against DPM-Solver++ on each run
     name=${run%% *}
     for kept in "$OUT/$name"/runs/*/; do
       [ -d "$kept" ] || continue
-      CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/diffscale-inductor-$name \
-        TRITON_CACHE_DIR=/tmp/diffscale-triton-$name timeout "${SAMPLER_LIMIT_S:-300}" \
+      on_gpu $gpu "$name" "${SAMPLER_LIMIT_S:-300}" \
         "$PY" -m diffscale.bench.sampler_quality --run "$kept" --count "${SAMPLER_COUNT:-512}" --out "$OUT/$name/samplers" \
         > "$OUT/$name.samplers.log" 2>&1 &
     done
