@@ -21,17 +21,13 @@ import os
 import sys
 from typing import Any
 
-__version__ = "0.1.0"
+from diffscale.runtime import user_env as _user_env  # noqa: F401  (read before torch loads: see the module)
+from diffscale.version import __version__
 
 if sys.platform == "darwin":
     # Operations Apple's MPS backend lacks run on the CPU instead of ending a run. torch reads
     # the variable once, when it loads: it must be set before the first `import torch`.
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
-
-USER_COMPILE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-"""``TORCHINDUCTOR_CACHE_DIR`` as the user set it (None: unset). Read before torch loads: torch
-sets the variable itself (to /tmp/torchinductor_USER) the first time it looks for its cache."""
-
 
 class _BeforeDiffusers:
     """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
 
 from diffscale.cli_parser import ExampleFormatter, Parser, verb
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
+from diffscale.io.streams import outlive_readers
 from diffscale.runtime.bytecode import keep_bytecode
 
 
@@ -45,45 +44,6 @@ def train_out(args: argparse.Namespace, preset: str) -> tuple[str, str]:
         if list_checkpoints(config.parent):  # `train RUN/config.yaml --resume auto` continues RUN
             return str(config.parent), f"resuming the run in {config.parent}, the folder of {config}"
     return os.path.join("runs", preset), ""
-
-
-class ReaderGoneSafe:
-    """An output stream that outlives its reader: once the pipe's reader is gone (``train ... | head
-    -1``, ``sample ... 2>&1 | head -1``), the rest is discarded instead of raising BrokenPipeError
-    out of the next progress line -- which ended a run without its last checkpoint and a sample
-    without its image. The verb's own files (metrics.jsonl, TensorBoard, checkpoints, outputs)
-    still get everything."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-        self.gone = False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                self._stream.write(text)
-            except BrokenPipeError:
-                self._reader_gone()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._reader_gone()
-
-    def _reader_gone(self) -> None:
-        self.gone = True
-        with contextlib.suppress(OSError, ValueError):  # the interpreter's own flush at exit then succeeds
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-        with contextlib.suppress(OSError, ValueError):
-            self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -241,7 +201,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The whole command line; with ``verb`` one of :data:`CORE_VERBS` (the verb about to run), without
     the verbs other modules register: importing cluster planning, bench and doctor added time to
     every ``diffscale train`` start, for verbs the job never parses."""
-    from diffscale import __version__
+    from diffscale.version import __version__
 
     parser = Parser(
         prog="diffscale",
@@ -383,15 +343,6 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
 
     for module in ("diffscale.cluster.cli", "diffscale.bench.cli", "diffscale.doctor", "diffscale.studies.cli"):
         importlib.import_module(module).register(sub)
-
-
-def outlive_readers() -> None:
-    """Progress and results to a reader that may leave (a pipe to ``head``) without stopping the
-    verb: its work and files matter more than the lines nobody reads."""
-    if not isinstance(sys.stdout, ReaderGoneSafe):
-        sys.stdout = ReaderGoneSafe(sys.stdout)
-    if not isinstance(sys.stderr, ReaderGoneSafe):
-        sys.stderr = ReaderGoneSafe(sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -251,7 +251,7 @@ def test_sge_policy_run_on_two_slots_trains_and_evaluates(sge_profile, tmp_path)
 SIMULATION = r'''
 import os, time
 from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.data.spool import SpoolWriter
+from diffscale.tasks.fields.spool import SpoolWriter
 writer, generator = SpoolWriter(os.environ["DIFFSCALE_SPOOL"]), FieldGenerator()
 for step in range(3):
     cond, x = generator.sample(80, seed=step)

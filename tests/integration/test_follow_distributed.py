@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from diffscale.data.spool import SpoolWriter
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.tasks.fields.data import FieldGenerator
+from diffscale.tasks.fields.spool import SpoolWriter
 
 pytestmark = pytest.mark.integration
 

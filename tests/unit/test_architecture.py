@@ -98,13 +98,72 @@ def test_every_verb_is_registered():
             "doctor", "cluster"} <= verbs
 
 
+TASK_NAMES = ("images", "fields", "policy")
+TASK_ENTRY_POINTS = ("diffscale.online", "diffscale.policy")
+"""Public entry points of one task each (online training of fields, the policy controller): the
+only modules outside tasks/ that may import a task's own modules."""
+
+
+def _outside_tasks(module: str) -> bool:
+    return not module.startswith("diffscale.tasks") and not any(
+        module == entry or module.startswith(entry + ".") for entry in TASK_ENTRY_POINTS)
+
+
+def test_nothing_outside_tasks_imports_a_tasks_own_modules():
+    """Outside tasks/ a task is reached through tasks.base (the protocol) and tasks.registry only."""
+    allowed = ("diffscale.tasks", "diffscale.tasks.base", "diffscale.tasks.registry")
+    found = sorted(f"{module} -> {target}" for module, targets in _imports(typing_too=True).items()
+                   if _outside_tasks(module) for target in targets
+                   if target.startswith("diffscale.tasks") and target not in allowed)
+    assert not found
+
+
+def _task_name_tests(tree) -> list[int]:
+    """Lines comparing something with a task's name (``cfg.task != "fields"``, ``in ("images", ...)``)."""
+    import ast
+
+    def names(node) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*(names(e) for e in node.elts)) if node.elts else set()
+        return set()
+
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Compare)
+            and any(names(side) & set(TASK_NAMES) for side in (node.left, *node.comparators))]
+
+
 def test_nothing_outside_tasks_asks_which_task_it_is():
+    """No comparison with a task's name outside tasks/, config/ (each task's config section) and
+    the task entry points: a new task would need an ``if`` there."""
+    import ast
+
+    found = []
     for path in (REPO / "src/diffscale").rglob("*.py"):
-        if "tasks" in path.parts or path.parent.name == "config":
+        module = ".".join(path.relative_to(REPO / "src").with_suffix("").parts).removesuffix(".__init__")
+        if not _outside_tasks(module) or module.startswith("diffscale.config"):
             continue
-        text = path.read_text()
-        assert not re.search(r"\.task\s*==|task\s*==\s*[\"']", text), path
-        assert "task.images" not in text and "clean_images" not in text and "network.unet" not in text, path
+        found += [f"{module}:{line}" for line in _task_name_tests(ast.parse(path.read_text()))]
+    assert not found
+
+
+def test_the_task_boundary_checks_would_catch_what_they_forbid():
+    """The two checks above, run on code that breaks them."""
+    import ast
+
+    assert _task_name_tests(ast.parse('if cfg.task != "fields":\n    pass'))
+    assert _task_name_tests(ast.parse('ok = run.cfg.task in ("images", "policy")'))
+    assert not _task_name_tests(ast.parse('label = f"{cfg.task} run"'))
+    graph = _imports(typing_too=True, extra={"diffscale.cluster.fake": "from diffscale.tasks.images import datasize"})
+    assert "diffscale.tasks.images.datasize" in graph["diffscale.cluster.fake"]
+    assert _outside_tasks("diffscale.cluster.fake") and not _outside_tasks("diffscale.online.trainer")
+
+
+def test_no_file_over_400_lines():
+    """A longer module holds more than one concern: split it along them."""
+    long = [f"{p.relative_to(REPO)}: {n}" for p in (REPO / "src/diffscale").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400]
+    assert not long
 
 
 def test_no_function_over_60_lines():
@@ -120,22 +179,26 @@ def test_no_function_over_60_lines():
     assert not too_long
 
 
-def _imports() -> dict[str, set[str]]:
-    """Module -> the diffscale modules it imports, anywhere in it (inside functions too), except
-    under ``if TYPE_CHECKING:`` (annotations only: never executed)."""
+def _imports(*, typing_too: bool = False, extra: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Module -> the diffscale modules it imports, anywhere in it (inside functions too); under
+    ``if TYPE_CHECKING:`` (annotations only) too where ``typing_too``. ``extra``: more modules,
+    name -> source (the checks' own test)."""
     import ast
 
     root = REPO / "src"
-    modules = {}
+    modules: dict[str, tuple[Path | None, bool]] = {}
     for path in (root / "diffscale").rglob("*.py"):
         parts = list(path.relative_to(root).with_suffix("").parts)
         package = parts[-1] == "__init__"
         modules[".".join(parts[:-1] if package else parts)] = (path, package)
+    for name in extra or {}:
+        modules[name] = (None, False)
     graph: dict[str, set[str]] = {}
     for name, (path, package) in modules.items():
-        tree = ast.parse(path.read_text())
-        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
+        tree = ast.parse(path.read_text() if path is not None else (extra or {})[name])
+        typing_only = set() if typing_too else {
+            id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
         found = set()
         for node in ast.walk(tree):
             if id(node) in typing_only or not isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -157,8 +220,8 @@ def _imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_cycles_counting_imports_inside_functions():
-    graph, cycles = _imports(), []
+def test_no_import_cycles_counting_imports_inside_functions_and_for_type_hints():
+    graph, cycles = _imports(typing_too=True), []
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []

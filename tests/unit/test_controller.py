@@ -13,11 +13,11 @@ import torch
 
 from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
-from diffscale.envs.reach2d import ROUTES, TWO_WAYS, Reach2D, route_demonstrations
-from diffscale.envs.rollout import Rollout, environment_for, rollouts, summarize
 from diffscale.errors import UserError
 from diffscale.policy import Controller
 from diffscale.tasks.policy.controller import Controller as LoopController
+from diffscale.tasks.policy.envs.reach2d import ROUTES, TWO_WAYS, Reach2D, route_demonstrations
+from diffscale.tasks.policy.envs.rollout import Rollout, environment_for, rollouts, summarize
 from diffscale.tasks.registry import build_task
 
 CPU = torch.device("cpu")

@@ -15,16 +15,16 @@ import pytest
 import torch
 
 from diffscale.cli import main
-from diffscale.data.buffer import BufferPolicy, BufferSpec, ReplayBuffer
 from diffscale.data.device_loader import DataPosition
 from diffscale.data.feed import Feed
-from diffscale.data.follow import SpoolBatcher
 from diffscale.data.locations import DEFAULT_CAPACITY, parse_spool_spec
-from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.tasks.fields.buffer import BufferPolicy, BufferSpec, ReplayBuffer
 from diffscale.tasks.fields.data import FieldGenerator
+from diffscale.tasks.fields.follow import SpoolBatcher
+from diffscale.tasks.fields.spool import SpoolReader, SpoolWriter
 
 SMALL = ["--preset", "field-icon", "--device", "cpu"]
 for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.steps=40", "train.log_every=10",
@@ -36,7 +36,7 @@ for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.s
 WRITER = """
 import sys, time
 from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.data.spool import SpoolWriter
+from diffscale.tasks.fields.spool import SpoolWriter
 writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
 for step in range(7):
     cond, x = generator.sample(80, seed=step)
@@ -227,7 +227,7 @@ def test_the_newest_file_is_read_again_while_it_may_still_be_written(tmp_path):
 ENDING_WRITER = """
 import sys, time
 from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.data.spool import SpoolWriter
+from diffscale.tasks.fields.spool import SpoolWriter
 writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
 for step in range(int(sys.argv[2])):
     cond, x = generator.sample(80, seed=step)
@@ -289,7 +289,7 @@ def test_the_end_marker_read_before_the_listing_ends_the_stream_after_one_pass(w
     """Rank 0's end status travels with its chunks (``Feed.share``: the identity for the rank that
     broadcasts), and the stream ends exactly one pass over the final buffer after it."""
     from diffscale.data.feed import DataEnded
-    from diffscale.data.spool import read_end, write_end
+    from diffscale.tasks.fields.spool import read_end, write_end
 
     writer = SpoolWriter(tmp_path)
     _write(writer, range(0, 3))  # 240 samples

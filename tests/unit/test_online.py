@@ -16,13 +16,20 @@ import torch
 from diffscale.cli import main
 from diffscale.config import deep_merge, from_dict
 from diffscale.config.presets import get_preset
-from diffscale.data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, as_chunk, parse_buffer_spec
-from diffscale.data.spool import SpoolReader, SpoolWriter
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
+from diffscale.online.trainer import BACKGROUND_SWITCH_INTERVAL_S
 from diffscale.runtime import checkpoint as ckpt
+from diffscale.tasks.fields.buffer import (
+    BufferBatcher,
+    BufferPolicy,
+    BufferSpec,
+    ReplayBuffer,
+    as_chunk,
+    parse_buffer_spec,
+)
 from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.training.online import BACKGROUND_SWITCH_INTERVAL_S
+from diffscale.tasks.fields.spool import SpoolReader, SpoolWriter
 
 from helpers import micro_args
 
@@ -180,7 +187,7 @@ RANK_WRITER = """
 import sys, time
 from pathlib import Path
 import numpy as np
-from diffscale.data.spool import SpoolWriter
+from diffscale.tasks.fields.spool import SpoolWriter
 spool, rank, steps, go = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 writer = SpoolWriter(spool)  # every rank sees the same empty directory: all would start at 0000000000
 (go.parent / f"ready-{rank}").touch()
@@ -440,7 +447,7 @@ WRITER = """
 import sys
 import numpy as np
 from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.data.spool import SpoolWriter
+from diffscale.tasks.fields.spool import SpoolWriter
 writer, generator = SpoolWriter(sys.argv[1]), FieldGenerator()
 for step in range(6):
     cond, x = generator.sample(80, seed=step)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_online import FakeSimulation, _cfg, checkpoint_and_resume
 
-from diffscale.data.buffer import as_arrays, as_chunk
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
+from diffscale.tasks.fields.buffer import as_arrays, as_chunk
 from diffscale.training import step_graph
 from diffscale.training.step import step_seed
 from diffscale.training.step_graph import WholeStepGraph, _StorageWatch, _task_storages

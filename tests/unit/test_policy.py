@@ -17,8 +17,6 @@ from rich.console import Console
 from diffscale.cli import main
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.config.presets import get_preset
-from diffscale.envs.reach2d import MODES, TWO_WAYS, Reach2D, demonstrations
-from diffscale.envs.rollout import rollouts, summarize
 from diffscale.errors import UserError
 from diffscale.inference.trained import load_trained
 from diffscale.runtime import checkpoint as ckpt
@@ -26,6 +24,8 @@ from diffscale.runtime.device import resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo
 from diffscale.tasks.base import count_parameters
 from diffscale.tasks.policy.controller import Controller
+from diffscale.tasks.policy.envs.reach2d import MODES, TWO_WAYS, Reach2D, demonstrations
+from diffscale.tasks.policy.envs.rollout import rollouts, summarize
 from diffscale.tasks.policy.network import ConditionalUnet1D
 from diffscale.tasks.registry import build_task
 from diffscale.training.loop import train
@@ -45,6 +45,14 @@ def _replay_mode(obs: np.ndarray, action: np.ndarray) -> tuple[bool, str | None]
     for a in action:
         env.step(a)
     return env.success, env.mode
+
+
+def test_the_policy_presets_are_sized_for_reach2d():
+    from diffscale.tasks.policy.envs import reach2d
+
+    for name in ("policy", "policy-tiny"):
+        model = get_preset(name).model
+        assert (model.obs_dim, model.action_dim) == (reach2d.OBS_DIM, reach2d.ACTION_DIM), name
 
 
 def test_reach2d_demonstrations_take_both_sides_from_each_start():

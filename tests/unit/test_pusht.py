@@ -35,7 +35,7 @@ def _in_ci() -> bool:
 @pytest.fixture(scope="module")
 def gym():
     """gym-pusht's PushTEnv class (through the adapter's import)."""
-    from diffscale.envs.pusht import env_class
+    from diffscale.tasks.policy.envs.pusht import env_class
 
     try:
         return env_class()
@@ -77,7 +77,7 @@ def _pusht_zarr(path, gym, episodes: int = 4, length: int = 20) -> None:
 
 
 def test_adapter_observes_the_state_layout_scores_coverage_and_cuts_off(gym):
-    from diffscale.envs.pusht import OBS_DIM, RENDER_SIZE, PushT
+    from diffscale.tasks.policy.envs.pusht import OBS_DIM, RENDER_SIZE, PushT
 
     env = PushT(max_steps=4)
     obs = env.reset(seed=3)
@@ -103,7 +103,7 @@ def test_adapter_observes_the_state_layout_scores_coverage_and_cuts_off(gym):
 def test_eval_on_pusht_of_a_policy_trained_on_a_pusht_zarr(gym, tmp_path, capsys):
     import imageio.v2 as imageio
 
-    from diffscale.envs.pusht import RENDER_SIZE
+    from diffscale.tasks.policy.envs.pusht import RENDER_SIZE
 
     _pusht_zarr(tmp_path / "pusht.zarr", gym)
     run = tmp_path / "run"
@@ -144,7 +144,7 @@ def test_the_pusht_import_prints_nothing_on_stdout(gym):
         return done.stdout
 
     assert "pygame" in stdout("import pygame")
-    assert stdout("from diffscale.envs.pusht import env_class; env_class()") == ""
+    assert stdout("from diffscale.tasks.policy.envs.pusht import env_class; env_class()") == ""
 
 
 def _snapshot(root):

@@ -100,7 +100,7 @@ def test_env_is_a_markdown_report_that_works_without_gpu_or_job(monkeypatch, cap
 
 
 def test_version(capsys):
-    from diffscale import __version__
+    from diffscale.version import __version__
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])

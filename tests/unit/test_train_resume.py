@@ -147,7 +147,7 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path, capsys):
 
 
 def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
-    from diffscale.training.loop import compile_note
+    from diffscale.training.build import compile_note
 
     cache = tmp_path / "cache" / "inductor"
     assert compile_note(cache).startswith("compiling the network before the first step (the first time takes")
@@ -158,9 +158,9 @@ def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
 
 
 def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
-    import diffscale
     from diffscale import config as C
-    from diffscale.training.loop import run_compile_cache
+    from diffscale.runtime import user_env
+    from diffscale.training.build import run_compile_cache
 
     def config(*overrides: str) -> C.RunConfig:
         return C.resolve_config(C.ConfigSources(preset="tiny", overrides=list(overrides)))
@@ -168,7 +168,7 @@ def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_
     monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     # torch writes its node-local default into the variable once anything asks for its cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
-    monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", None)
+    monkeypatch.setattr(user_env, "USER_COMPILE_CACHE", None)
     kernels = run_compile_cache(tmp_path / "first", config(), 1)
     assert kernels.parent == (tmp_path / "cache" / "kernels").resolve()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(kernels)
@@ -185,7 +185,7 @@ def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_
     (own / "fxgraph").mkdir(parents=True)
     assert run_compile_cache(tmp_path / "older", config(), 1) == own.resolve()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/me/inductor")
-    monkeypatch.setattr(diffscale, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
+    monkeypatch.setattr(user_env, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
     assert run_compile_cache(tmp_path / "first", config(), 1) == Path("/scratch/me/inductor")
 
 

@@ -33,8 +33,8 @@ import torch
 from diffscale import config as C
 from diffscale.errors import UserError
 from diffscale.online import OnlineTrainer
+from diffscale.online.trainer import BACKGROUND_SWITCH_INTERVAL_S
 from diffscale.runtime.device import synchronize
-from diffscale.training.online import BACKGROUND_SWITCH_INTERVAL_S
 
 
 def _percentiles(seconds: list[float]) -> dict[str, float]:

@@ -51,7 +51,7 @@ class PolicyScorer:
 
     def __init__(self, run_state: RunState, args: argparse.Namespace) -> None:
         from diffscale.diffusion.inference import sampling_network
-        from diffscale.envs.rollout import environment_for
+        from diffscale.tasks.policy.envs.rollout import environment_for
 
         task, cfg = run_state.task, run_state.cfg
         sizes = getattr(task, "obs_dim"), getattr(task, "action_dim")  # noqa: B009 (a PolicyTask's; resolve checked)
@@ -61,8 +61,8 @@ class PolicyScorer:
         self.network = sampling_network(self.net, scoring_runtime(cfg, args.eval_compile), live=True)
 
     def __call__(self, run_state: RunState, runner: StepRunner | PlainRunner) -> dict[str, Any]:
-        from diffscale.envs.rollout import rollouts
         from diffscale.tasks.policy.controller import Controller
+        from diffscale.tasks.policy.envs.rollout import rollouts
 
         load_ema(self.net, run_state, runner)
         controller = Controller(run_state.task, self.network, steps=self.steps)  # the run's default sampler

@@ -49,8 +49,8 @@ def train_and_roll_out(args: argparse.Namespace) -> dict[str, Any]:
     from rich.console import Console
 
     from diffscale import config as C
-    from diffscale.envs.rollout import environment_for, rollouts
     from diffscale.policy import Controller
+    from diffscale.tasks.policy.envs.rollout import environment_for, rollouts
     from diffscale.training.loop import train
 
     if args.core is not None:

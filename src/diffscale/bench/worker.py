@@ -24,8 +24,8 @@ from rich.console import Console
 
 from diffscale import config as C
 from diffscale.bench.profile import profile_steps
-from diffscale.runtime.device import DevicePolicy, configure_backends, pick_device, resolve_policy, synchronize
-from diffscale.runtime.distributed import DistContext, detect_launch, init_distributed
+from diffscale.runtime.device import DevicePolicy, synchronize
+from diffscale.runtime.distributed import DistContext
 
 if TYPE_CHECKING:  # annotations only; the functions import these where they run
     from diffscale.bench.plain import PlainRunner
@@ -240,7 +240,7 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
 
 
 def make_runner(run_state: RunState, recipe: str, plain_workers: int = 4) -> PlainRunner | StepRunner:
-    """The recipe's step runner: the plain recipe, or the fast one on the parallelized network."""
+    """The recipe's step runner on an existing run state (the quality benchmarks')."""
     from diffscale.bench.plain import PlainRunner
     from diffscale.runtime.parallelize import parallelize
     from diffscale.training.step import StepRunner
@@ -253,29 +253,42 @@ def make_runner(run_state: RunState, recipe: str, plain_workers: int = 4) -> Pla
     return StepRunner(run_state, model, run_state.make_batcher())
 
 
+def build_recipe(cfg: C.RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, recipe: str, *,
+                 plain_workers: int = 4, prepare=None) -> tuple[RunState, PlainRunner | StepRunner]:
+    """The run of ``cfg`` as the recipe trains it: diffscale's (``build_run``, as ``diffscale train``
+    builds it) or the plain recipe's loop on the same run state. ``prepare``: called on the new
+    state before anything is compiled (FLOP counting)."""
+    from diffscale.bench.plain import PlainRunner
+    from diffscale.training.build import build_run, new_run_state
+
+    console = Console(quiet=True)
+    if recipe == "plain":
+        state = new_run_state(cfg, run_dir, ctx, policy, console=console, prepare=prepare)
+        return state, PlainRunner(state, workers=plain_workers)
+    run = build_run(cfg, run_dir, ctx, policy, console=console, prepare=prepare)
+    return run.state, run.runner
+
+
 def join(cfg: C.RunConfig) -> tuple[DistContext, DevicePolicy]:
-    """This process's place in the run (torchrun's ranks, or one process) and its device policy."""
-    launch = detect_launch()
-    device = pick_device(cfg.runtime.device, launch.local_rank)
-    policy = resolve_policy(cfg.runtime, device)
-    configure_backends(policy)
-    ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
-                           collective_timeout_s=cfg.runtime.collective_timeout_s)
-    return ctx, policy
+    """This process's place in the run (torchrun's ranks, or one process) and its device policy,
+    as ``diffscale train`` joins."""
+    from diffscale.training import build
+
+    return build.join(cfg, Console(quiet=True))
 
 
 def measure(args: argparse.Namespace) -> dict | None:
     from diffscale.runtime.parallelize import training_compile_mode
-    from diffscale.training.state import RunState
 
     cfg = _config(args)
     ctx, policy = join(cfg)
     device = ctx.device
+    counted: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            run_state = RunState(cfg, Path(tmp), ctx, policy, Console(quiet=True))
-            flops = count_step_flops(run_state)
-            runner = make_runner(run_state, args.recipe, args.plain_workers)
+            run_state, runner = build_recipe(cfg, Path(tmp), ctx, policy, args.recipe, plain_workers=args.plain_workers,
+                                             prepare=lambda state: counted.append(count_step_flops(state)))
+            flops = counted[0]
             _progress(ctx, f"{args.preset} {args.recipe} {args.label}: first step (compiles)")
             runner.step()
             synchronize(device)

@@ -6,30 +6,26 @@ section.field=value`` overrides (``loading``), in one order for every verb
 (``resolve``), and the resolved config is written to ``RUN_DIR/config.yaml`` by every run.
 """
 
-from diffscale.config.loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
-from diffscale.config.models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
-from diffscale.config.resolve import ConfigSources, resolve_config
-from diffscale.config.schema import (
+from diffscale.config.choices import (
     Attention,
     BetaSchedule,
     CompileMode,
-    DataConfig,
     Device,
-    DiffusionConfig,
     LossWeighting,
     LrScaling,
     LrSchedule,
-    OptimConfig,
     Precision,
     Prediction,
     Recipe,
-    RunConfig,
-    RuntimeConfig,
     SamplerName,
     TimestepSpacing,
     Toggle,
-    TrainConfig,
 )
+from diffscale.config.loading import deep_merge, from_dict, load_yaml, merge, parse_overrides, write_yaml
+from diffscale.config.models import MODEL_CONFIGS, FieldModelConfig, ModelConfig, PolicyModelConfig, TaskModelConfig
+from diffscale.config.resolve import ConfigSources, resolve_config
+from diffscale.config.runtime import RuntimeConfig
+from diffscale.config.schema import DataConfig, DiffusionConfig, OptimConfig, RunConfig, TrainConfig
 from diffscale.config.trackers import LoggingConfig, WandbMode
 
 __all__ = [

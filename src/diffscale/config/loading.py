@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
+from diffscale.config.choices import Toggle
 from diffscale.config.errors import fail as _fail
 from diffscale.config.models import MODEL_CONFIGS
-from diffscale.config.schema import RunConfig, Toggle
+from diffscale.config.schema import RunConfig
 from diffscale.errors import UserError, closest
 from diffscale.io.atomic import write_text
 

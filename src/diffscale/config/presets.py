@@ -9,22 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from diffscale.config.choices import BetaSchedule, LrSchedule, Prediction, SamplerName, TimestepSpacing
 from diffscale.config.models import FieldModelConfig, ModelConfig, PolicyModelConfig
-from diffscale.config.schema import (
-    BetaSchedule,
-    DataConfig,
-    DiffusionConfig,
-    LrSchedule,
-    OptimConfig,
-    Prediction,
-    RunConfig,
-    SamplerName,
-    TimestepSpacing,
-    TrainConfig,
-)
-from diffscale.envs.reach2d import ACTION_DIM as REACH2D_ACTION_DIM
-from diffscale.envs.reach2d import OBS_DIM as REACH2D_OBS_DIM
+from diffscale.config.schema import DataConfig, DiffusionConfig, OptimConfig, RunConfig, TrainConfig
 from diffscale.errors import UserError, closest
+
+REACH2D_OBS_DIM, REACH2D_ACTION_DIM = 4, 2
+"""The built-in reach2d's observation and action sizes (the policy presets' data), written out so
+the config layer imports no task code; tests/unit/test_policy.py holds them equal to the environment's."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The typed run configuration: enums and keyword-only dataclasses, one per section.
+"""The typed run configuration: keyword-only dataclasses, one per section (their choices: choices.py).
 
 Every field has a doc comment; ``__post_init__`` validation names the field
 (``train.batch_per_gpu``) and the fix."""
@@ -12,130 +12,20 @@ from typing import Any
 
 import yaml
 
+from diffscale.config.choices import (
+    BetaSchedule,
+    LossWeighting,
+    LrScaling,
+    LrSchedule,
+    Prediction,
+    SamplerName,
+    TimestepSpacing,
+    Toggle,
+)
 from diffscale.config.errors import fail as _fail
 from diffscale.config.models import ModelConfig, TaskModelConfig
+from diffscale.config.runtime import RUNTIME_OUTSIDE_GRAPH, RuntimeConfig
 from diffscale.config.trackers import LoggingConfig
-
-
-class Device(str, enum.Enum):
-    """Where the run executes. ``auto`` picks CUDA, then MPS, then CPU."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-    MPS = "mps"
-
-
-class Precision(str, enum.Enum):
-    """Numeric precision of the forward/backward pass.
-
-    ``auto``: bf16 autocast on GPUs that support it, fp16 + GradScaler on older CUDA
-    GPUs, fp32 on CPU and MPS.
-    """
-
-    AUTO = "auto"
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class Recipe(str, enum.Enum):
-    """Training recipe. ``fast``: every speed lever this tool has (default).
-    ``plain``: the common recipe users copy (fp16 autocast + GradScaler, fp32 AdamW,
-    a CPU DataLoader with 4 workers, default DDP), kept for side-by-side benchmarks."""
-
-    FAST = "fast"
-    PLAIN = "plain"
-
-
-class Toggle(str, enum.Enum):
-    """A feature switch whose ``auto`` lets the runtime decide per device."""
-
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
-
-
-class CompileMode(str, enum.Enum):
-    """``torch.compile`` mode. ``reduce-overhead`` replays the compiled forward and backward
-    as CUDA graphs (no per-kernel launch cost; docs/decisions.md, "CUDA graphs for training");
-    ``auto`` picks it wherever it can replay a step (CUDA, ``train.grad_accum`` 1), else
-    ``default``. ``max-autotune-no-cudagraphs`` also benchmarks Triton matmul/conv templates
-    (longer first compile, cached in the run folder)."""
-
-    AUTO = "auto"
-    DEFAULT = "default"
-    MAX_AUTOTUNE = "max-autotune-no-cudagraphs"
-    REDUCE_OVERHEAD = "reduce-overhead"
-
-
-class Attention(str, enum.Enum):
-    """Attention kernel on CUDA: ``auto`` is FlexAttention where it measured faster (compiled
-    training, many narrow heads) and PyTorch's SDPA choice elsewhere; ``sdpa`` is always PyTorch's
-    choice; ``flex`` always FlexAttention (compiled on CUDA only); the rest force one SDPA kernel."""
-
-    AUTO = "auto"
-    SDPA = "sdpa"
-    FLASH = "flash"
-    EFFICIENT = "efficient"
-    CUDNN = "cudnn"
-    MATH = "math"
-    FLEX = "flex"
-
-
-class BetaSchedule(str, enum.Enum):
-    """Noise schedule, as named by diffusers' schedulers."""
-
-    LINEAR = "linear"
-    SCALED_LINEAR = "scaled_linear"
-    COSINE = "squaredcos_cap_v2"
-
-
-class TimestepSpacing(str, enum.Enum):
-    """Which trained timesteps a sampler of fewer steps visits, as diffusers' schedulers name it."""
-
-    LEADING = "leading"
-    TRAILING = "trailing"
-
-
-class Prediction(str, enum.Enum):
-    """What the network predicts: the noise, the velocity or the clean sample."""
-
-    EPSILON = "epsilon"
-    V_PREDICTION = "v_prediction"
-    SAMPLE = "sample"
-
-
-class LossWeighting(str, enum.Enum):
-    """How each timestep's squared error is weighted in the training loss."""
-
-    NONE = "none"
-    MIN_SNR = "min-snr"
-
-
-class LrSchedule(str, enum.Enum):
-    """Learning rate after warm-up: constant or cosine decay to 10 %."""
-
-    CONSTANT = "constant"
-    COSINE = "cosine"
-
-
-class SamplerName(str, enum.Enum):
-    """A reverse process (diffusion/sampler.py): DDIM, DPM-Solver++ or ancestral DDPM."""
-
-    DDIM = "ddim"
-    DPMSOLVER = "dpmsolver"
-    DDPM = "ddpm"
-
-
-class LrScaling(str, enum.Enum):
-    """How the learning rate follows the effective batch (relative to ``optim.base_batch``)."""
-
-    NONE = "none"
-    LINEAR = "linear"
-    SQRT = "sqrt"
-
-
 
 
 @dataclass(kw_only=True)
@@ -341,110 +231,6 @@ class TrainConfig:
         evaluation: ``Task.evaluation_sampler``), else ``sample_sampler``; the steps
         ``sample_steps`` (what the run's previews and evaluations used)."""
         return sampler or task_sampler or self.sample_sampler.value, steps or self.sample_steps
-
-
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode"})
-"""Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
-
-
-@dataclass(kw_only=True)
-class RuntimeConfig:
-    """Hardware and distributed settings; the same config runs on every device."""
-
-    device: Device = Device.AUTO
-    """Device; ``auto`` picks CUDA, then MPS, then CPU."""
-    precision: Precision = Precision.AUTO
-    """Forward/backward precision."""
-    recipe: Recipe = Recipe.FAST
-    """``fast`` (default) or ``plain`` (the common recipe, for benchmarks)."""
-    compile: Toggle = Toggle.AUTO
-    """torch.compile the network (``auto``: on CUDA only)."""
-    compile_mode: CompileMode = CompileMode.AUTO
-    """torch.compile mode when compiling: ``auto`` (CUDA graphs where a step can replay as one,
-    see docs/benchmarks.md, "Defaults and why"), ``default``, ``reduce-overhead`` or ``max-autotune-no-cudagraphs``."""
-    channels_last: Toggle = Toggle.AUTO
-    """channels_last memory format (``auto``: on CUDA when not compiled; see docs/benchmarks.md, "Defaults and why")."""
-    layout_opt: Toggle = Toggle.AUTO
-    """Inductor's layout optimisation when compiled: convolutions run channels_last inside the
-    graph, with no layout copies between them (``auto``: on for training on CUDA, where it was
-    measured; inductor's own heuristic leaves it off for UNets)."""
-    kernel_tuning: Toggle = Toggle.OFF
-    """Inductor's coordinate-descent tuning of each Triton kernel's launch settings when compiled
-    (training and sampling): a little faster, for a much longer first compile (cached after); off
-    by default for that (docs/decisions.md, "Coordinate-descent kernel tuning")."""
-    cudnn_benchmark: Toggle = Toggle.AUTO
-    """cuDNN times every algorithm for each convolution shape at its first call and keeps the
-    fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
-    job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
-    compile_cache: Toggle = Toggle.AUTO
-    """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
-    caching precompile), so a resumed job or a new run of the same network installs it instead of
-    tracing the network again. Written once, after the first step; one process only (a
-    distributed run traces as before); an entry for another config or torch is discarded.
-    ``auto``: on for compiled training on CUDA, where it held in every round on one H100 (torch 2.11,
-    2026-11-28): small's resumed jobs started in 16.4-22.0 s instead of 30-37 s, medium's in 23.5 s
-    instead of 53.5 s, at the same steady speed (docs/benchmarks.md, "The traced network cached
-    too"); ``on`` also where it was not measured (the CPU). An entry that cannot be installed is
-    discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``; a job
-    that traces although an entry was installed names the failed guard in a warning and in
-    ``traced-network-retraced.txt``. Not part of the compiled graph."""
-    generated_bytecode: Toggle = Toggle.AUTO
-    """Load the Python that torch's compiler generates (the code running each compiled graph, its
-    kernels' modules) through Python's bytecode cache: the first job writes the bytecode beside
-    the kernels, later jobs read it instead of compiling that source again, which torch does in
-    every process (``runtime/generated_code.py``): 0.42-0.44 s -> 0.23-0.34 s of a resumed small or
-    medium job's start on a 2 x H200 host (docs/benchmarks.md, "The generated code's bytecode kept").
-    ``auto``: on wherever the run compiles; ``off``: torch's own loader. Not part of the compiled graph."""
-    step_graph: Toggle = Toggle.AUTO
-    """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
-    one CUDA graph and replayed, so a small network's step is not bound by kernel launches.
-    Needs one process or NCCL between processes (DDP's all-reduces are recorded too), ``train.grad_accum``
-    1, the fast recipe and no fp16 loss scaling. ``auto``: on where that holds and the task was measured
-    faster with it: fields on one GPU, policies under DDP (docs/benchmarks.md, "Field diffusion",
-    "Diffusion policy")."""
-    sampling_graph: Toggle = Toggle.AUTO
-    """DDIM sampling on CUDA: the whole denoising loop (every network call and scheduler update)
-    recorded once per batch shape as one CUDA graph and replayed per call, so a small network's
-    sampling is not bound by kernel launches. ``auto``: on where sampling compiles on CUDA;
-    ``off``: one graph per network call, the loop in Python (docs/benchmarks.md, "Sampling latency")."""
-    attention: Attention = Attention.AUTO
-    """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
-    (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md, "Attention kernels"), else
-    ``sdpa`` (PyTorch picks a kernel per call); ``flex``: FlexAttention always (compiled CUDA only);
-    ``flash``, ``efficient``, ``cudnn``, ``math``: that SDPA kernel only."""
-    cpu_threads: int = 0
-    """Threads of a CPU rank's operations (``torch.set_num_threads``). ``0`` (auto): the CPUs this
-    rank may use less those other processes keep busy now (their busy share over 0.2 s; other
-    cores do not count), at least 1, unless ``OMP_NUM_THREADS`` is set; a thread per core on a
-    machine whose cores are taken makes the threads wait for each other (docs/benchmarks.md, "CPU
-    training beside busy processes")."""
-    join_timeout_s: float = 300.0
-    """Seconds to wait for all ranks to join before failing with a diagnosis."""
-    collective_timeout_s: float = 1800.0
-    """Timeout of each collective (NCCL/gloo) after start-up."""
-    ddp_bucket_mb: int = 100
-    """DDP gradient bucket size in MiB (the fast recipe; the plain one uses DDP's default 25)."""
-    ddp_graph_split: Toggle = Toggle.AUTO
-    """Compiled DDP: split the graph at gradient buckets so each bucket's all-reduce overlaps the
-    rest of the backward pass (dynamo's DDPOptimizer). ``auto``: on where each step is recorded
-    as one CUDA graph (``runtime.step_graph``), else off: with eager steps every split boundary's
-    layout copies and lost fusion cost more than NVLink all-reduces take."""
-    ddp_bf16_compress: Toggle = Toggle.AUTO
-    """Compress gradients to bf16 for the all-reduce (NCCL only). ``auto``: off, which scaled
-    better on NVLink for every preset (docs/decisions.md, "bf16 gradient compression"); ``on`` halves the bytes moved,
-    for slow links between nodes."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) \
-                or not 0 <= self.cpu_threads <= 4096:
-            _fail("runtime.cpu_threads", f"{self.cpu_threads!r} is not a whole number from 0 to 4096",
-                  "use 0 (auto: the free cores) or the number of threads, e.g. 2")
-        if self.join_timeout_s <= 0:
-            _fail("runtime.join_timeout_s", "must be positive", "use e.g. 300")
-        if self.collective_timeout_s <= 0:
-            _fail("runtime.collective_timeout_s", "must be positive", "use e.g. 1800")
-        if self.ddp_bucket_mb < 1:
-            _fail("runtime.ddp_bucket_mb", "must be at least 1", "use e.g. 25 or 100")
 
 
 @dataclass(kw_only=True)

@@ -43,7 +43,7 @@ WAIT_S = 3600.0
 
 
 def _diffscale_version() -> str:
-    from diffscale import __version__
+    from diffscale.version import __version__
 
     return str(__version__)
 

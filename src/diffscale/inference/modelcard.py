@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffscale import __version__
 from diffscale.config import RunConfig
 from diffscale.io import rundir
 from diffscale.io.atomic import write_bytes, write_text
 from diffscale.tasks.base import HubListing
+from diffscale.version import __version__
 
 CARD_NAME = "README.md"
 SAMPLES_NAME = "samples.png"

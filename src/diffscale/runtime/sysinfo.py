@@ -66,7 +66,7 @@ def _cpu_model() -> str:
 def _host_rows() -> tuple[Rows, Rows]:
     import psutil
 
-    from diffscale import __version__
+    from diffscale.version import __version__
 
     host = [("host", socket.gethostname()), ("OS", platform.platform()), ("Python", platform.python_version()),
             ("diffscale", __version__)]

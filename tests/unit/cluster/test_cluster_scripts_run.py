@@ -189,7 +189,7 @@ def test_a_coupled_simulation_marks_its_spool_ended_with_its_status(profile_name
     from diffscale.cluster.planning.couple import coupled_plans
     from diffscale.config import merge
     from diffscale.data.locations import SPOOL_END_NAME, SpoolSpec
-    from diffscale.data.spool import read_end
+    from diffscale.tasks.fields.spool import read_end
 
     spool = SpoolSpec(hostile_dir / "spool $x", 240)
     cfg = merge(presets.get_preset("field-icon"), {"data": {"source": spool.source}})

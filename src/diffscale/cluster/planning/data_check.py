@@ -1,4 +1,4 @@
-"""Preflight of an image run's data: resident on the device beside the model, or streamed.
+"""Preflight of a run's data: resident on the device beside the model, or streamed.
 
 The data's size comes from the decoded cache's header or the format's listing (read once, on the
 host that plans, by ``workload.diffscale_run``); the choice is the run's own rule
@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffscale.cluster.profiles.types import Partition
-from diffscale.data.placement import resident_rule
+from diffscale.data.placement import DataSize, resident_rule
 from diffscale.runtime import resources
-from diffscale.tasks.images.datasize import DataSize
 
 GPU_SHARE = 0.9
 """Share of a GPU's memory the model and resident data may fill (as the GPU-memory check allows)."""

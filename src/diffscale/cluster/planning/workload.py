@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from diffscale.cluster.planning.usage import RankUsage
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.config import ModelConfig, RunConfig
+from diffscale.config import RunConfig
 from diffscale.errors import UserError
 
 if TYPE_CHECKING:
-    from diffscale.tasks.images.datasize import DataSize
+    from diffscale.data.placement import DataSize
 
 Env = tuple[tuple[str, str], ...]
 
@@ -103,10 +103,10 @@ def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
         data_bytes = where.stat().st_size
     sized, note = with_data_sizes(cfg)
     size = None
-    if isinstance(cfg.model, ModelConfig) and where is not None and where.exists():
-        from diffscale.tasks.images.datasize import data_size
+    if where is not None and where.exists():
+        from diffscale.tasks.registry import data_size
 
-        size = data_size(cfg.data.source, cfg.model.sample_size, cfg.data.max_items)
+        size = data_size(cfg)
     return DiffscaleRun(config=sized, run_dir=run_dir, python=python, data_bytes=data_bytes,
                         data_found=None if where is None else where.exists(), sizes_note=note, data_size=size)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Iterable
 
-from diffscale import __version__
 from diffscale.cluster.scripts.jobspec import RaceSpec
 from diffscale.data.locations import SPOOL_END_NAME
 from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.version import __version__
 
 q = shlex.quote
 

@@ -20,10 +20,12 @@ import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from diffscale.config import FieldModelConfig
 from diffscale.errors import UserError
 
 BUILTIN_ITEMS = 16384
@@ -221,3 +223,28 @@ def read_npz(path: Path) -> FieldData:
             raise UserError(f"array '{name}' in '{path}' holds NaN or infinite values in {len(rows)} rows "
                             f"(first: row {int(rows[0])})", "drop or fill those rows before training")
     return FieldData(tensors[0], tensors[1], f"npz:{path}")
+
+
+def sizes_of_data(m: FieldModelConfig, data: FieldData) -> tuple[int, int, int]:
+    """(C, D, K) of the data, checked against the sizes the config sets (0 follows the data)."""
+    cond_dim, x_dim = data.cond.shape[1], data.x.shape[1]
+    fields = data.x.shape[2] if data.x.dim() == 3 else 1
+    for name, found, wanted in (("cond_dim", cond_dim, m.cond_dim), ("x_dim", x_dim, m.x_dim),
+                                ("fields", fields, m.fields)):
+        if wanted and found != wanted:
+            raise UserError(f"config model.{name} is {wanted} but {data.label} has {found}",
+                            f"set model.{name} to {found}" + (" (or 0 to follow the data)" if name != "fields" else ""))
+    return cond_dim, x_dim, fields
+
+
+def sizes_of_signature(m: FieldModelConfig, signature: dict[str, Any] | None) -> tuple[int, int, int]:
+    """(C, D, K) from a checkpoint's signature, else from the config (which must then set them)."""
+    if signature is not None and signature.get("task", "fields") != "fields":
+        raise UserError(f"the checkpoint was written by a '{signature.get('task')}' run, not a fields run",
+                        "point at a run trained with task: fields")
+    sig = signature or {}
+    cond_dim, x_dim = int(sig.get("cond_dim", m.cond_dim)), int(sig.get("x_dim", m.x_dim))
+    if not cond_dim or not x_dim:
+        raise UserError("the field sizes are unknown without data (model.cond_dim / model.x_dim are 0)",
+                        "set model.cond_dim and model.x_dim, or load the sizes from a checkpoint")
+    return cond_dim, x_dim, int(sig.get("fields", m.fields))

@@ -9,40 +9,43 @@ forecast is known; on files they are rows of the training data (``held_out`` 0, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch.optim.swa_utils import AveragedModel
 
-from diffscale.evaluation import probabilistic as P
+from diffscale.config import FieldModelConfig, RunConfig
 from diffscale.tasks.fields.data import HELD_OUT_SEED, FieldData
+from diffscale.tasks.fields.scores import Forecasts, score
+from diffscale.tasks.fields.standardise import Standardiser
 
-if TYPE_CHECKING:
-    from diffscale.tasks.fields.task import FieldTask
+
+class EvaluatedTask(Protocol):
+    """What the evaluation reads of a ``FieldTask`` (a protocol: task.py imports this module)."""
+
+    cfg: RunConfig
+    model_cfg: FieldModelConfig
+    device: torch.device
+    stats: Standardiser
+
+    @property
+    def x_shape(self) -> tuple[int, ...]: ...
+
+    def training_data(self) -> FieldData: ...
+
+    def num_items(self) -> int: ...
+
+    def build_network(self) -> torch.nn.Module: ...
+
+    def examples(self, batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]: ...
+
+    def sample_for(self, network: torch.nn.Module, cond: Any, *, members: int, steps: int, seed: int,
+                   sampler: str = "ddim") -> torch.Tensor: ...
 
 BASELINE_MAX_STEPS = 5000
 """The deterministic baseline trains for the run's ``train.steps``, at most this many (a
 regression converges long before a diffusion model does)."""
-
-
-@dataclass
-class Forecasts:
-    """Everything scored, in data units on the CPU: N cases, M members, F = x_shape."""
-
-    cond: torch.Tensor
-    """(N, C) conditions."""
-    truth: torch.Tensor
-    """(N, *F) observed fields."""
-    ensemble: torch.Tensor
-    """(N, M, *F) the diffusion model's members."""
-    climatology: torch.Tensor
-    """(N, M, *F) training fields drawn at random, whatever the condition."""
-    deterministic: torch.Tensor
-    """(N, *F) the MLP baseline's prediction."""
-    ideal: tuple[torch.Tensor, torch.Tensor] | None
-    """Mean and std (N, *F) of the ideal Gaussian forecast, where known."""
 
 
 def _cases(data: FieldData, held_out: FieldData | None, cases: int,
@@ -59,8 +62,9 @@ def _cases(data: FieldData, held_out: FieldData | None, cases: int,
     return cond, truth, ideal, held_out is not None
 
 
-def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int, seed: int,
-                    cases: int, held_out: FieldData | None = None, sampler: str = "ddim") -> dict[str, float]:
+def evaluate_fields(task: EvaluatedTask, network: torch.nn.Module, out_dir: Path, *, steps: int, members: int,
+                    seed: int, cases: int, held_out: FieldData | None = None,
+                    sampler: str = "ddim") -> dict[str, float]:
     """Sample, score and plot (``out_dir/evaluation.png``); returns the scores. ``held_out``: the
     pairs to score on (default: new pairs of the built-in generator, else rows of the training data)."""
     data = task.training_data()
@@ -81,41 +85,7 @@ def evaluate_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path, *,
     return scores
 
 
-def score(f: Forecasts, coarse_index: int) -> dict[str, float]:
-    """The scores of ``f``; the conservation error where the condition holds the coarse value."""
-    point = f.deterministic.unsqueeze(1)
-    out = {
-        "crps": float(P.crps_ensemble(f.ensemble, f.truth).mean()),
-        "crps_climatology": float(P.crps_ensemble(f.climatology, f.truth).mean()),
-        "crps_mlp": float(P.crps_ensemble(point, f.truth).mean()),
-        "spread_skill": P.spread_skill_ratio(f.ensemble, f.truth),
-        "rank_histogram_deviation": P.rank_histogram_deviation(P.rank_histogram(f.ensemble, f.truth)),
-        "rmse_ensemble_mean": float((f.ensemble.mean(1) - f.truth).pow(2).mean().sqrt()),
-        "rmse_mlp": float((f.deterministic - f.truth).pow(2).mean().sqrt()),
-        "p99_error": P.quantile_error(f.ensemble.flatten(0, 1), f.truth, 0.99),
-        "p99_error_mlp": P.quantile_error(f.deterministic, f.truth, 0.99),
-        "p99_error_climatology": P.quantile_error(f.climatology.flatten(0, 1), f.truth, 0.99),
-        "roughness_ratio": P.roughness_ratio(f.ensemble.flatten(0, 1), f.truth),
-        "roughness_ratio_mlp": P.roughness_ratio(f.deterministic, f.truth),
-    }
-    out["crps_skill_vs_climatology"] = 1 - out["crps"] / out["crps_climatology"]
-    out["crps_skill_vs_mlp"] = 1 - out["crps"] / out["crps_mlp"]
-    if f.ideal is not None:
-        out["crps_ideal"] = float(P.crps_gaussian(f.ideal[0], f.ideal[1], f.truth).mean())
-    if coarse_index >= 0:
-        coarse = f.cond[:, coarse_index]
-        several = f.truth.dim() == 3  # (N, D, K): the coarse value belongs to field 0
-
-        def field0(x: torch.Tensor) -> torch.Tensor:
-            return x[..., 0] if several else x
-
-        out["conservation_error"] = P.conservation_error(field0(f.ensemble), coarse[:, None])
-        out["conservation_error_mlp"] = P.conservation_error(field0(f.deterministic), coarse)
-        out["conservation_error_data"] = P.conservation_error(field0(f.truth), coarse)
-    return out
-
-
-def train_baseline(task: FieldTask, *, seed: int) -> tuple[torch.nn.Module, int]:
+def train_baseline(task: EvaluatedTask, *, seed: int) -> tuple[torch.nn.Module, int]:
     """A deterministic MLP: the task's network with the noise input and timestep fixed at zero,
     trained to regress the standardised field from the condition (mean squared error) with the
     run's optimizer settings, batch and EMA rule. Returns its EMA weights and the steps trained."""
@@ -151,7 +121,7 @@ def train_baseline(task: FieldTask, *, seed: int) -> tuple[torch.nn.Module, int]
 
 
 @torch.no_grad()
-def predict(task: FieldTask, baseline: torch.nn.Module, cond: torch.Tensor) -> torch.Tensor:
+def predict(task: EvaluatedTask, baseline: torch.nn.Module, cond: torch.Tensor) -> torch.Tensor:
     """The baseline's fields (N, *F) in data units for conditions (N, C), on the CPU."""
     cond = task.stats.cond(cond.to(task.device))
     zeros = torch.zeros((cond.shape[0], *task.x_shape), device=task.device)

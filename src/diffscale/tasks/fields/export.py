@@ -15,18 +15,29 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from safetensors.torch import save_file
 
-from diffscale.config import write_yaml
+from diffscale.config import RunConfig, write_yaml
+from diffscale.diffusion import GaussianDiffusion
 from diffscale.io.paths import check_export_dir
 
-if TYPE_CHECKING:
-    from diffscale.tasks.fields.task import FieldTask
 
-def export_fields(task: FieldTask, network: torch.nn.Module, out_dir: Path) -> str:
+class ExportedTask(Protocol):
+    """What the export reads of a ``FieldTask`` (a protocol: task.py imports this module)."""
+
+    cfg: RunConfig
+    cond_dim: int
+    diffusion: GaussianDiffusion
+
+    def signature(self) -> dict[str, Any]: ...
+
+    def state_tensors(self) -> dict[str, torch.Tensor]: ...
+
+
+def export_fields(task: ExportedTask, network: torch.nn.Module, out_dir: Path) -> str:
     """Write ``out_dir`` (new or empty); returns how to load it."""
     check_export_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from diffscale.evaluation import probabilistic as P
 from diffscale.io.atomic import atomic_path
 
 if TYPE_CHECKING:
-    from diffscale.tasks.fields.evaluation import Forecasts
+    from diffscale.tasks.fields.scores import Forecasts
 
 MEMBERS_SHOWN = 3
 """Members drawn per preview condition (the mean and spread use every member)."""

@@ -9,7 +9,6 @@ batch and undone on every generated sample.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from diffscale.config import FieldModelConfig, RunConfig
-from diffscale.data.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, parse_buffer_spec
 from diffscale.data.device_loader import DataPosition, DeviceBatcher
 from diffscale.data.feed import Batcher, Feed
-from diffscale.data.follow import SpoolBatcher
 from diffscale.data.locations import SpoolSpec, parse_spool_spec
-from diffscale.data.spool import SpoolReader
 from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, evaluating, sample
 from diffscale.errors import UserError
 from diffscale.tasks.base import (
@@ -38,8 +34,12 @@ from diffscale.tasks.base import (
     no_environment,
     no_feature_network,
 )
-from diffscale.tasks.fields.data import FieldData, load_fields
+from diffscale.tasks.fields.buffer import BufferBatcher, BufferPolicy, BufferSpec, ReplayBuffer, parse_buffer_spec
+from diffscale.tasks.fields.data import FieldData, load_fields, sizes_of_data, sizes_of_signature
+from diffscale.tasks.fields.follow import SpoolBatcher
 from diffscale.tasks.fields.network import FieldMLP
+from diffscale.tasks.fields.spool import SpoolReader
+from diffscale.tasks.fields.standardise import StandardiseCollate, Standardiser
 
 PREVIEW_CONDITIONS = 4
 """Conditions a preview samples for (members are spread over them); kept in the task state."""
@@ -51,30 +51,6 @@ STAT_KEYS = ("cond_mean", "cond_std", "x_mean", "x_std", "preview_cond", "previe
 """Task state tensors of every field run (a buffer's come on top)."""
 SAMPLE_CHUNK = 16384
 """Rows denoised at once when sampling many conditions x members (bounds memory)."""
-
-
-@dataclass
-class Standardiser:
-    """Per-feature statistics: cond (C,) and x (D,) or (D, K) means and standard deviations."""
-
-    cond_mean: torch.Tensor
-    cond_std: torch.Tensor
-    x_mean: torch.Tensor
-    x_std: torch.Tensor
-
-    @classmethod
-    def fit(cls, cond: torch.Tensor, x: torch.Tensor) -> Standardiser:
-        # A constant feature would divide by zero: its standardised value is then simply 0.
-        return cls(cond.mean(0), cond.std(0).clamp_min(1e-6), x.mean(0), x.std(0).clamp_min(1e-6))
-
-    def cond(self, cond: torch.Tensor) -> torch.Tensor:
-        return (cond - self.cond_mean) / self.cond_std
-
-    def x(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.x_mean) / self.x_std
-
-    def x_back(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.x_std.to(x.device) + self.x_mean.to(x.device)
 
 
 class FieldTask(WithoutQualityMetrics):
@@ -103,7 +79,7 @@ class FieldTask(WithoutQualityMetrics):
         self.spool: SpoolSpec | None = None
         self.stats_fitted = True
         if cfg.data.source.startswith(("online:", "spool:")):  # fed while training: sizes from config or checkpoint
-            self.cond_dim, self.x_dim, self.fields = _sizes_of_signature(self.model_cfg, signature)
+            self.cond_dim, self.x_dim, self.fields = sizes_of_signature(self.model_cfg, signature)
             self.buffer = ReplayBuffer(self._buffer_spec(load_data), self.cond_dim, self.x_shape, device,
                                        seed=cfg.train.seed)
             self.cond, self.x = self.buffer.cond, self.buffer.x
@@ -112,7 +88,7 @@ class FieldTask(WithoutQualityMetrics):
             self._read_data()
             self.fit_statistics()
         else:  # sizes from the checkpoint; statistics and previews come with load_state_tensors
-            self.cond_dim, self.x_dim, self.fields = _sizes_of_signature(self.model_cfg, signature)
+            self.cond_dim, self.x_dim, self.fields = sizes_of_signature(self.model_cfg, signature)
             self._unfitted()
         if self.model_cfg.coarse_index >= self.cond_dim:
             raise UserError(f"config model.coarse_index: {self.model_cfg.coarse_index} is past the condition's "
@@ -154,7 +130,7 @@ class FieldTask(WithoutQualityMetrics):
     def _read_data(self, expected: tuple[int, int, int] | None = None) -> FieldData:
         """Read ``data.source`` (onto the device too); ``expected``: the (C, D, K) it must hold."""
         data = load_fields(self.cfg.data.source, max_items=self.cfg.data.max_items)
-        sizes = _sizes_of_data(self.model_cfg, data)
+        sizes = sizes_of_data(self.model_cfg, data)
         if expected is not None and sizes != expected:
             raise UserError(f"{data.label} holds cond {sizes[0]} -> x {sizes[1]} x {sizes[2]} but the model was "
                             f"trained for {expected[0]} -> {expected[1]} x {expected[2]}",
@@ -375,7 +351,7 @@ class FieldTask(WithoutQualityMetrics):
 
     def reference_data(self) -> ReferenceData:
         data = self.training_data()
-        return ReferenceData(TensorDataset(data.cond, data.x), _StandardiseCollate(self.stats), fp16=False)
+        return ReferenceData(TensorDataset(data.cond, data.x), StandardiseCollate(self.stats), fp16=False)
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         x, cond = examples["x"], examples["cond"]
@@ -383,40 +359,3 @@ class FieldTask(WithoutQualityMetrics):
         t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=x.device)
         xt = self.diffusion.q_sample(x, noise, t)
         return self.diffusion.loss(network(xt, t, cond), x, noise, t)
-
-
-class _StandardiseCollate:
-    """Stack (cond, x) pairs and standardise them on the CPU, as a hand-written loader does."""
-
-    def __init__(self, stats: Standardiser) -> None:
-        self.stats = Standardiser(*(t.cpu() for t in (stats.cond_mean, stats.cond_std, stats.x_mean, stats.x_std)))
-
-    def __call__(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        cond = torch.stack([item[0] for item in items])
-        x = torch.stack([item[1] for item in items])
-        return {"cond": self.stats.cond(cond), "x": self.stats.x(x)}
-
-
-def _sizes_of_data(m: FieldModelConfig, data: FieldData) -> tuple[int, int, int]:
-    """(C, D, K) of the data, checked against the sizes the config sets (0 follows the data)."""
-    cond_dim, x_dim = data.cond.shape[1], data.x.shape[1]
-    fields = data.x.shape[2] if data.x.dim() == 3 else 1
-    for name, found, wanted in (("cond_dim", cond_dim, m.cond_dim), ("x_dim", x_dim, m.x_dim),
-                                ("fields", fields, m.fields)):
-        if wanted and found != wanted:
-            raise UserError(f"config model.{name} is {wanted} but {data.label} has {found}",
-                            f"set model.{name} to {found}" + (" (or 0 to follow the data)" if name != "fields" else ""))
-    return cond_dim, x_dim, fields
-
-
-def _sizes_of_signature(m: FieldModelConfig, signature: dict[str, Any] | None) -> tuple[int, int, int]:
-    """(C, D, K) from a checkpoint's signature, else from the config (which must then set them)."""
-    if signature is not None and signature.get("task", "fields") != "fields":
-        raise UserError(f"the checkpoint was written by a '{signature.get('task')}' run, not a fields run",
-                        "point at a run trained with task: fields")
-    sig = signature or {}
-    cond_dim, x_dim = int(sig.get("cond_dim", m.cond_dim)), int(sig.get("x_dim", m.x_dim))
-    if not cond_dim or not x_dim:
-        raise UserError("the field sizes are unknown without data (model.cond_dim / model.x_dim are 0)",
-                        "set model.cond_dim and model.x_dim, or load the sizes from a checkpoint")
-    return cond_dim, x_dim, int(sig.get("fields", m.fields))

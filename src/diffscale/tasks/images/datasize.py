@@ -9,38 +9,30 @@ from __future__ import annotations
 import gzip
 import tarfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
 from diffscale.data.decoded_cache import CACHE_FORMAT, entry_of, read_header
-from diffscale.data.placement import size_text
+from diffscale.data.placement import DataSize
 from diffscale.errors import UserError
 from diffscale.tasks.images import formats
+
+if TYPE_CHECKING:
+    from diffscale.config import RunConfig
 
 ARRAY_NAMES = ("images", "x", "arr_0")
 """The array an npz file's images are read from (as tasks/images/sources.py reads them)."""
 
 
-@dataclass(frozen=True)
-class DataSize:
-    """A data set decoded at the run's resolution: ``items`` of uint8 (channels, side, side)."""
+def run_data_size(cfg: RunConfig) -> DataSize | None:
+    """The decoded size of ``cfg``'s data (the task registry's ``data_size`` for image runs)."""
+    from diffscale.config import ModelConfig
 
-    items: int
-    channels: int
-    side: int
-    how: str
-    """Where the figures come from (the cache's header, or the listing and what it assumes)."""
-
-    @property
-    def nbytes(self) -> int:
-        return self.items * self.channels * self.side * self.side
-
-    def describe(self) -> str:
-        """``50,000 items x 3x64x64 = 0.57 GiB (how)``."""
-        return f"{self.items:,} items x {self.channels}x{self.side}x{self.side} = {size_text(self.nbytes)} ({self.how})"
+    if not isinstance(cfg.model, ModelConfig):
+        return None
+    return data_size(cfg.data.source, cfg.model.sample_size, cfg.data.max_items)
 
 
 def data_size(spec: str, side: int, max_items: int = 0) -> DataSize | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
@@ -20,7 +20,7 @@ from diffscale.io.paths import check_export_dir
 from diffscale.tasks.exported import ExportFiles, write_exported
 
 if TYPE_CHECKING:
-    from diffscale.tasks.images.task import ImageTask
+    from diffscale.config import RunConfig
 
 EXPORT = ExportFiles(weights="model.safetensors", state="state.safetensors", config="config.yaml")
 
@@ -34,10 +34,11 @@ def export_ddpm_pipeline(unet: UNet2DModel, scheduler: DDPMScheduler, out_dir: P
     return out_dir
 
 
-def export_class_conditional(task: ImageTask, network: torch.nn.Module, out_dir: Path) -> Path:
-    """Write ``out_dir`` (new or empty) in diffscale's format (the module's docstring)."""
+def export_class_conditional(network: torch.nn.Module, out_dir: Path, *, cfg: RunConfig, signature: dict[str, Any],
+                             state: dict[str, torch.Tensor], scheduler: DDPMScheduler) -> Path:
+    """Write ``out_dir`` (new or empty) in diffscale's format (the module's docstring): the run's
+    config, its network's ``signature``, the task ``state`` and the DDPM ``scheduler``."""
     out_dir = check_export_dir(out_dir)
-    write_exported(EXPORT, out_dir, cfg=task.cfg, signature=task.signature(), network=copy.deepcopy(network),
-                   state=task.state_tensors())
-    task.diffusion.ddpm_scheduler().save_config(str(out_dir / "scheduler"))
+    write_exported(EXPORT, out_dir, cfg=cfg, signature=signature, network=copy.deepcopy(network), state=state)
+    scheduler.save_config(str(out_dir / "scheduler"))
     return out_dir

@@ -32,6 +32,7 @@ from diffscale.tasks.images.classes import balanced_labels, grid_labels, pick_cl
 from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
+from diffscale.tasks.images.reference import ImageRows, ShiftCollate
 from diffscale.tasks.images.sources import describe, load_labels
 
 
@@ -332,7 +333,8 @@ class ImageTask:
         if not isinstance(network, Denoiser):
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
         if self.class_names:
-            export_class_conditional(self, network, out_dir)
+            export_class_conditional(network, out_dir, cfg=self.cfg, signature=self.signature(),
+                                     state=self.state_tensors(), scheduler=self.diffusion.ddpm_scheduler())
             return (f"from diffscale.tasks.images.exported import load_export; task, net = load_export('{out_dir}'); "
                     f"task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
                     f"classes=[{self.class_names[0]!r}]).samples")
@@ -366,7 +368,7 @@ class ImageTask:
     def reference_data(self) -> ReferenceData:
         assert self.data is not None, "built with load_data=False"
         images = self._data().cpu() if self.images is not None else fit_channels(self.data.tensor(), self.channels)
-        return ReferenceData(_ImageRows(images), _ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
+        return ReferenceData(ImageRows(images), ShiftCollate(self.cfg.data.shift_px, self.cfg.train.seed))
 
     def reference_loss(self, network: torch.nn.Module, examples: Any) -> torch.Tensor:
         x0 = examples
@@ -381,31 +383,3 @@ def _load(cfg: RunConfig, size: int, channels: int) -> torch.Tensor:
     data = open_image_data(cfg.data.source, size, max_items=cfg.data.max_items,
                            max_bad_fraction=cfg.data.max_bad_fraction)
     return fit_channels(data.tensor(), channels)
-
-
-class _ImageRows(torch.utils.data.Dataset):
-    """uint8 images (N, C, H, W) on the CPU, one per item, as a user's Dataset serves them."""
-
-    def __init__(self, images: torch.Tensor) -> None:
-        self.images = images
-
-    def __len__(self) -> int:
-        return int(self.images.shape[0])
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return self.images[index]
-
-
-class _ShiftCollate:
-    """Scaling and shift augmentation in the loader workers, on the CPU, as torchvision transforms would do it."""
-
-    def __init__(self, max_shift: int, seed: int) -> None:
-        self.max_shift = max_shift
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def __call__(self, items: list[torch.Tensor]) -> torch.Tensor:
-        images = torch.stack(items).float() / 127.5 - 1.0
-        if self.max_shift:
-            shifts = torch.randint(-self.max_shift, self.max_shift + 1, (images.shape[0], 2), generator=self.generator)
-            images = shift_augment(images, shifts, self.max_shift)
-        return images

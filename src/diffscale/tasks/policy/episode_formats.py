@@ -26,7 +26,7 @@ class RawEpisode:
 def read_reach2d(count: int, variant: str = "reach2d") -> list[RawEpisode]:
     """The scripted demonstrations of ``builtin:reach2d`` (left/right in pairs) or
     ``builtin:reach2d-routes`` (three routes in known shares)."""
-    from diffscale.envs.reach2d import demonstrations, route_demonstrations
+    from diffscale.tasks.policy.envs.reach2d import demonstrations, route_demonstrations
 
     made = route_demonstrations(count, seed=0) if variant == "reach2d-routes" else demonstrations(count, seed=0)
     return [RawEpisode(f"builtin:{variant} episode {i}", obs, action) for i, (obs, action) in enumerate(made)]

@@ -250,8 +250,8 @@ class PolicyTask(WithoutQualityMetrics):
         route's share beside the demonstrations', mean length; pusht: success rate, mean best
         coverage and score, mean length); writes ``gifs`` rollout GIFs and ``rollouts.jsonl``
         (one line per episode) to ``out_dir``."""
-        from diffscale.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
         from diffscale.tasks.policy.controller import Controller
+        from diffscale.tasks.policy.envs.rollout import environment_for, rollouts, write_episodes, write_gifs
 
         no_given_data(self.name, data)
         no_classes(self.name, (), guidance)

@@ -47,9 +47,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from diffscale.data.buffer import MisfitArrays, as_chunk
 from diffscale.data.locations import SPOOL_END_NAME
 from diffscale.errors import UserError
+from diffscale.tasks.fields.buffer import MisfitArrays, as_chunk
 
 NAME = re.compile(r"^(\d{10})\.npz$")
 ZIP_MAGIC = b"PK\x03\x04"

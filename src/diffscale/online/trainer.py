@@ -45,7 +45,6 @@ import contextlib
 import copy
 import json
 import math
-import numbers
 import sys
 import threading
 import time
@@ -60,23 +59,18 @@ import torch
 from rich.console import Console
 
 from diffscale.config import RunConfig, write_yaml
-from diffscale.data.buffer import BufferPolicy, BufferSpec, as_arrays, buffer_policy, chunk_times
-from diffscale.data.spool import SpoolReader
 from diffscale.diffusion.inference import sampling_network
 from diffscale.errors import UserError
-from diffscale.io.rundir import read_config
+from diffscale.online.checks import check_online_run, check_same_model, check_sizes, whole
+from diffscale.online.sampling import EnsembleSampler
 from diffscale.runtime import checkpoint as ckpt
-from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
-from diffscale.runtime.distributed import DistContext, LaunchInfo
-from diffscale.runtime.parallelize import parallelize
 from diffscale.runtime.resources import check_fits
 from diffscale.runtime.runlock import RunLock
+from diffscale.tasks.fields.buffer import BufferPolicy, BufferSpec, as_arrays, buffer_policy, chunk_times
+from diffscale.tasks.fields.spool import SpoolReader
 from diffscale.tasks.fields.task import FieldTask
-from diffscale.training.loop import set_cpu_threads
-from diffscale.training.online_sampling import EnsembleSampler
+from diffscale.training.build import build_run, join
 from diffscale.training.state import RunState
-from diffscale.training.step import StepRunner
-from diffscale.training.step_graph import records_whole_steps
 
 BACKGROUND_SWITCH_INTERVAL_S = 0.0002
 """The interpreter's thread switch interval while ``start`` trains in the background."""
@@ -97,39 +91,36 @@ class OnlineTrainer:
         if cfg.task != "fields":
             raise UserError(f"online training needs a fields config (this one is task {cfg.task})",
                             "start from a field preset, e.g. get_preset('field-icon')")
-        _check_sizes(capacity, ready_at, max(2, cfg.effective_batch(1)))
+        check_sizes(capacity, ready_at, max(2, cfg.effective_batch(1)))
         spec = BufferSpec(buffer_policy(policy), int(capacity))
         cfg = copy.deepcopy(cfg)
         cfg.data.source = spec.source
         self.run_dir = Path(run_dir)
         self.console = console or Console(stderr=True)
-        device = pick_device(cfg.runtime.device)
-        policy_ = resolve_policy(cfg.runtime, device)
-        configure_backends(policy_)
-        if device.type == "cpu":  # beside the simulation's ranks, on the cores they leave
-            set_cpu_threads(cfg.runtime.cpu_threads, 1, self.console)
-        # Always one process, whatever launcher started the simulation around it (srun, mpirun).
-        ctx = DistContext(LaunchInfo(launcher="single"), device)
+        # Always one process, whatever launcher started the simulation around it (srun, mpirun); on a
+        # CPU, beside the simulation's ranks, on the cores they leave.
+        ctx, policy_ = join(cfg, self.console, one_process=True)
         state = ckpt.load_latest(self.run_dir, log=self._say)
-        self.run_state = RunState(cfg, self.run_dir, ctx, policy_, self.console)
+
+        def prepare(run_state: RunState) -> None:  # before anything in the run directory is written
+            if state is not None:
+                check_same_model(state, run_state.task.signature(), self.run_dir)
+            check_online_run(self.run_dir, state)
+
+        # Draws from what the buffer holds now; this class fills it (push, follow) between rounds.
+        run = build_run(cfg, self.run_dir, ctx, policy_, console=self.console, say=self._say, checkpoint=state,
+                        prepare=prepare)
+        self.run_state, self.runner = run.state, run.runner
         task = self.run_state.task
         assert isinstance(task, FieldTask) and task.buffer is not None
         self.task, self.buffer = task, task.buffer
         self.ready_at = spec.capacity if ready_at is None else int(ready_at)
         if state is not None:
-            _check_same_model(state, task.signature(), self.run_dir)
-        _check_online_run(self.run_dir, state)  # before anything in the run directory is written
-        if state is not None:
-            self.run_state.restore(state)
             self._say(f"resumed from step {state.step}: {self.buffer.describe()}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = RunLock(self.run_dir, who="OnlineTrainer").acquire(force=force, say=self._say)
         self._unlock = weakref.finalize(self, self._lock.release)  # also when dropped or at exit
         write_yaml(cfg, self.run_dir / "config.yaml")
-        model = parallelize(self.run_state.net, cfg=cfg, ctx=ctx, policy=policy_, say=self._say,
-                            whole_steps=records_whole_steps(self.run_state))
-        # Draws from what the buffer holds now; this class fills it (push, follow) between rounds.
-        self.runner = StepRunner(self.run_state, model, self.run_state.make_batcher())
         self._pending: deque[tuple[np.ndarray, np.ndarray, float]] = deque()
         """Pushed, not yet in the buffer: push appends, ``_ingest_now`` (under ``_busy``) pops."""
         self._busy = threading.RLock()  # one of train / ingest / sample / checkpoint at a time
@@ -227,7 +218,7 @@ class OnlineTrainer:
         if (steps is None) == (seconds is None):
             raise UserError("train_for needs steps or seconds (one of them)", "call train_for(steps=100) or "
                             "train_for(seconds=2.0)")
-        if steps is not None and not _whole(steps, 1):
+        if steps is not None and not whole(steps, 1):
             raise UserError(f"train_for's steps={steps!r} is not a whole number of at least 1",
                             "pass steps=1 or more (optimizer steps to train), or seconds=")
         if seconds is not None and not (isinstance(seconds, (int, float, np.floating)) and 0 < seconds < math.inf):
@@ -285,13 +276,13 @@ class OnlineTrainer:
         if c.ndim != 2 or c.shape[1] != dim or c.shape[0] == 0 or c.dtype.kind not in "iuf":
             raise UserError(f"conditions of shape {c.shape} ({c.dtype}) do not fit this model", fix)
         limit = self.task.diffusion.num_timesteps
-        if not _whole(steps, 1, limit):
+        if not whole(steps, 1, limit):
             raise UserError(f"sample's steps={steps!r} is not a whole number from 1 to {limit}",
                             f"pass steps from 1 to {limit} (the model's diffusion steps)")
-        if not _whole(n_members, 1):
+        if not whole(n_members, 1):
             raise UserError(f"sample's n_members={n_members!r} is not a whole number of at least 1",
                             "pass n_members=1 or more (ensemble members per cell)")
-        if not _whole(seed, 0, 2**63 - 1):
+        if not whole(seed, 0, 2**63 - 1):
             raise UserError(f"sample's seed={seed!r} is not a whole number from 0 to 2**63 - 1",
                             "pass seed= an integer in that range, e.g. the output step's number")
         members = c.shape[0] * int(n_members)
@@ -323,7 +314,7 @@ class OnlineTrainer:
         round in progress. An error ends training, not the simulation (``stop`` raises it).
         ``switch_interval_s``: the interpreter's thread switch interval until ``stop`` (longer
         ones are kept)."""
-        if not _whole(steps_per_round, 1):
+        if not whole(steps_per_round, 1):
             raise UserError(f"start's steps_per_round={steps_per_round!r} is not a whole number of at least 1",
                             "pass steps_per_round=1 or more (optimizer steps between two chances to sample, "
                             "checkpoint or stop)")
@@ -372,45 +363,3 @@ class OnlineTrainer:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-
-
-def _check_sizes(capacity: object, ready_at: object, batch: int) -> None:
-    """``capacity`` and ``ready_at`` are whole numbers of samples, at least one batch; ``ready_at``
-    at most ``capacity``."""
-    if not _whole(capacity, batch):
-        why = (f"is below one batch of {batch} samples" if _whole(capacity, -math.inf)
-               else "is not a whole number of samples")
-        raise UserError(f"capacity={capacity!r} {why}", f"pass capacity >= {batch} (or lower train.batch_per_gpu)")
-    assert isinstance(capacity, numbers.Integral)
-    if ready_at is not None and not _whole(ready_at, batch, int(capacity)):
-        why = ("is not a whole number of samples" if not _whole(ready_at, -math.inf)
-               else f"is below one batch of {batch} samples" if int(ready_at) < batch  # type: ignore[call-overload]
-               else f"is more than the buffer's capacity of {capacity} samples")
-        raise UserError(f"ready_at={ready_at!r} {why}", f"pass ready_at from {batch} to {capacity} (samples the "
-                        "buffer holds before training starts), or leave it out to start once it is full")
-
-
-def _whole(value: object, low: float, high: float = math.inf) -> bool:
-    """Whether ``value`` is an integer (Python or numpy, not a bool) from ``low`` to ``high``."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and low <= int(value) <= high
-
-
-def _check_online_run(run_dir: Path, state: ckpt.TrainingState | None) -> None:
-    """Refuse a run directory that ``diffscale train`` filled from other data: resuming it would
-    start from an empty buffer and rewrite its config (after which it no longer evaluates)."""
-    saved = read_config(run_dir) or (state.meta.config if state is not None else {})
-    source = str((saved.get("data") or {}).get("source", "")) if saved else ""
-    if not saved or source.startswith("online:"):
-        return
-    how = (f"follows a spool ({source}) with diffscale train" if source.startswith("spool:")
-           else f"was trained offline from {source or 'data of its config'}")
-    raise UserError(f"'{run_dir}' holds a run that {how}; OnlineTrainer continues only runs it started",
-                    "start online training in a new run directory, e.g. OnlineTrainer('runs/online', cfg)")
-
-
-def _check_same_model(state: ckpt.TrainingState, expected: dict[str, Any], run_dir: Path) -> None:
-    found = state.meta.signature or {}
-    if found != expected:
-        what = f"a '{found.get('task')}' run" if found.get("task") != "fields" else f"another field model ({found})"
-        raise UserError(f"'{run_dir}' holds checkpoints of {what}, not of this config's {expected}",
-                        "pass a new run directory, or the config that run was trained with")

@@ -38,7 +38,8 @@ import torch
 from diffscale.diffusion.graphed import GraphedLoop, LoopBody
 from diffscale.diffusion.inference import InferenceNetwork
 from diffscale.diffusion.sampler import ddim_loop, evaluating
-from diffscale.tasks.fields.task import SAMPLE_CHUNK, FieldTask, Standardiser
+from diffscale.tasks.fields.standardise import Standardiser
+from diffscale.tasks.fields.task import SAMPLE_CHUNK, FieldTask
 
 KEPT_SHAPES = 4
 """Recorded calls (cells x members x steps) kept; the least recently used goes first."""

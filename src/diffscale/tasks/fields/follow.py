@@ -31,10 +31,10 @@ from collections.abc import Callable
 
 import torch
 
-from diffscale.data.buffer import BufferBatcher, ReplayBuffer
 from diffscale.data.device_loader import DataPosition
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
-from diffscale.data.spool import SpoolChunk, SpoolReader, read_end
+from diffscale.tasks.fields.buffer import BufferBatcher, ReplayBuffer
+from diffscale.tasks.fields.spool import SpoolChunk, SpoolReader, read_end
 
 POLL_S = 1.0
 """Least time between two listings of the spool directory."""

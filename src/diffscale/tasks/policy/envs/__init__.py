@@ -2,6 +2,6 @@
 nothing downloaded) and PushT (``pusht.py``: gym-pusht, the optional extra ``pusht``, imported
 only when asked for)."""
 
-from diffscale.envs.reach2d import Reach2D, demonstrations
+from diffscale.tasks.policy.envs.reach2d import Reach2D, demonstrations
 
 __all__ = ["Reach2D", "demonstrations"]

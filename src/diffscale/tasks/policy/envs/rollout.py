@@ -23,10 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from diffscale.envs import pusht
-from diffscale.envs.reach2d import ACTION_DIM, LAYOUTS, MAX_STEPS, OBS_DIM, TWO_WAYS, Layout, Reach2D
 from diffscale.errors import UserError, closest
 from diffscale.io.atomic import atomic_path, write_text
+from diffscale.tasks.policy.envs import pusht
+from diffscale.tasks.policy.envs.reach2d import ACTION_DIM, LAYOUTS, MAX_STEPS, OBS_DIM, TWO_WAYS, Layout, Reach2D
 
 ENVIRONMENTS = ("auto", "reach2d", "reach2d-routes", "pusht")
 """The names ``diffscale eval --env`` takes."""

@@ -1,0 +1,182 @@
+"""Building a run, once for every caller: config -> device and process group (``join``), then
+task, network, EMA, optimizer, data, restore and compilation (``build_run``). The training loop,
+the online trainer and the benchmarks all call these (torchtitan's Trainer builds its parts in
+one place for the same reason: a step measured by a benchmark is the step users train with).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from diffscale.config import RunConfig
+from diffscale.data.feed import Feed
+from diffscale.runtime import checkpoint as ckpt
+from diffscale.runtime import user_env
+from diffscale.runtime.compile_cache import CompileCache, open_compile_cache
+from diffscale.runtime.device import DevicePolicy, configure_backends, pick_device, resolve_policy
+from diffscale.runtime.distributed import DistContext, LaunchInfo, detect_launch, init_distributed
+from diffscale.runtime.parallelize import parallelize
+from diffscale.runtime.resources import cpus_for_rank, free_cpu_threads
+from diffscale.training.state import RunState
+from diffscale.training.step import StepRunner
+from diffscale.training.step_graph import records_whole_steps
+
+Say = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    """A ``say`` that drops what it is told (benchmarks)."""
+
+
+def join(cfg: RunConfig, console: Console, *, one_process: bool = False) -> tuple[DistContext, DevicePolicy]:
+    """This process's device, precision policy and place in the run: the ranks of torchrun, srun or
+    a Grid Engine PE, or one process (``one_process``: whatever launched it, as the online trainer
+    runs inside a simulation's own ranks)."""
+    launch = LaunchInfo(launcher="single") if one_process else detect_launch()
+    device = pick_device(cfg.runtime.device, launch.local_rank)
+    policy = resolve_policy(cfg.runtime, device)
+    configure_backends(policy)
+    if device.type == "cpu":
+        set_cpu_threads(cfg.runtime.cpu_threads, launch.local_world_size, console)
+    if one_process:
+        return DistContext(launch, device), policy
+    ctx = init_distributed(launch, device, join_timeout_s=cfg.runtime.join_timeout_s,
+                           collective_timeout_s=cfg.runtime.collective_timeout_s)
+    return ctx, policy
+
+
+def set_cpu_threads(asked: int, local_world_size: int, console: Console) -> None:
+    """``runtime.cpu_threads``, else (unless ``OMP_NUM_THREADS`` is set) the cores this rank may use
+    that other processes leave free: threads beyond them, and several CPU ranks on one host each
+    starting a thread per core, wait for each other and slow every step many times over."""
+    if asked:
+        torch.set_num_threads(asked)
+        return
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    threads = free_cpu_threads(local_world_size)
+    if threads < cpus_for_rank(local_world_size):
+        console.print(f"note: other processes keep this machine's cores busy: training with {threads} CPU thread"
+                      f"{'s' if threads > 1 else ''} of {cpus_for_rank(local_world_size)} (set runtime.cpu_threads "
+                      "to choose)", highlight=False)
+    torch.set_num_threads(threads)
+
+
+@dataclass
+class Run:
+    """A built run: its state, the step that trains it, and the compiled-network cache it steps
+    under. ``close`` (or leaving ``with``) ends the cache's use and the data stream."""
+
+    state: RunState
+    runner: StepRunner
+    whole_steps: bool
+    """Whether each optimizer step replays as one recorded CUDA graph."""
+    compile_cache: CompileCache
+    compile_dir: Path | None = None
+    """The kernel cache of a compiled run (None: not compiled or not asked)."""
+
+    def close(self) -> None:
+        try:
+            self.runner.batcher.close()
+        finally:
+            self.compile_cache.__exit__(None, None, None)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def new_run_state(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, console: Console,
+                  checkpoint: ckpt.TrainingState | None = None,
+                  prepare: Callable[[RunState], None] | None = None) -> RunState:
+    """Task, network, EMA and optimizer of ``cfg`` (identical initial weights on every rank), a
+    step graph it cannot have refused, ``prepare``'s checks (before anything is restored), then
+    ``checkpoint`` restored. ``build_run`` starts here; bench's plain recipe takes only this."""
+    state = RunState(cfg, run_dir, ctx, policy, console)
+    records_whole_steps(state)  # a runtime.step_graph this run cannot have is refused before anything else
+    if prepare is not None:
+        prepare(state)
+    if checkpoint is not None:
+        state.restore(checkpoint)
+    return state
+
+
+def build_run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, console: Console,
+              say: Say = _quiet, checkpoint: ckpt.TrainingState | None = None,
+              prepare: Callable[[RunState], None] | None = None, compile_cache: bool = False,
+              feed: Callable[[RunState], Feed] | None = None,
+              announce: Callable[[RunState, bool], None] | None = None) -> Run:
+    """The run of ``cfg`` in ``run_dir`` on ``ctx``/``policy``, ready to step: ``new_run_state``,
+    then the network parallelized from outside (DDP, torch.compile, CUDA graphs) and the step
+    runner on the data from the state's position. ``compile_cache``: compiled kernels (and, where
+    ``runtime.compile_cache`` allows, the traced network) kept in the user's cache folder for the
+    next run of this network, and what the wait for the first step will be said; ``feed``: how a
+    batcher that waits for data reports; ``announce(state, whole_steps)``: called once the state
+    is restored, before anything compiles or waits for data (the loop's banner)."""
+    state = new_run_state(cfg, run_dir, ctx, policy, console=console, checkpoint=checkpoint, prepare=prepare)
+    whole_steps = records_whole_steps(state)
+    if announce is not None:
+        announce(state, whole_steps)
+    cache, compile_dir = CompileCache(say=say), None
+    if compile_cache and policy.compile:
+        compile_dir = run_compile_cache(run_dir, cfg, ctx.world_size)
+        cache = open_compile_cache(cfg, compile_dir, world_size=ctx.world_size,
+                                   own_cache=user_env.USER_COMPILE_CACHE is None, net=state.net, say=say,
+                                   on_cuda=policy.device.type == "cuda")
+        say(compile_note(compile_dir, cache))
+        if cache.why_not:
+            say(cache.why_not)
+    cache.__enter__()  # caching precompile on for this run's compile and steps only (Run.close ends it)
+    try:
+        model = parallelize(state.net, cfg=cfg, ctx=ctx, policy=policy, say=say, whole_steps=whole_steps, cache=cache)
+        if feed is not None:
+            state.feed = feed(state)
+        runner = StepRunner(state, model, state.make_batcher())
+    except BaseException:
+        cache.__exit__(None, None, None)
+        raise
+    return Run(state, runner, whole_steps, cache, compile_dir)
+
+
+def run_compile_cache(run_dir: Path, cfg: RunConfig, world_size: int) -> Path:
+    """Where compiled kernels go: the user's kernel cache, one folder per compiled graph
+    (``DIFFSCALE_CACHE_DIR``/kernels/GRAPH_KEY, ``~/.cache/diffscale`` by default), so a new run
+    of a network compiled before -- another seed, learning rate or data fraction -- and a job
+    resumed on another node both find the kernels instead of compiling for minutes. A run that
+    kept its own (``RUN_DIR/cache/inductor``, before runs shared them) keeps using it, and
+    ``TORCHINDUCTOR_CACHE_DIR`` set by the user wins. Set over torch's own default, which torch
+    writes into the variable as soon as anything asks for its cache (node-local /tmp: resumed
+    jobs on another node compiled again)."""
+    from diffscale.io.paths import cache_dir
+
+    if user_env.USER_COMPILE_CACHE is None:
+        own = run_dir.resolve() / "cache" / "inductor"
+        shared = cache_dir().resolve() / "kernels" / cfg.graph_key(world_size)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(own if own.is_dir() and any(own.iterdir()) else shared)
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def compile_note(cache_dir: Path, traced: CompileCache | None = None) -> str:
+    """What the wait before the first step is: compiling, for the first time or from cached kernels,
+    and with ``runtime.compile_cache`` whether the traced network comes from the cache too.
+    (A first compile takes minutes on a GPU host: docs/benchmarks.md, "Start-up and compile time".)"""
+    cached = cache_dir.is_dir() and any(cache_dir.iterdir())
+    if traced is not None and traced.found:
+        return (f"compiling the network: the traced network and kernels cached by an earlier job in {cache_dir} "
+                f"are reused")
+    if cached:
+        note = f"compiling the network: kernels cached by an earlier job in {cache_dir} are reused"
+    else:
+        note = (f"compiling the network before the first step (the first time takes minutes on a GPU; "
+                f"the kernels are kept in {cache_dir}, so resumed jobs and new runs of this network start sooner)")
+    if traced is not None and traced.active:
+        note += "; the traced network is cached after the first step"
+    return note
