@@ -119,6 +119,30 @@ def test_resume_on_a_different_world_size_keeps_the_effective_batch(tmp_path, si
     _assert_close(_weights(single_reference)[1], _weights(run)[1])
 
 
+def test_two_ranks_take_the_divergence_guards_decisions_together(tmp_path):
+    """A far too high learning rate after a healthy start: both ranks go back to the same state at
+    the same steps (a rank that did not would hang or part ways at the next all-reduce), as one
+    process at the same effective batch does."""
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    healthy = micro_args("train.batch_per_gpu=4", "train.grad_accum=2", "optim.schedule=constant", steps=50)
+    assert main(["train", "--out", str(single), "--max-steps", "30", *healthy]) == 0
+    assert main(["train", "--out", str(single), "--resume", "auto", *healthy, "--set", "optim.lr=0.1"]) == 0
+    both = micro_args("train.batch_per_gpu=4", "optim.schedule=constant", steps=50)
+    first = torchrun("train", "--out", str(ddp), "--max-steps", "30", *both, extra=("--standalone",))
+    assert first.returncode == 0, first.stdout + first.stderr
+    proc = torchrun("train", "--out", str(ddp), "--resume", "auto", *both, "--set", "optim.lr=0.1",
+                    extra=("--standalone",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("warning: divergence at step") >= 1  # said once per restore, by rank 0
+
+    def restores(run):
+        return [(m["step"], m["restored_step"]) for m in _metrics(run) if m.get("kind") == "divergence"]
+
+    assert restores(ddp) == restores(single) and restores(ddp)
+    assert proc.stdout.count("warning: divergence at step") == len(restores(ddp))
+    _assert_close(_weights(single)[1], _weights(ddp)[1])
+
+
 def test_a_missing_rank_fails_with_a_diagnosis_instead_of_hanging(tmp_path):
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}

@@ -48,7 +48,9 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The training records (events such as a rollback's carry a ``kind``)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if "kind" not in r]
 
 
 def train_process(run_dir: Path, *args: str) -> subprocess.Popen:
@@ -222,12 +224,14 @@ def nan_on_calls(monkeypatch, calls: set[int]) -> list[int]:
 
 
 def test_nan_steps_are_skipped_counted_then_rolled_back_with_half_the_lr(tmp_path, monkeypatch, capsys, micro):
+    """With the divergence guard off: back to the newest checkpoint, as before the guard existed."""
     micro_args = micro
     run_dir = tmp_path / "run"
     # steps 9, 10 are NaN (2 in a row = max_nonfinite_steps): roll back to step 8; the replayed
     # steps 9, 10 are NaN again: second rollback; then the loss is finite and the run finishes.
     nan_on_calls(monkeypatch, {9, 10, 11, 12})
-    args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant", steps=16)
+    args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant",
+                      "train.divergence_guard=off", steps=16)
     assert main(["train", "--out", str(run_dir), *args]) == 0
     out = capsys.readouterr().out
     assert ("warning: non-finite loss for 2 steps in a row at step 10: rolled back to step 8 with the learning "
@@ -247,14 +251,38 @@ def test_nan_steps_are_skipped_counted_then_rolled_back_with_half_the_lr(tmp_pat
     assert all(torch.isfinite(v).all() for v in state.model.values())
 
 
+def test_nan_steps_send_the_guarded_run_back_to_its_last_good_state(tmp_path, monkeypatch, capsys, micro):
+    """With the divergence guard on (the default), non-finite losses take its path: back to the good
+    state it kept in memory (step 4: the state of step 8 had no healthy window after it yet)."""
+    micro_args = micro
+    run_dir = tmp_path / "run"
+    nan_on_calls(monkeypatch, {9, 10})
+    args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant", steps=16)
+    assert main(["train", "--out", str(run_dir), *args]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: divergence at step 10: the loss was non-finite for 2 steps in a row; went back to step 4 "
+            "and halved the learning rate (now 5.00e-04; restore 1 of 3)") in out
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["step"], e["restored_step"]) for e in events if e.get("kind") == "divergence"] == [(10, 4)]
+    state = ckpt.load_latest(run_dir)
+    assert state.step == 16 and state.meta.rollbacks == 1 and state.meta.lr_backoff == 0.5
+    assert all(torch.isfinite(v).all() for v in state.model.values())
+
+
 def test_nan_without_a_checkpoint_stops_with_a_clear_message(tmp_path, monkeypatch, capsys, micro):
     micro_args = micro
     nan_on_calls(monkeypatch, {1, 2, 3, 4})
     run_dir = tmp_path / "run"
-    assert main(["train", "--out", str(run_dir), *micro_args("train.max_nonfinite_steps=2", steps=16)]) == 2
+    args = micro_args("train.max_nonfinite_steps=2", "train.divergence_guard=off", steps=16)
+    assert main(["train", "--out", str(run_dir), *args]) == 2
     err = capsys.readouterr().err
     assert ("error: the loss was non-finite for 2 steps in a row at step 2 and no checkpoint exists to roll back "
             "to -- lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower") in err
+    nan_on_calls(monkeypatch, {1, 2, 3, 4})
+    guarded = tmp_path / "guarded"
+    assert main(["train", "--out", str(guarded), *micro_args("train.max_nonfinite_steps=2", steps=16)]) == 2
+    assert ("error: the loss diverged at step 2 (the loss was non-finite for 2 steps in a row) and no earlier "
+            "state was kept to go back to -- lower optim.lr") in capsys.readouterr().err
     assert main(["doctor", str(run_dir)]) == 0  # metrics.jsonl has the skipped steps
     assert "non-finite steps skipped" in capsys.readouterr().out
 

@@ -35,6 +35,8 @@ CASES = {
     "nonfinite-stop.log": ("nonfinite-stop", "at step 3600", "optim.lr"),
     "nonfinite-rollback.log": ("nonfinite-rollback", "rolled back to step 3000", "optim.lr"),
     "nan-loss.log": ("nan-loss", "NaN", "optim.grad_clip"),
+    "divergence-restore.log": ("divergence-restore", "went back to step 300", "optim.lr"),
+    "divergence-stop.log": ("divergence-stop", "the loss diverged at step 32 (the loss 1.95", "optim.lr"),
     "nonfinite-skipped.jsonl": ("nonfinite-skipped", "5 optimizer steps", "optim.lr"),
     "data-bound.json": ("data-bound", "busy only 31% of the time and 58%", "--recipe fast"),
     # NCCL, the network, the GPUs

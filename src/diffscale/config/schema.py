@@ -200,11 +200,29 @@ class TrainConfig:
     """``module:function`` returning a torch module that maps images (B, C, H, W) in [-1, 1] to
     features (B, D), used for the quality metrics instead of the classifier diffscale trains per data set."""
     max_nonfinite_steps: int = 3
-    """Consecutive non-finite losses tolerated (steps skipped) before rolling back to the last checkpoint."""
+    """Consecutive non-finite losses tolerated (steps skipped) before going back to the last good state
+    (the divergence guard's; with it off, the newest checkpoint) with the learning rate halved."""
+    divergence_guard: bool = True
+    """Watch the loss for a divergence: a logged window's loss ``divergence_rise`` times above its
+    recent level (the median of the last healthy windows) for ``divergence_patience`` windows in a
+    row (or non-finite) sends the run back to its last good state with the learning rate halved,
+    and says so in the log,
+    metrics.jsonl, TensorBoard, ``status`` and the report (docs/decisions.md, "The divergence guard").
+    A run that never diverges trains bit for bit as with it off."""
+    divergence_rise: float = 1.5
+    """How far above its recent level a window's loss counts as diverged (a factor > 1)."""
+    divergence_patience: int = 2
+    """Logged windows in a row above that level before the guard restores (a lone spike passes)."""
+    divergence_keep_every: int = 200
+    """Steps between the good states the guard keeps in memory (at the next log step; checkpoint
+    steps too): on the device where it fits twice over, else in host memory."""
+    divergence_max_restores: int = 3
+    """Restores before the run stops with an error naming the learning rate to set."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_per_gpu", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
-                     "sample_count", "sample_steps", "eval_count", "max_nonfinite_steps"):
+                     "sample_count", "sample_steps", "eval_count", "max_nonfinite_steps", "divergence_patience",
+                     "divergence_keep_every"):
             if getattr(self, name) < 1:
                 _fail(f"train.{name}", f"must be at least 1 (got {getattr(self, name)})",
                       f"set train.{name} to a positive number")
@@ -223,6 +241,11 @@ class TrainConfig:
                   "use 0 or more (1: no guidance; 2 is the default)")
         if not 0.0 <= self.ema_decay < 1.0:
             _fail("train.ema_decay", f"{self.ema_decay} is outside [0, 1)", "use e.g. 0.999")
+        if not 1.0 < self.divergence_rise < float("inf"):
+            _fail("train.divergence_rise", f"must be a factor above 1 (got {self.divergence_rise})",
+                  "use e.g. 1.5, or train.divergence_guard off to switch the guard off")
+        if self.divergence_max_restores < 0:
+            _fail("train.divergence_max_restores", "is negative", "use 0 (stop at the first divergence) or more")
 
     def sampling(self, sampler: str | None, steps: int | None, *,
                  task_sampler: str | None = None) -> tuple[str, int]:

@@ -28,6 +28,22 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "if it recurs, lower optim.lr and keep optim.grad_clip on; use --precision bf16 instead of fp16",
     ),
     TextRule(
+        "divergence-stop", "the loss diverged and the guard gave up",
+        (r"the loss diverged at step (?P<step>\d+) \((?P<why>[^)]*)\) after (?P<n>\d+) restores",
+         r"the loss diverged at step (?P<step>\d+) \((?P<why>[^)]*)\) and no earlier state was kept"),
+        "the loss diverged at step {step} ({why}) and going back to a good state at a lower learning rate "
+        "did not help",
+        "train with a lower optim.lr (the error line names one), keep optim.grad_clip on (1.0), and check the "
+        "data (docs/decisions.md, \"The divergence guard\")",
+    ),
+    TextRule(
+        "divergence-restore", "the loss diverged, the guard went back",
+        (r"divergence at step (?P<step>\d+): (?P<why>.+?); went back to step (?P<to>\d+)",),
+        "the loss diverged at step {step} ({why}); the run went back to step {to} with the learning rate halved",
+        "if it recurs, set optim.lr lower for this data (the presets' rates were chosen on several data sets: "
+        "docs/decisions.md, \"The divergence guard\")",
+    ),
+    TextRule(
         "nan-loss", "NaN loss",
         (r"\bloss[ =:]+nan\b", r"Loss is nan", r"loss is NaN"),
         "the loss became NaN",

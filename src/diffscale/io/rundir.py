@@ -106,6 +106,8 @@ class Progress:
     sample: Path | None
     gpus: dict[str, float]
     """The newest record's GPU fields (``gpu0_util_pct``, ...), empty without NVML."""
+    restores: tuple[dict[str, Any], ...] = ()
+    """The divergence guard's restores (``kind: divergence`` records), oldest first."""
 
 
 def progress(run_dir: Path) -> Progress:
@@ -114,7 +116,7 @@ def progress(run_dir: Path) -> Progress:
     if not run_dir.is_dir():
         raise UserError(f"run dir '{run_dir}' does not exist",
                         "pass the --out folder of `diffscale train` or `diffscale submit`")
-    records, _ = read_records(run_dir)
+    records, events = read_records(run_dir)
     ckpts = checkpoints(run_dir)
     if not records and not ckpts:
         raise UserError(f"'{run_dir}' holds no training records (metrics.jsonl) and no checkpoints",
@@ -127,7 +129,8 @@ def progress(run_dir: Path) -> Progress:
     return Progress(run_dir=run_dir, step=step, total_steps=total, loss=last.get("loss"),
                     samples_per_s=last.get("samples_per_s"), eta_s=last.get("eta_s"), logged_at=last.get("time"),
                     checkpoint=ckpts[-1] if ckpts else None, sample=newest_sample(run_dir),
-                    gpus={k: v for k, v in last.items() if k.startswith("gpu") and isinstance(v, (int, float))})
+                    gpus={k: v for k, v in last.items() if k.startswith("gpu") and isinstance(v, (int, float))},
+                    restores=tuple(e for e in events if e.get("kind") == "divergence"))
 
 
 def _ago(when: float, now: float) -> str:
@@ -165,6 +168,8 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         lines.append("finished")
     elif p.eta_s is not None:
         lines.append(f"eta {duration(p.eta_s)} to the step that invocation stops at (as of the last record)")
+    if p.restores:
+        lines.append(restores_line(p.restores))
     if p.gpus:
         lines.append("gpus: " + gpu_summary(p.gpus))
     ckpt = f"{p.checkpoint.name} ({_ago(p.checkpoint.stat().st_mtime, now)})" if p.checkpoint else "none yet"
@@ -172,6 +177,16 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
     sample = f"{p.sample} ({_ago(p.sample.stat().st_mtime, now)})" if p.sample else "none yet"
     lines.append(f"last sample: {sample}")
     return lines
+
+
+def restores_line(restores: tuple[dict[str, Any], ...]) -> str:
+    """``diverged 2 times, restored each time: at step 350 the loss ... (back to step 300, lr 5.0e-04)``."""
+    last = restores[-1]
+    times = "once" if len(restores) == 1 else f"{len(restores)} times"
+    lr = last.get("lr")
+    lr_text = f", learning rate now {lr:.2e}" if isinstance(lr, (int, float)) else ""
+    return (f"divergence guard: diverged {times} and went back to a good state; last at step {last.get('step')}: "
+            f"{last.get('why', '?')} (back to step {last.get('restored_step')}{lr_text})")
 
 
 def gpu_summary(fields: dict[str, Any]) -> str:

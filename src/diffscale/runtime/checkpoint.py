@@ -65,11 +65,13 @@ class CheckpointMeta:
     effective_batch: int = 0
     """Examples per optimizer step (kept on resume through gradient accumulation)."""
     lr_backoff: float = 1.0
-    """Learning-rate factor after rollbacks from non-finite losses."""
+    """Learning-rate factor after the restores (and rollbacks from non-finite losses) so far."""
     rollbacks: int = 0
-    """Rollbacks so far."""
+    """Restores of an earlier state so far (the divergence guard's, and rollbacks from non-finite losses)."""
     nonfinite_total: int = 0
     """Optimizer steps skipped for non-finite gradients so far."""
+    guard: dict[str, Any] = field(default_factory=dict)
+    """The divergence guard's statistics (training/guard.py ``GuardState``); empty before it existed."""
     saved_at: float = 0.0
     """Unix time of writing."""
 

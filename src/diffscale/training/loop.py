@@ -21,7 +21,6 @@ from diffscale.config import RunConfig
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.data.locations import with_absolute_path
 from diffscale.errors import UserError
-from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.compile_cache import CompileCache
 from diffscale.runtime.device import (
     DevicePolicy,
@@ -35,12 +34,11 @@ from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import count_parameters
 from diffscale.training.build import build_run, join
 from diffscale.training.previews import evaluate, preview
+from diffscale.training.recovery import Recovery
 from diffscale.training.resume import RunDirLock, start_or_resume
 from diffscale.training.state import RunState
-from diffscale.training.step import StepRunner, learning_rate
+from diffscale.training.step import StepRunner
 from diffscale.training.telemetry import Telemetry, ThroughputMeter, open_telemetry, seconds_since_process_start
-
-MAX_ROLLBACKS = 3
 
 
 @dataclass
@@ -176,6 +174,7 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
     (``runtime.compile_cache``): forward and backward have compiled by then."""
     t, ctx = run_state.cfg.train, run_state.ctx
     clock = _Clock(run_state.step, stop_at)
+    recovery = Recovery(run_state, runner, telemetry, say)
     samples: list[Path] = []
     first_step = True
     while run_state.step < stop_at:
@@ -192,9 +191,9 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
         traced.save_once()
         meter.add(runner.effective)
         if run_state.step % t.log_every == 0 or run_state.step == stop_at:
-            telemetry.log(_metrics(run_state, runner, meter, lr, clock))
-            if runner.nonfinite_in_a_row() >= t.max_nonfinite_steps:
-                _roll_back(run_state, runner, say)
+            record = _metrics(run_state, runner, meter, lr, clock)
+            telemetry.log(record)
+            if recovery.after_window(runner, record["loss"]):  # went back to a good state
                 continue
             if ctx.any_true(stop.requested):
                 return _stop(run_state, runner, stop, f"at step {run_state.step}", say), samples
@@ -265,31 +264,11 @@ def _metrics(run_state: RunState, runner: StepRunner, meter: ThroughputMeter, lr
         "data_wait_share": meter.wait_share(window.data_wait_s),
         "peak_mem_mb": peak_memory_bytes(run_state.device) / 2**20,
         "nonfinite_skipped": run_state.nonfinite_total,
+        "restores": run_state.rollbacks,
         "epoch": runner.batcher.position.epoch,
         "eta_s": clock.eta_s(run_state.step),
         "time": time.time(),
     }
 
-
-def _roll_back(run_state: RunState, runner: StepRunner, say: Say) -> None:
-    """Back to the newest checkpoint with the learning rate halved, or one clear error."""
-    cfg, step = run_state.cfg, run_state.step
-    if run_state.rollbacks >= MAX_ROLLBACKS:
-        raise UserError(
-            f"the loss stayed non-finite at step {step} after {run_state.rollbacks} rollbacks "
-            f"(learning rate now {learning_rate(cfg, step, runner.effective, run_state.lr_backoff):.2e})",
-            "lower optim.lr, keep optim.grad_clip on (e.g. 1.0), or use --precision fp32 / bf16 instead of fp16",
-        )
-    state = ckpt.load_latest(run_state.run_dir, log=say)
-    if state is None:
-        raise UserError(
-            f"the loss was non-finite for {cfg.train.max_nonfinite_steps} steps in a row at step {step} "
-            "and no checkpoint exists to roll back to",
-            "lower optim.lr, keep optim.grad_clip on, or set train.checkpoint_every lower so a rollback is possible",
-        )
-    run_state.roll_back(state)
-    runner.restart(run_state.make_batcher())
-    say(f"warning: non-finite loss for {cfg.train.max_nonfinite_steps} steps in a row at step {step}: rolled back "
-        f"to step {state.step} with the learning rate halved (rollback {run_state.rollbacks} of {MAX_ROLLBACKS})")
 
 

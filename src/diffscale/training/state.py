@@ -19,6 +19,7 @@ from diffscale.runtime.device import DevicePolicy
 from diffscale.runtime.distributed import DistContext
 from diffscale.runtime.flex_attention import use_flex_attention
 from diffscale.tasks.registry import build_task
+from diffscale.training.guard import GuardState
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
@@ -66,6 +67,8 @@ class RunState:
         self.lr_backoff = 1.0
         self.rollbacks = 0
         self.nonfinite_total = 0
+        self.guard = GuardState()
+        """The divergence guard's statistics (kept in checkpoints: a resumed run judges as the first did)."""
         self.feed = Feed()
         self.data_ended = ""
         """Set when the data's source ended the run before its step target (the reason)."""
@@ -77,6 +80,7 @@ class RunState:
         self.lr_backoff = state.meta.lr_backoff
         self.rollbacks = state.meta.rollbacks
         self.nonfinite_total = state.meta.nonfinite_total
+        self.guard = GuardState.from_dict(state.meta.guard)
 
     def roll_back(self, state: ckpt.TrainingState) -> None:
         """Back to ``state`` after non-finite losses, with the learning rate halved; the steps
@@ -101,7 +105,8 @@ class RunState:
             config=self.cfg.to_dict(), signature=self.task.signature(), data_position=batcher.position.to_dict(),
             scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None, world_size=self.ctx.world_size,
             effective_batch=self.cfg.effective_batch(self.ctx.world_size), lr_backoff=self.lr_backoff,
-            rollbacks=self.rollbacks, nonfinite_total=self.nonfinite_total, saved_at=time.time())
+            rollbacks=self.rollbacks, nonfinite_total=self.nonfinite_total, guard=self.guard.to_dict(),
+            saved_at=time.time())
         return ckpt.TrainingState(step=self.step, model=self.net.state_dict(), ema=self.ema.state_dict(),
                                   optimizer=self.opt.state_dict(), meta=meta, rng=_rng_state(self.device),
                                   task=self.task.state_tensors())

@@ -155,6 +155,8 @@ class Telemetry:
         for tracker in self._trackers:
             tracker.log(numbers, step)
         info = f"loss {record['loss']:.4f}  {record['samples_per_s']:.0f} samples/s"
+        if record.get("restores"):
+            info += f"  restores {record['restores']}"
         if gpus:
             info += f"  {gpu_summary(gpus)}"
         if self._progress is not None:
@@ -194,6 +196,20 @@ class Telemetry:
             tracker.log({f"eval/{k}": v for k, v in scores.items()}, step)
         self.console.print("eval at step " + str(step) + ": " + "  ".join(f"{k} {v:.4g}" for k, v in scores.items()),
                            highlight=False, markup=False)
+
+    def divergence(self, record: dict[str, Any]) -> None:
+        """The divergence guard went back to an earlier state: a ``kind: divergence`` line in
+        metrics.jsonl (kept when the steps after it are trained again) and ``train/restores`` in
+        TensorBoard and the trackers at the step it diverged."""
+        if not self.enabled:
+            return
+        self._write_line(record)
+        if self._tb is not None:
+            self._tb.add_scalar("train/restores", record["restore"], record["step"])
+            self._tb.add_text("train/divergence", f"step {record['step']}: {record['why']}; back to step "
+                              f"{record['restored_step']}, learning rate {record['lr']:.2e}", record["step"])
+        for tracker in self._trackers:
+            tracker.log({"train/restores": record["restore"]}, record["step"])
 
     def event(self, record: dict[str, Any]) -> None:
         """A record that is not a training report (waiting for data, a skipped file): metrics.jsonl

@@ -1,0 +1,130 @@
+"""The divergence guard: its judgement on loss curves, a forced divergence on the CPU that
+recovers, a run that gives up with the learning rate to set, no change to a run that never
+diverges, and exact resume across a restore."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from diffscale.cli import main
+from diffscale.runtime import checkpoint as ckpt
+from diffscale.training.guard import GuardState, judge
+
+from helpers import micro_args
+
+HEALTHY = 30
+"""Steps trained at the micro config's own learning rate before a far too high one."""
+TOO_HIGH = "optim.lr=0.1"
+"""Fifty times the micro config's: the loss jumps to several times its level within a few steps."""
+
+
+def _judged(losses, rise=1.5, patience=2):
+    state = GuardState()
+    return [judge(state, loss, rise=rise, patience=patience).diverged for loss in losses]
+
+
+def test_a_noisy_falling_loss_never_counts_as_diverged():
+    gen = torch.Generator().manual_seed(0)
+    falling = [0.9 * math.exp(-i / 30) + 0.1 for i in range(200)]
+    noisy = [v * (1 + 0.15 * float(torch.randn((), generator=gen))) for v in falling]
+    assert not any(_judged(noisy))
+
+
+def test_a_jump_that_stays_is_a_divergence_and_a_lone_spike_is_not():
+    level = [0.8, 0.5, 0.3, 0.2, 0.16, 0.15, 0.15, 0.14]
+    assert _judged([*level, 0.43, 0.44]) == [False] * len(level) + [False, True]
+    assert not any(_judged([*level, 0.43, 0.15, 0.14]))  # patience 2: one window above passes
+    assert _judged([*level, float("nan"), float("nan")])[-1]
+    # the first windows fall fast from the untrained loss: a rise there is not judged
+    assert not any(_judged([0.5, 0.3, 0.9, 0.9]))
+
+
+def test_the_guard_state_survives_a_checkpoint_as_json():
+    state = GuardState()
+    for loss in (0.5, 0.4, 0.3):
+        judge(state, loss, rise=1.5, patience=2)
+    back = GuardState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.level == pytest.approx(0.4)
+    assert GuardState.from_dict(json.loads(json.dumps(GuardState().to_dict()))).level is None
+
+
+def _train(run, *extra, steps=80, resume=False, max_steps=None):
+    args = ["train", "--out", str(run), *micro_args(*extra, steps=steps)]
+    if resume:
+        args += ["--resume", "auto"]
+    if max_steps:
+        args += ["--max-steps", str(max_steps)]
+    return main(args)
+
+
+def _records(run):
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in lines if "kind" not in r], [r for r in lines if r.get("kind") == "divergence"]
+
+
+def _weights(run):
+    last = ckpt.list_checkpoints(run)[-1]
+    return last.name, {f"{n}/{k}": v for n in ("model", "ema", "optimizer")
+                       for k, v in load_file(str(last / f"{n}.safetensors")).items()}
+
+
+@pytest.fixture
+def healthy_start(tmp_path):
+    run = tmp_path / "run"
+    assert _train(run, max_steps=HEALTHY) == 0
+    return run
+
+
+def test_a_forced_divergence_goes_back_to_a_good_state_and_ends_below_its_peak(healthy_start, capsys):
+    run = healthy_start
+    capsys.readouterr()
+    assert _train(run, TOO_HIGH, resume=True) == 0
+    out = capsys.readouterr().out
+    assert "warning: divergence at step 34: the loss" in out and "went back to step 28 and halved" in out
+    training, restores = _records(run)
+    assert restores and restores[0]["restored_step"] == 28 and restores[0]["lr_factor"] == 0.5
+    jumped = float(out.split("divergence at step 34: the loss ")[1].split()[0])  # the window it judged
+    assert training[-1]["step"] == 80 and training[-1]["restores"] == len(restores)
+    assert max(r["loss"] for r in training[-5:]) < jumped / 2
+    assert main(["status", str(run)]) == 0
+    status = capsys.readouterr().out
+    assert f"divergence guard: diverged {'once' if len(restores) == 1 else f'{len(restores)} times'}" in status
+    assert "back to step 28" in status
+
+
+def test_a_run_that_keeps_diverging_stops_naming_the_learning_rate_to_set(healthy_start, capsys):
+    capsys.readouterr()
+    assert _train(healthy_start, "optim.lr=0.5", resume=True) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: the loss diverged at step ")
+    assert "after 3 restores of an earlier state" in err and "train with --set optim.lr=0.031 or lower" in err
+
+
+def test_a_run_that_never_diverges_is_bit_for_bit_the_same_with_the_guard_off(tmp_path):
+    on, off = tmp_path / "on", tmp_path / "off"
+    assert _train(on, steps=24) == 0
+    assert _train(off, "train.divergence_guard=off", steps=24) == 0
+    (name_on, a), (name_off, b) = _weights(on), _weights(off)
+    assert name_on == name_off and a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not _records(on)[1]
+
+
+def test_a_resumed_run_takes_the_same_decision_at_the_same_step(tmp_path, capsys):
+    """Stopped two steps into the far too high learning rate, the run resumes, diverges at the same
+    step and goes back to the state the first run kept (read from its checkpoint), ending bit for
+    bit where the uninterrupted run ends."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for run in (straight, split):
+        assert _train(run, max_steps=HEALTHY) == 0
+    assert _train(straight, TOO_HIGH, resume=True) == 0
+    assert _train(split, TOO_HIGH, resume=True, max_steps=HEALTHY + 2) == 0
+    capsys.readouterr()
+    assert _train(split, TOO_HIGH, resume=True) == 0
+    assert "went back to step 28" in capsys.readouterr().out
+    (name_a, a), (name_b, b) = _weights(straight), _weights(split)
+    assert name_a == name_b and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in _records(straight)[1]] == [r["step"] for r in _records(split)[1]]
