@@ -1,4 +1,4 @@
-"""Quality against training wall clock: what ``bench.fields_quality`` and ``bench.policy_quality``
+"""Quality against training wall clock: what ``benchmarks.fields_quality`` and ``benchmarks.policy_quality``
 share.
 
 A run trains in segments; only the steps are timed (the device synchronised at each segment's

@@ -1,14 +1,14 @@
-"""Quality against training wall clock (bench.quality_clock, fields_quality, policy_quality) and
-the policy step-count table (bench.policy_steps), on the CPU at tiny sizes. No timings are asserted."""
+"""Quality against training wall clock (benchmarks.quality_clock, fields_quality, policy_quality) and
+the policy step-count table (benchmarks.policy_steps), on the CPU at tiny sizes. No timings are asserted."""
 
 import json
 
 import pytest
 import torch
 
+from benchmarks import fields_quality, policy_quality, policy_steps
+from benchmarks.quality_clock import Schedule, build_run, first_reaching, train_curve
 from diffscale import config as C
-from diffscale.bench import fields_quality, policy_quality, policy_steps
-from diffscale.bench.quality_clock import Schedule, build_run, first_reaching, train_curve
 
 TINY_FIELDS = ["model.hidden=32", "model.depth=1", "train.batch_per_gpu=8", "train.steps=10"]
 
