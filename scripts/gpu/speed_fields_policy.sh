@@ -33,7 +33,7 @@ if [ "${DRY:-0}" = 1 ]; then
 else
   FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-160}" --group-s 30)
   POLICY=(--deadline-s "${POLICY_DEADLINE_S:-180}" --overhead-s 20 --max-train-s 35 --plain-max-train-s 100)
-  # 800 / 1,600 / 2,400 / 3,200 / 4,000 x seeds 0-2 are recorded (docs/benchmarks.md, "Policies that
+  # 800 / 1,600 / 2,400 / 3,200 / 4,000 x seeds 0-2 are recorded (docs/measurements/2026-11-27.md, "Policies that
   # keep every mode"); more seeds at the two candidates (STEPS_ARGS to choose others)
   read -r -a STEPS <<< "${STEPS_ARGS:---steps 3200 4000 --seeds 3 4 5 6 --deadline-s 390}"
   LATENCY=(--repeats 100 --warmup 5)
