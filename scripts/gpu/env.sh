@@ -1,8 +1,9 @@
-# Sourced by the GPU scripts (repository root): the interpreter, this checkout's sources first, the
+# Sourced by the GPU scripts (repository root): the interpreter, this checkout's sources first (the
+# package under src/, the research benchmarks of `python -m benchmarks.NAME` at the root), the
 # wheels a host without a package index gets in .whl/ (diffusers), and the settings the recorded
 # figures were measured with (NVLink multicast off, expandable segments).
 PY=${PYTHON:-python3}
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/diffscale-wheels .whl/*.whl
   export PYTHONPATH="/tmp/diffscale-wheels:$PYTHONPATH"

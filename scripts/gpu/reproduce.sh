@@ -30,9 +30,9 @@ if [ "$GPUS" -ge 4 ] || [ $DRY = 1 ]; then
 fi
 if [ $DRY = 0 ]; then
   mkdir -p "$OUT/tasks"
-  "$PY" -m diffscale.bench.latency --preset policy --count 1 --steps 10 --repeats 200 --json "$OUT/tasks/policy-ddim10.json"
-  "$PY" -m diffscale.bench.latency --preset policy --count 1 --steps 100 --sampler ddpm --repeats 20 \
+  "$PY" -m benchmarks.latency --preset policy --count 1 --steps 10 --repeats 200 --json "$OUT/tasks/policy-ddim10.json"
+  "$PY" -m benchmarks.latency --preset policy --count 1 --steps 100 --sampler ddpm --repeats 20 \
     --json "$OUT/tasks/policy-ddpm100.json"
-  "$PY" -m diffscale.bench.online --preset field-icon --json "$OUT/tasks/online.json"
-  "$PY" -m diffscale.bench.startup --preset small --preset medium --json "$OUT/tasks/startup.jsonl"
+  "$PY" -m benchmarks.online --preset field-icon --json "$OUT/tasks/online.json"
+  "$PY" -m benchmarks.startup --preset small --preset medium --json "$OUT/tasks/startup.jsonl"
 fi

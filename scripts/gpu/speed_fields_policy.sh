@@ -4,13 +4,13 @@
 #   DRY=1 bash scripts/gpu/speed_fields_policy.sh OUT_DIR: every step at tiny sizes on the CPU
 #   (checks the script; its figures mean nothing).
 # 1. OUT/fields_quality.{json,md}: held-out CRPS of field-icon's built-in data against training
-#    seconds, the plain fp32 loop and diffscale's settings (python -m diffscale.bench.fields_quality).
+#    seconds, the plain fp32 loop and diffscale's settings (python -m benchmarks.fields_quality).
 # 2. OUT/policy_quality.{json,md}: success on reach2d-routes through the controller against
 #    training seconds, the `policy` preset's plain recipe and diffscale's defaults
-#    (python -m diffscale.bench.policy_quality).
+#    (python -m benchmarks.policy_quality).
 # 3. OUT/policy_steps.{json,md}: policy-tiny on reach2d-routes at 3,200 and 4,000 steps x seeds
 #    3-6 (STEPS_ARGS: other step counts and seeds, e.g. "--steps 800 1600 2400 --seeds 0 1 2"),
-#    each a one-thread CPU training on a core of its own (python -m diffscale.bench.policy_steps),
+#    each a one-thread CPU training on a core of its own (python -m benchmarks.policy_steps),
 #    started first and run beside 1 and 2; then, with everything else done,
 #    OUT/latency_policy_tiny_{ddpm,ddim}.json: the controller's CPU re-plan, one thread on cores
 #    0 and 1 (an idle 2-core machine's equivalent).
@@ -33,7 +33,7 @@ if [ "${DRY:-0}" = 1 ]; then
 else
   FIELDS=(--deadline-s "${FIELDS_DEADLINE_S:-160}" --group-s 30)
   POLICY=(--deadline-s "${POLICY_DEADLINE_S:-180}" --overhead-s 20 --max-train-s 35 --plain-max-train-s 100)
-  # 800 / 1,600 / 2,400 / 3,200 / 4,000 x seeds 0-2 are recorded (docs/benchmarks.md, "Policies that
+  # 800 / 1,600 / 2,400 / 3,200 / 4,000 x seeds 0-2 are recorded (docs/measurements/2026-11-27.md, "Policies that
   # keep every mode"); more seeds at the two candidates (STEPS_ARGS to choose others)
   read -r -a STEPS <<< "${STEPS_ARGS:---steps 3200 4000 --seeds 3 4 5 6 --deadline-s 390}"
   LATENCY=(--repeats 100 --warmup 5)
@@ -48,16 +48,16 @@ LAT_CORES=0,1; [ "$CORES" -ge 2 ] || LAT_CORES=0
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' || true
 } > "$OUT/provenance.txt"
 steps_cpu() {
-  "$PY" -m diffscale.bench.policy_steps "${STEPS[@]}" --cores "$CPU_CORES" \
+  "$PY" -m benchmarks.policy_steps "${STEPS[@]}" --cores "$CPU_CORES" \
     --json "$OUT/policy_steps.json" --markdown "$OUT/policy_steps.md" > "$OUT/policy_steps.log" 2>&1
 }
 START=$(date +%s)
 if [ $BESIDE = 1 ]; then steps_cpu & CPU_PID=$!; fi
-taskset -c "$GPU_CORES" "$PY" -m diffscale.bench.fields_quality "${FIELDS[@]}" \
+taskset -c "$GPU_CORES" "$PY" -m benchmarks.fields_quality "${FIELDS[@]}" \
   --json "$OUT/fields_quality.json" --markdown "$OUT/fields_quality.md" > "$OUT/fields_quality.log" 2>&1 \
   || { echo "fields_quality failed:"; tail -20 "$OUT/fields_quality.log"; }
 echo "[$(( $(date +%s) - START )) s] fields done"
-taskset -c "$GPU_CORES" "$PY" -m diffscale.bench.policy_quality "${POLICY[@]}" \
+taskset -c "$GPU_CORES" "$PY" -m benchmarks.policy_quality "${POLICY[@]}" \
   --json "$OUT/policy_quality.json" --markdown "$OUT/policy_quality.md" > "$OUT/policy_quality.log" 2>&1 \
   || { echo "policy_quality failed:"; tail -20 "$OUT/policy_quality.log"; }
 echo "[$(( $(date +%s) - START )) s] policy done"
@@ -65,7 +65,7 @@ if [ $BESIDE = 1 ]; then wait $CPU_PID || echo "policy_steps: some runs failed (
   steps_cpu || echo "policy_steps: some runs failed (see policy_steps.log)"; fi
 echo "[$(( $(date +%s) - START )) s] policy-tiny step counts done"
 for sampler in ddpm ddim; do
-  taskset -c "$LAT_CORES" env OMP_NUM_THREADS=1 "$PY" -m diffscale.bench.latency --preset policy-tiny --controller \
+  taskset -c "$LAT_CORES" env OMP_NUM_THREADS=1 "$PY" -m benchmarks.latency --preset policy-tiny --controller \
     --count 1 --steps 10 --sampler $sampler --device cpu "${LATENCY[@]}" \
     --json "$OUT/latency_policy_tiny_$sampler.json" > "$OUT/latency_policy_tiny_$sampler.log" 2>&1 \
     || { echo "latency $sampler failed:"; tail -20 "$OUT/latency_policy_tiny_$sampler.log"; }

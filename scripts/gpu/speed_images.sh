@@ -2,13 +2,13 @@
 # The image rows of "fast where users feel it", in one call on one GPU, each part writing under
 # $OUT as it finishes (a call cut short keeps the parts it finished):
 #   quality   time to quality: the plain recipe and diffscale's defaults, SECONDS_PER_RUN of training
-#             each, FD along the way (python -m diffscale.bench.quality_time)      -> $OUT/quality/
+#             each, FD along the way (python -m benchmarks.quality_time)      -> $OUT/quality/
 #   samplers  DPM-Solver++ 10/15/20 and DDIM 10/20 against DDIM-50: FD and sampling time from the
-#             checkpoint the quality part kept (python -m diffscale.bench.sampler_quality) -> $OUT/samplers/
+#             checkpoint the quality part kept (python -m benchmarks.sampler_quality) -> $OUT/samplers/
 #   pipeline  DDIM-50 against DDIMPipeline as shipped and with fp16 weights + a compiled UNet, per
 #             preset at the batches of docs/benchmarks.md (python -m diffscale.bench.sampling) -> $OUT/pipeline/
 #   startup   `diffscale train` cold, resumed and as a new run of the same network, to its first
-#             logged step, with the steady samples/s of one more window (python -m diffscale.bench.startup)
+#             logged step, with the steady samples/s of one more window (python -m benchmarks.startup)
 #                                                                                  -> $OUT/startup/
 # then prints the summary ($OUT/summary.md). Usage (repository root):
 #   OUT=DIR bash scripts/gpu/speed_images.sh
@@ -18,7 +18,7 @@
 # QUALITY_LIMIT_S (420: the quality part's time limit; a variant trains once more),
 # PIPELINE_PRESETS (xl small medium: the preset furthest from its target first), PIPELINE_LIMIT_S (420:
 # the pipeline part's time limit), STARTUP_PRESETS
-# (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more bench.startup
+# (small), STARTUP_LIMIT_S (300: the startup part's time limit), STARTUP_EXTRA (more benchmarks.startup
 # options, e.g. "--set runtime.compile_cache=off --again-with runtime.cudnn_benchmark=off": one more
 # resumed job per --again-with, its overrides joined by ";"; a traced
 # network that could not be installed leaves its traceback in $OUT/startup/, one that was installed
@@ -27,7 +27,7 @@
 # /tmp/diffscale-speed-images), SMOKE=1 (tiny sizes: a dry run of every part on a CPU in a few
 # minutes; its figures mean nothing).
 # The startup part stays cold wherever it runs: the other parts keep their compiled kernels (Triton's
-# too) and data in $WORK, and bench.startup gives its jobs caches of their own. A startup part
+# too) and data in $WORK, and benchmarks.startup gives its jobs caches of their own. A startup part
 # named first leaves its kernels and data to the parts after it.
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
@@ -93,7 +93,7 @@ for name in $PARTS; do
     quality)
       mapfile -t P < <(presets --preset $QUALITY_PRESETS)
       rm -rf "$WORK/runs"
-      part quality "${QUALITY_LIMIT_S:-420}" "$PY" -m diffscale.bench.quality_time "${P[@]}" "${QUALITY_ARGS[@]}" \
+      part quality "${QUALITY_LIMIT_S:-420}" "$PY" -m benchmarks.quality_time "${P[@]}" "${QUALITY_ARGS[@]}" \
         "${QUALITY_EXTRA_ARGS[@]}" \
         --out "$OUT/quality" --runs "$WORK/runs" ;;
     samplers)
@@ -102,7 +102,7 @@ for name in $PARTS; do
         STATUS+=("samplers: skipped (no trained run in $RUN: run the quality part first or set SAMPLER_RUN)")
         continue
       fi
-      part samplers 180 "$PY" -m diffscale.bench.sampler_quality --run "$RUN" "${SAMPLER_ARGS[@]}" \
+      part samplers 180 "$PY" -m benchmarks.sampler_quality --run "$RUN" "${SAMPLER_ARGS[@]}" \
         --out "$OUT/samplers" ;;
     pipeline)
       mapfile -t P < <(presets --preset $PIPELINE_PRESETS)
@@ -114,7 +114,7 @@ for name in $PARTS; do
       mkdir -p "$OUT/startup"
       rm -rf "$WORK/startup"
       part startup "${STARTUP_LIMIT_S:-300}" env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
-        "$PY" -m diffscale.bench.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
+        "$PY" -m benchmarks.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
         --json "$OUT/startup/startup.jsonl"
       cp "$WORK/startup/cache/kernels"/*/traced-network-{discarded,retraced}.txt "$OUT/startup/" 2>/dev/null
       FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)

@@ -270,6 +270,26 @@ def test_lower_layers_never_import_upper_ones(lower, forbidden):
     assert not upward
 
 
+def test_the_package_never_imports_the_research_benchmarks():
+    """benchmarks/ (at the repository root, not installed) builds on the package; an import the
+    other way would break every installed copy. Every import statement counts, inside functions
+    and under ``if TYPE_CHECKING:`` too."""
+    import ast
+
+    found = []
+    for path in (REPO / "src/diffscale").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(REPO)}:{node.lineno} {name}" for name in names
+                      if name.split(".")[0] == "benchmarks"]
+    assert not found
+
+
 LIGHT_VERBS = [["--version"], ["--help"], *[[verb, "--help"] for verb in (
     "train", "sample", "export", "eval", "presets", "plan", "submit", "status", "logs", "cancel", "doctor", "probe",
     "cluster", "bench", "report", "env", "sweep")], ["cluster", "discover", "--help"], ["presets"], ["env"],

@@ -2,10 +2,6 @@
 numerics against the plain path's. No timings are asserted."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -154,28 +150,6 @@ def test_gpu_reproduction_script_dry_runs_on_the_cpu(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_image_speed_script_runs_its_parts_in_order_and_summarizes(tmp_path):
-    """scripts/gpu/speed_images.sh with SMOKE=1 (tiny sizes): a part that needs another's run is
-    skipped with the reason, the pipeline part runs, and the summary has its row."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "out"
-    env = dict(os.environ, PYTHON=sys.executable, SMOKE="1", PARTS="samplers pipeline bogus", OUT=str(out),
-               WORK=str(tmp_path / "work"), OMP_NUM_THREADS="1")
-    done = subprocess.run(["bash", str(root / "scripts" / "gpu" / "speed_images.sh")], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    summary = (out / "summary.md").read_text()
-    assert f"- samplers: skipped (no trained run in {tmp_path / 'work' / 'runs' / 'tiny-fast'}" in summary
-    assert "- pipeline: exit 0 in " in summary and "- bogus: unknown part" in summary
-    assert "| tiny | 2 | " in summary and "strong setup: fp16 weights, channels_last" in summary
-    assert json.loads((out / "pipeline" / "sampling.json").read_text())["pipeline_strong_s"] > 0
-
-
 def test_profile_kinds_classify_kernel_names():
     from diffscale.bench.profile import kind_of
 
@@ -319,57 +293,3 @@ def test_gpu_profile_counts_the_steps_after_the_first():
     # without the mirrored ranges (an older profiler): every kernel, over every step
     kernels, counted = _gpu_kernels(NS(events=lambda: [e for e in events if not e.is_user_annotation]), steps=2)
     assert counted == 3 and len(kernels) == 4
-
-
-def test_startup_bench_finds_the_first_logged_step_after_the_resume(tmp_path):
-    from diffscale.bench.startup import _first_logged_step
-
-    run = tmp_path / "run"
-    assert _first_logged_step(run, 0) is None  # nothing written yet
-    run.mkdir()
-    (run / "metrics.jsonl").write_text('{"step": 50, "loss": 0.6}\n{"event": "buffer", "step": 60}\n{"truncat')
-    assert _first_logged_step(run, 0) == 50
-    assert _first_logged_step(run, 50) is None  # the resumed job has not logged yet
-    with (run / "metrics.jsonl").open("a") as out:
-        out.write('\n{"step": 100, "loss": 0.1}\n')
-    assert _first_logged_step(run, 50) == 100
-
-
-@pytest.mark.parametrize("item, parsed", [
-    ("triton.autotune_pointwise=False", {"triton.autotune_pointwise": False}),
-    ("compile_threads=4", {"compile_threads": 4}),
-    ("worker_start_method=fork", {"worker_start_method": "fork"}),
-])
-def test_startup_bench_reads_inductor_settings(item, parsed):
-    from diffscale.bench.startup import parse_inductor
-
-    assert parse_inductor([item]) == parsed
-    with pytest.raises(SystemExit):
-        parse_inductor(["no_equals_sign"])
-
-
-def test_startup_bench_child_sets_inductor_config_and_refuses_unknown_keys(tmp_path):
-    from diffscale.bench.startup import _CHILD
-
-    child = tmp_path / "child.py"
-    show = "import torch._inductor.config as c; print('pointwise', c.triton.autotune_pointwise)"
-    child.write_text(_CHILD.replace('runpy.run_module("diffscale", run_name="__main__")', show))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
-    env["DIFFSCALE_BENCH_INDUCTOR"] = json.dumps({"triton.autotune_pointwise": False})
-    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "pointwise False" in done.stdout
-    env["DIFFSCALE_BENCH_INDUCTOR"] = json.dumps({"triton.no_such_setting": 1})
-    done = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode != 0 and "no setting 'triton.no_such_setting'" in done.stderr
-
-
-def test_startup_bench_steady_rate_leaves_out_the_first_window(tmp_path):
-    from diffscale.bench.startup import _rates_after_first
-
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"step": 50, "loss": 1, "samples_per_s": 10.0}, {"step": 100, "loss": 1, "samples_per_s": 20.0},
-        {"step": 150, "loss": 1, "samples_per_s": 900.0}, {"event": "x", "step": 160},
-        {"step": 200, "loss": 1, "samples_per_s": 1000.0}]))
-    assert _rates_after_first(tmp_path, 50) == [900.0, 1000.0]  # step 100's window held the compile
-    assert _rates_after_first(tmp_path / "missing", 0) == []

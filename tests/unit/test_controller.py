@@ -263,7 +263,7 @@ def test_policy_tiny_through_the_controller_takes_every_route_of_reach2d_routes(
     """policy-tiny as it ships, trained by the loop on the three-route variant (CPU, seeded, one
     thread) and rolled out through ``Controller.load`` with its defaults (DDPM, 10 steps): it takes
     each route, not always one. (The full bar, >= 0.9 success and each share within 10 points of
-    the demonstrations', needs more training steps: docs/benchmarks.md, "Policies that keep every
+    the demonstrations', needs more training steps: docs/measurements/2026-11-27.md, "Policies that keep every
     mode".)"""
     from rich.console import Console
 

@@ -72,6 +72,20 @@ def _strong_timed(unet: torch.nn.Module, scheduler: Any, *, batch: int, steps: i
         return _timed(call, device, repeats), False
 
 
+def _as_diffusers_unet(task: Any, network: torch.nn.Module) -> torch.nn.Module:
+    """The task's network as diffusers' ``UNet2DModel``, the same weights, read back from the task's
+    own export (a ``DDPMPipeline`` folder), as a user of the exported model loads it."""
+    import tempfile
+
+    from diffusers import UNet2DModel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        task.export(copy.deepcopy(network), Path(tmp) / "export")
+        unet: torch.nn.Module = UNet2DModel.from_pretrained(str(Path(tmp) / "export" / "unet"),
+                                                            low_cpu_mem_usage=False)
+    return unet
+
+
 def measure(preset: str, *, batch: int, steps: int, repeats: int, overrides: list[str],
             strong: str | None) -> dict:
     """One preset: the pipeline (as shipped, and in the strong setup when ``strong`` names a
@@ -80,18 +94,20 @@ def measure(preset: str, *, batch: int, steps: int, repeats: int, overrides: lis
     from diffscale.diffusion import Conditioned, GaussianDiffusion, Sampler, SamplerKind, sample
     from diffscale.diffusion.inference import sampling_network
     from diffscale.errors import UserError
-    from diffscale.tasks.images.network import Denoiser, build_unet
+    from diffscale.tasks.registry import build_task
 
     cfg = C.resolve_config(C.ConfigSources(preset=preset, overrides=overrides))
     if not isinstance(cfg.model, C.ModelConfig):
         raise UserError(f"preset {preset} is a {cfg.task} run: this benchmark compares image sampling "
                         "with diffusers' DDIMPipeline", "pick an image preset (tiny, small, medium, large, xl)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    unet = build_unet(cfg.model, 1).to(device).eval()
+    task = build_task(cfg, device, load_data=False)  # one channel: the sizes of the config alone
+    network = task.build_network()
+    unet = _as_diffusers_unet(task, network).to(device).eval()
     diffusion = GaussianDiffusion(cfg.diffusion)
     shape = (batch, 1, cfg.model.sample_size, cfg.model.sample_size)
     # The network exactly as `diffscale sample` runs it (bf16, channels_last, compiled on CUDA).
-    denoise = sampling_network(Denoiser(copy.deepcopy(unet)), cfg.runtime)  # the references keep their own
+    denoise = sampling_network(network.to(device), cfg.runtime)  # the references keep their own copy
     policy = denoise.policy
 
     def ours():

@@ -239,20 +239,6 @@ def _per_rank_kernel_time(ctx, profile: dict, device: torch.device) -> list[dict
             for rank, (c, other, gap, host) in enumerate(rows)]
 
 
-def make_runner(run_state: RunState, recipe: str, plain_workers: int = 4) -> PlainRunner | StepRunner:
-    """The recipe's step runner on an existing run state (the quality benchmarks')."""
-    from diffscale.bench.plain import PlainRunner
-    from diffscale.runtime.parallelize import parallelize
-    from diffscale.training.step import StepRunner
-    from diffscale.training.step_graph import records_whole_steps
-
-    if recipe == "plain":
-        return PlainRunner(run_state, workers=plain_workers)
-    model = parallelize(run_state.net, cfg=run_state.cfg, ctx=run_state.ctx, policy=run_state.policy,
-                        say=lambda text: None, whole_steps=records_whole_steps(run_state))
-    return StepRunner(run_state, model, run_state.make_batcher())
-
-
 def build_recipe(cfg: C.RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, recipe: str, *,
                  plain_workers: int = 4, prepare=None) -> tuple[RunState, PlainRunner | StepRunner]:
     """The run of ``cfg`` as the recipe trains it: diffscale's (``build_run``, as ``diffscale train``

@@ -48,8 +48,8 @@ class RuntimeConfig:
     distributed run traces as before); an entry for another config or torch is discarded.
     ``auto``: on for compiled training on CUDA, where it held in every round on one H100 (torch 2.11,
     2026-11-28): small's resumed jobs started in 16.4-22.0 s instead of 30-37 s, medium's in 23.5 s
-    instead of 53.5 s, at the same steady speed (docs/benchmarks.md, "The traced network cached
-    too"); ``on`` also where it was not measured (the CPU). An entry that cannot be installed is
+    instead of 53.5 s, at the same steady speed (docs/measurements/2026-11-28.md, "The traced network
+    cached too"); ``on`` also where it was not measured (the CPU). An entry that cannot be installed is
     discarded and its traceback kept in the kernel folder's ``traced-network-discarded.txt``; a job
     that traces although an entry was installed names the failed guard in a warning and in
     ``traced-network-retraced.txt``. Not part of the compiled graph."""
@@ -58,7 +58,8 @@ class RuntimeConfig:
     kernels' modules) through Python's bytecode cache: the first job writes the bytecode beside
     the kernels, later jobs read it instead of compiling that source again, which torch does in
     every process (``runtime/generated_code.py``): 0.42-0.44 s -> 0.23-0.34 s of a resumed small or
-    medium job's start on a 2 x H200 host (docs/benchmarks.md, "The generated code's bytecode kept").
+    medium job's start on a 2 x H200 host (docs/measurements/2026-11-28.md, "The generated code's
+    bytecode kept").
     ``auto``: on wherever the run compiles; ``off``: torch's own loader. Not part of the compiled graph."""
     step_graph: Toggle = Toggle.AUTO
     """CUDA: each optimizer step (forward, backward, clipping, fused AdamW, EMA) recorded once as
@@ -71,7 +72,8 @@ class RuntimeConfig:
     """DDIM sampling on CUDA: the whole denoising loop (every network call and scheduler update)
     recorded once per batch shape as one CUDA graph and replayed per call, so a small network's
     sampling is not bound by kernel launches. ``auto``: on where sampling compiles on CUDA;
-    ``off``: one graph per network call, the loop in Python (docs/benchmarks.md, "Sampling latency")."""
+    ``off``: one graph per network call, the loop in Python (docs/measurements/2026-11-26.md,
+    "Sampling latency")."""
     attention: Attention = Attention.AUTO
     """Attention kernel on CUDA. ``auto``: FlexAttention for compiled training where a call has many
     (batch x heads) rows of narrow heads, where it measured faster (docs/benchmarks.md, "Attention kernels"), else
@@ -81,8 +83,8 @@ class RuntimeConfig:
     """Threads of a CPU rank's operations (``torch.set_num_threads``). ``0`` (auto): the CPUs this
     rank may use less those other processes keep busy now (their busy share over 0.2 s; other
     cores do not count), at least 1, unless ``OMP_NUM_THREADS`` is set; a thread per core on a
-    machine whose cores are taken makes the threads wait for each other (docs/benchmarks.md, "CPU
-    training beside busy processes")."""
+    machine whose cores are taken makes the threads wait for each other
+    (docs/measurements/2026-11-27.md, "CPU training beside busy processes")."""
     join_timeout_s: float = 300.0
     """Seconds to wait for all ranks to join before failing with a diagnosis."""
     collective_timeout_s: float = 1800.0

@@ -60,8 +60,8 @@ class DiffusionConfig:
     """Which trained timesteps DDIM and strided DDPM sampling visit. ``leading`` (diffusers'
     default) starts N steps at timestep (N-1) x (T // N), ``trailing`` at the last one, T-1, for
     every N: with few trained timesteps leading starts far from pure noise (20 of 50 start at 38)
-    and loses quality, so the field presets use trailing (docs/benchmarks.md, "Each CPU preset
-    trained to its full step count"). DPM-Solver++ starts at T-1 either way."""
+    and loses quality, so the field presets use trailing (docs/measurements/2026-11-27.md, "Each CPU
+    preset trained to its full step count"). DPM-Solver++ starts at T-1 either way."""
 
     def __post_init__(self) -> None:
         if self.num_train_timesteps < 2:

@@ -98,7 +98,7 @@ def sampling_compile_options(policy: DevicePolicy, tune_kernels: bool = False,
     set on (``auto`` keeps inductor's own choice, as measured). Freezing is set around the calls
     (``InferenceNetwork._compiling``). ``cpp_wrapper``: on the CPU the compiled call runs through
     inductor's C++ wrapper, for a small network whose call is otherwise bound by the Python code
-    that calls each kernel (docs/benchmarks.md, "Policy controller")."""
+    that calls each kernel (docs/measurements/2026-11-27.md, "Policy controller")."""
     graphs = policy.compile and policy.device.type == "cuda"
     options = compile_options("reduce-overhead" if graphs else "default", policy.layout_opt, tune_kernels)
     if cpp_wrapper and policy.compile and policy.device.type == "cpu":

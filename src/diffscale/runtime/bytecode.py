@@ -6,7 +6,7 @@ installed without bytecode -- makes every process compile the source of each mod
 torch, dynamo, inductor and diffusers, thousands of modules, at every job. On an H200 host whose
 torch shipped none, a resumed job spent 10.2 s of 33.8 s in ``compile`` (3,492 modules, cProfile);
 on the 2-core CI machine importing torch, dynamo, inductor and diffusers' UNet took 13.0-13.1 s
-without bytecode against 4.7 s with it (docs/benchmarks.md, "Bytecode kept where the installation
+without bytecode against 4.7 s with it (docs/measurements/2026-11-28.md, "Bytecode kept where the installation
 has none").
 
 :func:`keep_bytecode` (the command line's first step, before torch loads) points Python's bytecode

@@ -20,7 +20,7 @@ FLEX_AUTO_MIN_ROWS = 8192
 """``runtime.attention: auto`` uses FlexAttention for calls of at least this many (batch x heads)
 rows: small's calls (16,384 and 32,768 rows of 8-channel heads) trained faster a step than with
 cuDNN's kernel; xl's (2,048 rows) ran slower in the kernel benchmark (``python -m
-diffscale.bench.attention``; docs/benchmarks.md, "Attention kernels")."""
+benchmarks.attention``; docs/benchmarks.md, "Attention kernels")."""
 
 
 @dataclass(frozen=True)

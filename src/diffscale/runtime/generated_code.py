@@ -5,7 +5,7 @@ Triton kernel's module -- by compiling its source again in every process
 (``torch._inductor.codecache._reload_python_module``: ``compile`` of the file, then ``exec``).
 A job that installs a cached compile therefore still compiles the output code's source (~20,000
 lines for small's backward): loading it took 0.42-0.44 s of a resumed small or medium job on a
-2 x H200 host, 0.23-0.34 s with the bytecode kept (docs/benchmarks.md, "The generated code's
+2 x H200 host, 0.23-0.34 s with the bytecode kept (docs/measurements/2026-11-28.md, "The generated code's
 bytecode kept").
 
 :func:`keep_generated_bytecode` has torch load those files with importlib's ``SourceFileLoader``

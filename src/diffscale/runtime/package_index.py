@@ -4,8 +4,8 @@ diffusers calls ``importlib.metadata.packages_distributions()`` when it is impor
 transformers, which diffusers imports wherever it is installed. The call lists every installed
 distribution's files and checks that each exists: on an H100 host's environment (150
 distributions, 53,000 files) the two calls took 5 s of a resumed job's 31 s under cProfile
-(docs/benchmarks.md, "The traced network cached too"), and on a cluster's shared file system every rank of a
-job makes those stats at once. Its answer changes only when a distribution is installed or
+(docs/measurements/2026-11-28.md, "The traced network cached too"), and on a cluster's shared
+file system every rank of a job makes those stats at once. Its answer changes only when a distribution is installed or
 removed, which adds, renames or rewrites its metadata folder: :func:`install` replaces the function
 with one that keeps the answer in the user's cache (``DIFFSCALE_CACHE_DIR``/packages), keyed by
 the metadata folders on every import path and their modification times, and computes it as

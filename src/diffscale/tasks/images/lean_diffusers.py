@@ -8,7 +8,7 @@ used to train or sample a ``UNet2DModel``, yet it was a noticeable part of each 
 modules; more on a machine whose installation has no cached bytecode; docs/decisions.md,
 "diffusers' UNet2DModel imported alone"). Likewise ``diffusers.quantizers``, which every model's
 ``modeling_utils`` imports for two classes, imports transformers wherever it is installed (for a
-pipeline's quantization config): 1.4 s of a start on an H100 host (docs/benchmarks.md).
+pipeline's quantization config): 1.4 s of a start on an H100 host (docs/measurements/2026-11-28.md).
 
 :func:`defer_package_init` puts such a package into ``sys.modules`` with its ``__init__`` not run
 yet: its submodules import as usual (``unet_2d`` and the two transformer modules its blocks

@@ -4,7 +4,7 @@ No Inception weights can be downloaded, so diffscale trains a small CNN once per
 resolution and keeps it in the data cache (``DIFFSCALE_CACHE_DIR``/quality): a classifier of the
 data's labels where it has them (the built-in glyphs, npz with ``labels``), else a predictor of
 which of four right-angle rotations an image was turned by, a self-supervised target that needs
-no labels (docs/decisions.md, "Image quality in a feature network trained per data set"). Its
+no labels (docs/decisions.md, "Quality measured in a feature network trained per data set"). Its
 penultimate activations are the features; its held-out accuracy is reported beside the metrics.
 A user's own network (``train.eval_features`` / ``diffscale eval --features``, ``module:function``)
 replaces it.

@@ -1,6 +1,6 @@
 """Attention kernels on a preset's own attention shapes, forward + backward, side by side.
 
-``python -m diffscale.bench.attention [--preset small medium xl] [--json OUT]``
+``python -m benchmarks.attention [--preset small medium xl] [--json OUT]``
 
 The presets' UNets have 8-channel heads (diffusers' default), which the fused SDPA kernels pad
 to their 32-64-channel tiles. This times every kernel ``runtime.attention`` offers on exactly the
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="time whole attention layers (projections, layouts, autocast) per processor")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench.attention times CUDA kernels: no CUDA GPU is visible")
+        print("benchmarks.attention times CUDA kernels: no CUDA GPU is visible")
         return 2
     torch._dynamo.config.recompile_limit = 64  # one compiled function per kernel serves every shape
     rows = []

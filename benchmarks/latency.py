@@ -1,7 +1,7 @@
 """Generation latency of any task: ``Task.generate`` on the network as ``diffscale sample``
 runs it (compiled with CUDA graphs on CUDA), timed call by call.
 
-``python -m diffscale.bench.latency --preset policy --count 1 --steps 10 --repeats 200 --json OUT``
+``python -m benchmarks.latency --preset policy --count 1 --steps 10 --repeats 200 --json OUT``
 prints and writes p50 / p99 / mean milliseconds per call (a policy's action chunk at batch 1,
 a field ensemble of ``count`` samples, an image grid). Weights are freshly initialised:
 latency does not depend on their values.
@@ -147,7 +147,7 @@ def _compare_loop(args: argparse.Namespace, cfg: C.RunConfig, task: object, net:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.latency")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency")
     parser.add_argument("--preset", required=True)
     parser.add_argument("--count", type=int, default=1, help="samples per call (a policy's batch, a field ensemble)")
     parser.add_argument("--steps", type=int, default=10, help="denoising steps per call")

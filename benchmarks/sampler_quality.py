@@ -1,7 +1,7 @@
 """Sampling at equal quality: the Frechet distance and sampling time of each sampler and step
 count, from one trained checkpoint, against DDIM with 50 steps.
 
-``python -m diffscale.bench.sampler_quality --run RUN_DIR --out DIR``
+``python -m benchmarks.sampler_quality --run RUN_DIR --out DIR``
 
 The run's EMA network runs as ``diffscale sample`` runs it (``sampling_network``: compiled with
 CUDA graphs and frozen weights on a GPU). Every sampler starts from the same seeded noise, so the
@@ -129,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     from diffscale.bench.runs import provenance
     from diffscale.io.atomic import write_text
 
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.sampler_quality", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sampler_quality", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="a trained run (e.g. bench.quality_time's PRESET-fast)")
+    parser.add_argument("--run", type=Path, required=True,
+                        help="a trained run (e.g. benchmarks.quality_time's PRESET-fast)")
     parser.add_argument("--samplers", nargs="+", default=list(DEFAULT_SAMPLERS), metavar="KIND:STEPS",
                         help=f"default: {' '.join(DEFAULT_SAMPLERS)}")
     parser.add_argument("--count", type=int, help="images per row, one batch (default: the run's train.eval_count)")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, about = measure(args.run, samplers, count=args.count, repeats=args.repeats, seed=args.seed,
                           say=lambda text: print(f"[sampler-quality] {text}", flush=True))
     summary = verdict(rows)
-    command = shlex.join(["python", "-m", "diffscale.bench.sampler_quality", *(argv or sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.sampler_quality", *(argv or sys.argv[1:])])
     about = {**provenance(args, command=command), **about}
     args.out.mkdir(parents=True, exist_ok=True)
     write_text(args.out / "sampler_quality.json", json.dumps({"about": about, "summary": summary, "rows": rows},

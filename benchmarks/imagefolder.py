@@ -2,7 +2,7 @@
 seeded 8x8 random pattern scaled up (so they compress like photographs rather than noise),
 written by a pool of processes.
 
-``python -m diffscale.bench.imagefolder DIR --images 100000 --side 64 --format png --workers 16``
+``python -m benchmarks.imagefolder DIR --images 100000 --side 64 --format png --workers 16``
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 field data, whose ideal forecast is known in closed form (``FieldGenerator.ideal``), for the
 plain fp32 loop (``bench.plain``) and for diffscale's preset and a handful of its settings.
 
-``python -m diffscale.bench.fields_quality --json OUT.json --markdown OUT.md`` trains each
+``python -m benchmarks.fields_quality --json OUT.json --markdown OUT.md`` trains each
 setting on one device and scores its EMA weights ``--evals`` times along the way (``--cases``
 held-out conditions x ``--members`` members, the preset's sampling steps, the fair ensemble
-CRPS). Training seconds exclude start-up, reported apart (``bench.quality_clock``): every run
+CRPS). Training seconds exclude start-up, reported apart (``benchmarks.quality_clock``): every run
 starts from the same initial weights after its compiling warm-up steps. Each run says when it
 first came within 2 % of the ideal forecast's CRPS on the same cases; the ideal forecast's own
 16-member ensemble, scored the same way, shows how far the estimate itself wanders.
@@ -33,20 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from diffscale import config as C
-from diffscale.bench.quality_clock import (
+from benchmarks.quality_clock import (
     Deadline,
     Schedule,
-    build_run,
     eval_network,
     first_reaching,
     load_ema,
     markdown_table,
     publish,
+    recipe_run,
     scoring_runtime,
     train_curve,
     warm_up,
 )
+from diffscale import config as C
 from diffscale.errors import UserError
 from diffscale.evaluation import probabilistic as P
 
@@ -169,7 +169,7 @@ def measure_group(args: argparse.Namespace, settings: list[Setting], scorer: lis
     # Compiled as a new process would: a batch size after another would otherwise be compiled
     # for any batch size (torch.compile's automatic dynamic shapes), not the one it trains with.
     torch._dynamo.reset()
-    run_state, runner, rewind = build_run(cfgs[0], tmp / settings[0].label)
+    run_state, runner, rewind = recipe_run(cfgs[0], tmp / settings[0].label)
     startup = warm_up(runner.step, args.warmup, run_state.device)
     if not scorer:
         scorer.append(FieldScorer(run_state, args))
@@ -190,7 +190,7 @@ def measure_group(args: argparse.Namespace, settings: list[Setting], scorer: lis
 def measure_plain(args: argparse.Namespace, scorer: list[FieldScorer], tmp: Path) -> dict[str, Any]:
     """The plain fp32 loop at the preset's settings (its constant learning rate), ``--plain-steps``."""
     cfg = resolve(args, Setting("plain", steps=args.plain_steps), recipe="plain")
-    run_state, runner, rewind = build_run(cfg, tmp / "plain", plain_workers=args.plain_workers)
+    run_state, runner, rewind = recipe_run(cfg, tmp / "plain", plain_workers=args.plain_workers)
     startup = warm_up(runner.step, args.warmup, run_state.device)
     if not scorer:
         scorer.append(FieldScorer(run_state, args))
@@ -287,7 +287,7 @@ def render(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.fields_quality",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fields_quality",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="field-icon")
     parser.add_argument("--only", nargs="+", metavar="LABEL",

@@ -1,4 +1,4 @@
-"""Quality against training wall clock: what ``bench.fields_quality`` and ``bench.policy_quality``
+"""Quality against training wall clock: what ``benchmarks.fields_quality`` and ``benchmarks.policy_quality``
 share.
 
 A run trains in segments; only the steps are timed (the device synchronised at each segment's
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from diffscale.config import Recipe, RunConfig, RuntimeConfig, Toggle
+from diffscale.config import RunConfig, RuntimeConfig, Toggle
 from diffscale.data.device_loader import DataPosition
 from diffscale.runtime.device import synchronize
 
@@ -40,32 +40,21 @@ if TYPE_CHECKING:
     from diffscale.training.step import StepRunner
 
 
-def build_run(cfg: RunConfig, run_dir: Path, *, plain_workers: int = 4) -> tuple[RunState, StepRunner | PlainRunner,
-                                                                                Rewind]:
-    """One process's run of ``cfg`` (its ``runtime.recipe``): the run state, its step runner (the
-    plain recipe's, or the fast one on the parallelized network, as ``bench.worker`` builds them)
-    and the ``Rewind`` to its initial weights."""
+def recipe_run(cfg: RunConfig, run_dir: Path, *, plain_workers: int = 4) -> tuple[RunState, StepRunner | PlainRunner,
+                                                                                 Rewind]:
+    """One process's run of ``cfg`` (its ``runtime.recipe``) as ``bench.worker.build_recipe`` builds
+    it (diffscale's ``build_run``, or the plain recipe's loop on the same state), and the ``Rewind``
+    to its initial weights (taken before anything compiles)."""
     from rich.console import Console
 
-    from diffscale.bench.plain import PlainRunner
-    from diffscale.runtime.device import configure_backends, pick_device, resolve_policy
-    from diffscale.runtime.distributed import DistContext, LaunchInfo
-    from diffscale.runtime.parallelize import parallelize
-    from diffscale.training.state import RunState
-    from diffscale.training.step import StepRunner
-    from diffscale.training.step_graph import records_whole_steps
+    from diffscale.bench.worker import build_recipe
+    from diffscale.training.build import join
 
-    device = pick_device(cfg.runtime.device)
-    policy = resolve_policy(cfg.runtime, device)
-    configure_backends(policy)
-    run_state = RunState(cfg, run_dir, DistContext(LaunchInfo(launcher="single"), device), policy,
-                         Console(quiet=True))
-    rewind = Rewind(run_state)
-    if cfg.runtime.recipe == Recipe.PLAIN:
-        return run_state, PlainRunner(run_state, workers=plain_workers), rewind
-    model = parallelize(run_state.net, cfg=cfg, ctx=run_state.ctx, policy=policy, say=lambda text: None,
-                        whole_steps=records_whole_steps(run_state))
-    return run_state, StepRunner(run_state, model, run_state.make_batcher()), rewind
+    ctx, policy = join(cfg, Console(quiet=True), one_process=True)
+    rewinds: list[Rewind] = []
+    run_state, runner = build_recipe(cfg, run_dir, ctx, policy, cfg.runtime.recipe.value, plain_workers=plain_workers,
+                                     prepare=lambda state: rewinds.append(Rewind(state)))
+    return run_state, runner, rewinds[0]
 
 
 def ema_tensors(run_state: RunState, runner: StepRunner | PlainRunner) -> list[torch.Tensor]:

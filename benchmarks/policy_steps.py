@@ -2,7 +2,7 @@
 ``Controller`` for several training step counts x seeds, each a CPU training of one thread on a
 core of its own, side by side.
 
-``python -m diffscale.bench.policy_steps --steps 800 1600 2400 --seeds 0 1 2 --cores 6-14 --json
+``python -m benchmarks.policy_steps --steps 800 1600 2400 --seeds 0 1 2 --cores 6-14 --json
 OUT.json --markdown OUT.md`` trains ``--preset`` (default policy-tiny) on ``--data`` (default
 builtin:reach2d-routes) with ``train.steps`` and ``train.seed`` set, as ``diffscale train``
 does, then rolls it out as ``diffscale eval`` does: ``Controller.load`` with the run's defaults
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diffscale.bench.quality_clock import markdown_table, publish
+from benchmarks import child_env
+from benchmarks.quality_clock import markdown_table, publish
 
 EPISODE_SEED = 1000
 SUCCESS_BAR = 0.9
@@ -75,12 +76,12 @@ def train_and_roll_out(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _launch(args: argparse.Namespace, steps: int, seed: int, core: int, folder: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "diffscale.bench.policy_steps", "--worker", str(steps), str(seed), "--core",
+    cmd = [sys.executable, "-m", "benchmarks.policy_steps", "--worker", str(steps), str(seed), "--core",
            str(core), "--preset", args.preset, "--data", args.data, "--episodes", str(args.episodes),
            "--json", str(folder / f"{steps}-{seed}.json")]
     for item in args.set or []:
         cmd += ["--set", item]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = child_env(dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"))
     with open(folder / f"{steps}-{seed}.log", "wb") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -169,7 +170,7 @@ def render(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.policy_steps", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.policy_steps", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="policy-tiny")
     parser.add_argument("--data", default="builtin:reach2d-routes")
     parser.add_argument("--steps", type=int, nargs="+", default=[800, 1600, 2400])

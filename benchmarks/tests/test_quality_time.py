@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from diffscale.bench.quality_time import eval_marks, markdown, summarize, time_to_reach, train_for
+from benchmarks.quality_time import eval_marks, train_for
+from benchmarks.quality_time_report import markdown, summarize, time_to_reach
 
 
 def test_time_to_reach_interpolates_the_first_crossing():
@@ -100,7 +101,7 @@ ABOUT = {"device": "CPU", "date_utc": "2026-01-01 00:00", "commit": "abc1234", "
 
 
 def test_sampler_verdict_picks_the_cheapest_dpmsolver_within_five_percent_of_ddim50():
-    from diffscale.bench.sampler_quality import markdown, verdict
+    from benchmarks.sampler_quality import markdown, verdict
 
     rows = [_row("ddim", 50, 10.0, 1.0), _row("ddim", 20, 11.0, 0.4), _row("dpmsolver", 15, 10.4, 0.3),
             _row("dpmsolver", 20, 10.1, 0.4), _row("dpmsolver", 10, 10.2, 0.2)]
@@ -115,7 +116,7 @@ def test_sampler_verdict_picks_the_cheapest_dpmsolver_within_five_percent_of_ddi
 
 
 def test_sampler_verdict_keeps_ddim_when_dpmsolver_is_worse_or_missing():
-    from diffscale.bench.sampler_quality import markdown, verdict
+    from benchmarks.sampler_quality import markdown, verdict
 
     rows = [_row("ddim", 50, 10.0, 1.0), _row("dpmsolver", 15, 10.6, 0.3), _row("dpmsolver", 20, 10.51, 0.4)]
     summary = verdict(rows)
@@ -126,7 +127,7 @@ def test_sampler_verdict_keeps_ddim_when_dpmsolver_is_worse_or_missing():
 
 
 def test_sampler_list_refuses_what_is_not_kind_and_steps():
-    from diffscale.bench.sampler_quality import parse_samplers
+    from benchmarks.sampler_quality import parse_samplers
     from diffscale.errors import UserError
 
     assert parse_samplers(["ddim:50", "dpmsolver:15"]) == [("ddim", 50), ("dpmsolver", 15)]
@@ -141,7 +142,7 @@ def test_raw_weights_are_scored_through_the_ema_network_which_keeps_its_own_weig
     going on from them."""
     from types import SimpleNamespace
 
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
 
     net, ema = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     with torch.no_grad():
@@ -163,7 +164,7 @@ def test_runs_trained_apart_are_summarized_against_each_other(tmp_path, capsys):
     quality_time.json, compared as one run of the bench would compare them."""
     import json
 
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
 
     for name, run in (("plain", _run("small", "plain", "plain", [(0, 300), (30, 120), (60, 80)])),
                       ("fast", _run("small", "fast", "fast", [(0, 300), (20, 90), (40, 70), (60, 50)]))):
@@ -179,7 +180,7 @@ def test_a_training_choice_is_weighed_against_diffscales_defaults(tmp_path, caps
     is summarized against the defaults' final FD; the plain recipe's 40 % target is not judged."""
     import json
 
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
     from diffscale.errors import UserError
 
     runs = {"fast": _run("small", "fast", "fast", [(0, 300), (30, 120), (60, 80)]),
@@ -192,7 +193,7 @@ def test_a_training_choice_is_weighed_against_diffscales_defaults(tmp_path, caps
     assert "| fast final FD | reaches it at s (images) | of fast's time |" in out
     assert "| small | fast-b1024 | 5.0 | 1,000 | 50.00 | 80.00 | 30.0 (150) | 50.0% | - |" in out
     assert "| small | fast | 5.0 | 1,000 | 80.00 |  |  |  |  |" in out  # the reference itself
-    summary = quality_time.summarize(list(runs.values()), against="fast")
+    summary = summarize(list(runs.values()), against="fast")
     assert [(s["run"], s["reference"], s["target_met"]) for s in summary] == [("fast-b1024", "fast", None)]
     with pytest.raises(UserError, match="--against 'plain' names no run in these files .*fast, fast-b1024") as error:
         quality_time.main(["--against", "plain", "--merge", *files])
@@ -206,7 +207,7 @@ def test_a_training_choice_is_weighed_against_diffscales_defaults(tmp_path, caps
 def test_features_only_prepares_each_presets_feature_network_and_trains_nothing(tmp_path, monkeypatch):
     """--features-only: the feature network prepared once, before runs started apart share it (the
     real preparation runs in scripts/gpu/quality_side_by_side.sh's dry run)."""
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
 
     prepared = []
     monkeypatch.setattr(quality_time, "prepare_features",
@@ -221,7 +222,7 @@ def test_features_only_prepares_each_presets_feature_network_and_trains_nothing(
 def test_variants_only_trains_the_variants_without_the_defaults(capsys):
     """--variants-only: diffscale's recipe trains each --variant and not its defaults (a process
     on another GPU trains those); without a variant it names the missing flag."""
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
 
     args = quality_time.parse_args(["--recipe", "fast", "--variants-only", "--out", "o",
                                     "--variant", "minsnr", "diffusion.loss_weighting=min-snr"])
@@ -235,7 +236,7 @@ def test_variants_only_trains_the_variants_without_the_defaults(capsys):
 
 def test_the_plain_recipe_predicts_the_noise_whatever_the_preset_trains():
     """small trains v-prediction; the plain recipe it is compared with stays the common one."""
-    from diffscale.bench import quality_time
+    from benchmarks import quality_time
     from diffscale.config import LossWeighting, Prediction
 
     spec = quality_time.EvalSpec(count=64)

@@ -1,7 +1,7 @@
 """Online field training as a coupled simulation runs it: one training round, ensemble
 sampling, and ``push`` while training runs in the background thread.
 
-``python -m diffscale.bench.online --preset field-icon --json OUT`` fills the replay buffer
+``python -m benchmarks.online --preset field-icon --json OUT`` fills the replay buffer
 with the preset's round (48 output steps x 80 cells = 3,840 samples), then times
 ``train_for(steps=2400)`` (10 epochs at batch 16, after a compiling warm-up round),
 ``sample`` of 80 cells x 16 members x 50 steps with seeds 1, 2, 3, ... (a simulation numbering
@@ -133,7 +133,7 @@ def _sampling_profile(trainer: OnlineTrainer, cond: np.ndarray, args: argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.online")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.online")
     parser.add_argument("--preset", default="field-icon")
     parser.add_argument("--outputs", type=int, default=48, help="output steps of 80 cells that fill the buffer")
     parser.add_argument("--round-steps", type=int, default=2400, help="steps of the timed training round")

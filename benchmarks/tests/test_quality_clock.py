@@ -1,21 +1,21 @@
-"""Quality against training wall clock (bench.quality_clock, fields_quality, policy_quality) and
-the policy step-count table (bench.policy_steps), on the CPU at tiny sizes. No timings are asserted."""
+"""Quality against training wall clock (benchmarks.quality_clock, fields_quality, policy_quality) and
+the policy step-count table (benchmarks.policy_steps), on the CPU at tiny sizes. No timings are asserted."""
 
 import json
 
 import pytest
 import torch
 
+from benchmarks import fields_quality, policy_quality, policy_steps
+from benchmarks.quality_clock import Schedule, first_reaching, recipe_run, train_curve
 from diffscale import config as C
-from diffscale.bench import fields_quality, policy_quality, policy_steps
-from diffscale.bench.quality_clock import Schedule, build_run, first_reaching, train_curve
 
 TINY_FIELDS = ["model.hidden=32", "model.depth=1", "train.batch_per_gpu=8", "train.steps=10"]
 
 
 def _tiny_field_run(tmp_path, name):
     cfg = C.resolve_config(C.ConfigSources(preset="field-icon", device="cpu", overrides=TINY_FIELDS))
-    return build_run(cfg, tmp_path / name)
+    return recipe_run(cfg, tmp_path / name)
 
 
 def test_a_rewound_run_trains_as_a_fresh_one_from_the_same_seed(tmp_path):
@@ -40,7 +40,7 @@ def test_a_rewound_run_trains_as_a_fresh_one_from_the_same_seed(tmp_path):
 
 def test_the_plain_recipe_rewinds_its_own_ema_and_optimizer(tmp_path):
     cfg = C.resolve_config(C.ConfigSources(preset="field-icon", device="cpu", recipe="plain", overrides=TINY_FIELDS))
-    state, runner, rewind = build_run(cfg, tmp_path / "plain", plain_workers=0)
+    state, runner, rewind = recipe_run(cfg, tmp_path / "plain", plain_workers=0)
     first = [p.clone() for p in state.net.parameters()]
     for _ in range(3):
         runner.step()

@@ -4,7 +4,7 @@ run dir (both reuse the kernels the cold job left in the user's kernel cache), e
 launch to its first step (``first_step_s``: the line a compiled job prints after it) and to its
 first logged step (``first_logged_step_s``: ``train.log_every`` steps later).
 
-``python -m diffscale.bench.startup --preset small --json OUT``
+``python -m benchmarks.startup --preset small --json OUT``
 
 Each job runs to the preset's first logged step (``--max-steps`` = ``train.log_every`` past
 where it starts), so the time includes those steps. Every line the job prints is shown with
@@ -209,7 +209,7 @@ def measure(preset: str, overrides: list[str], *, profile_resumed: bool, work: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.startup", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", action="append", required=True, help="repeatable: each preset in turn")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides")

@@ -9,7 +9,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from diffscale.bench import datastart, imagefolder, streaming
+from benchmarks import datastart, imagefolder, streaming
 
 
 def test_the_generated_folder_has_its_images_in_ten_classes_the_same_with_any_worker_count(tmp_path):

@@ -3,7 +3,7 @@ with ``data.resident`` on and off; per run the median samples/s and data-wait sh
 logged windows after the first (compilation), the run's own end summary of its data wait, and
 the peak host RSS (and PSS) of the rank and of each of its loader workers, sampled twice a second.
 
-``python -m diffscale.bench.streaming --preset medium xl --images 200000 --steps 300 --work DIR``
+``python -m benchmarks.streaming --preset medium xl --images 200000 --steps 300 --work DIR``
 
 The images (``--side`` px JPEGs in 10 class folders, written once by ``--gen-workers`` processes)
 are decoded once into the cache at each preset's resolution (the first run's start-up); the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diffscale.bench.imagefolder import make_image_folder
+from benchmarks.imagefolder import make_image_folder
 
 GIB = 2**30
 

@@ -2,11 +2,11 @@
 beside N processes that each keep a core busy, with the threads chosen from the free cores
 (``runtime.cpu_threads: 0``, the default) and with a thread per core (torch's own default).
 
-``python -m diffscale.bench.cpuload --busy 0 2 4 --steps 60 --json OUT`` runs each case as its
+``python -m benchmarks.cpuload --busy 0 2 4 --steps 60 --json OUT`` runs each case as its
 own ``diffscale train`` process (threads are set once per process) and prints one table; the
 record holds the machine's cores and its load before each case, since a shared machine's other
 users count as busy processes too. ``--online`` measures a field trainer instead: steps/s of one
-``OnlineTrainer.train_for`` round (``bench.online`` on the CPU, the field preset's batch), the
+``OnlineTrainer.train_for`` round (``benchmarks.online`` on the CPU, the field preset's batch), the
 climate users' setting of a trainer beside the simulation's busy ranks. Under ``taskset -c 0,1``
 on an idle host, the spinning processes inherit the two cores: an idle two-core machine.
 """
@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks import child_env
 from diffscale.runtime.resources import busy_elsewhere
 
 SPIN = "while True: pass"
@@ -45,12 +46,12 @@ def _train(out: Path, preset: str, steps: int, threads: int, batch: int | None) 
 def _online(out: Path, preset: str, steps: int, threads: int, batch: int | None) -> float:
     """Training steps/s of one ``OnlineTrainer.train_for(steps)`` round, in a fresh process."""
     record = out.parent / "online.json"
-    cmd = [sys.executable, "-m", "diffscale.bench.online", "--preset", preset, "--device", "cpu",
+    cmd = [sys.executable, "-m", "benchmarks.online", "--preset", preset, "--device", "cpu",
            "--round-steps", str(steps), "--warmup", str(max(steps // 10, 5)), "--repeats", "1", "--pushes", "1",
            "--members", "2", "--sample-steps", "2", "--set", f"runtime.cpu_threads={threads}", "--json", str(record)]
     if batch:
         cmd += ["--set", f"train.batch_per_gpu={batch}"]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env = child_env({k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"})
     subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=3600)
     return float(json.loads(record.read_text())["steps_per_s"])
 

@@ -2,14 +2,14 @@
 against training wall clock, for the plain recipe (the reference's: fp32, AdamW at a constant
 rate, a CPU DataLoader; ``bench.plain``) and for diffscale's defaults, on one device.
 
-``python -m diffscale.bench.policy_quality --preset policy --data builtin:reach2d-routes --json
+``python -m benchmarks.policy_quality --preset policy --data builtin:reach2d-routes --json
 OUT.json --markdown OUT.md`` trains each recipe from the same initial weights, scoring its EMA
 weights every ``--eval-every`` steps: ``--episodes`` rollouts (episode i seeded 1000 + i, as the
 benchmarks' route tables are) through one ``Controller`` with the run's sampler defaults (DDPM,
 ``train.sample_steps`` steps), on an evaluation network compiled once for both recipes. A
 recipe stops at its first score at or above ``--target`` (the time it needed) or after
 ``--max-train-s`` seconds of training. Training seconds exclude start-up (compilation, loader
-workers), reported apart (``bench.quality_clock``).
+workers), reported apart (``benchmarks.quality_clock``).
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from diffscale import config as C
-from diffscale.bench.quality_clock import (
+from benchmarks.quality_clock import (
     Deadline,
     Schedule,
-    build_run,
     eval_network,
     first_reaching,
     load_ema,
     markdown_table,
     publish,
+    recipe_run,
     scoring_runtime,
     train_curve,
     warm_up,
 )
+from diffscale import config as C
 from diffscale.errors import UserError
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def resolve(args: argparse.Namespace, recipe: str) -> C.RunConfig:
 def measure_recipe(args: argparse.Namespace, recipe: str, scorer: list[PolicyScorer], tmp: Path,
                    max_train_s: float) -> dict[str, Any]:
     cfg = resolve(args, recipe)
-    run_state, runner, rewind = build_run(cfg, tmp / recipe, plain_workers=args.plain_workers)
+    run_state, runner, rewind = recipe_run(cfg, tmp / recipe, plain_workers=args.plain_workers)
     startup = warm_up(runner.step, args.warmup, run_state.device)
     if not scorer:
         scorer.append(PolicyScorer(run_state, args))
@@ -142,7 +142,7 @@ def render(record: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.policy_quality",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.policy_quality",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="policy")
     parser.add_argument("--data", default="builtin:reach2d-routes")

@@ -1,7 +1,7 @@
 """Start-up on a large image folder: the time to a run's training images, each in a fresh process
 (interpreter start and imports included), before and after the decoded cache.
 
-``python -m diffscale.bench.datastart --images 100000 --gen-workers 16 --work DIR --json OUT``
+``python -m benchmarks.datastart --images 100000 --gen-workers 16 --work DIR --json OUT``
 
 * before: the folder listed and decoded in the process itself, one image after another, with
   no cache: what every start and every restart of every rank paid before the cache (the same
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diffscale.bench.imagefolder import make_image_folder
+from benchmarks.imagefolder import make_image_folder
 
 BEFORE = """
 import sys

@@ -1,7 +1,7 @@
 """Wall time of the verbs a user runs on a login node (``--version``, ``--help``, presets, plan,
 status, ...), each in a fresh interpreter as a shell starts it, and whether it loaded torch.
 
-    python -m diffscale.bench.verbs [--repeats 5] [--json FILE]
+    python -m benchmarks.verbs [--repeats 5] [--json FILE]
 
 Run it twice with ``PYTHONPATH`` naming two source trees to compare them on one machine
 (docs/benchmarks.md, "Start-up and compile time" records the figures).
@@ -44,7 +44,7 @@ def time_verb(argv: list[str], repeats: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.verbs", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.verbs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5, help="fresh interpreters per verb (the median is kept)")
     parser.add_argument("--json", type=Path, help="also write the rows here")

@@ -1,10 +1,10 @@
 """Time to quality: the plain recipe and diffscale's defaults, trained one after the other on the
 same card for the same wall-clock budget, with the Frechet distance measured along the way.
 
-``python -m diffscale.bench.quality_time --preset small --seconds 40 --out DIR``
+``python -m benchmarks.quality_time --preset small --seconds 40 --out DIR``
 
-Each run drives the bench's step runners (``bench.worker.make_runner``: the plain recipe of
-``bench.plain``, or diffscale's own step on the parallelized network) on the preset's built-in
+Each run is built as ``diffscale bench`` builds it (``bench.worker.build_recipe``: the plain
+recipe of ``bench.plain``, or diffscale's own ``build_run``) on the preset's built-in
 data. The training clock starts after ``--warmup`` steps (the compile and the loader's start,
 recorded apart as ``startup_s``) and stops at every evaluation: an evaluation samples ``--count``
 images (same seeded noise every time, ``--sampler``/``--eval-steps``, bf16 autocast on CUDA) and
@@ -18,7 +18,8 @@ figure (target: at most 40 %).
 
 Writes ``DIR/quality_time.json`` (every point and the summary), ``DIR/quality_time.md`` (tables)
 and ``DIR/quality_time.png``; the last weights of each diffscale run are kept as a run folder
-(``--runs``, default ``DIR/runs``: ``PRESET-fast``), which ``bench.sampler_quality`` samples.
+(``--runs``, default ``DIR/runs``: ``PRESET-fast``), which ``benchmarks.sampler_quality`` samples.
+The summary's arithmetic and the tables are ``benchmarks.quality_time_report``'s.
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ import functools
 import gc
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from benchmarks.quality_time_report import markdown, merged, summarize, write_chart
 from diffscale import config as C
 from diffscale.bench.runs import Variant, check_configs, parse_variants
 from diffscale.errors import UserError
@@ -47,9 +49,6 @@ if TYPE_CHECKING:  # annotations only; the functions import these where they run
     from diffscale.training.step import StepRunner
 
     Runner = PlainRunner | StepRunner
-
-TARGET_SHARE = 0.40
-"""diffscale reaches the plain recipe's final quality in at most this share of its time."""
 
 
 @dataclass(frozen=True)
@@ -67,96 +66,6 @@ class EvalSpec:
 def eval_marks(seconds: float, evals: int) -> list[float]:
     """Training seconds at which to evaluate: ``evals`` even steps up to ``seconds`` (its end included)."""
     return [seconds * k / evals for k in range(1, evals + 1)]
-
-
-def time_to_reach(points: Sequence[tuple[float, float]], target: float) -> float | None:
-    """The first x at which the curve ``points`` ((x, fd) in order of x) is at or below ``target``,
-    linearly interpolated from the point before it; None where it never gets there."""
-    before: tuple[float, float] | None = None
-    for x, fd in points:
-        if fd <= target:
-            if before is None or before[1] <= target:
-                return x
-            x0, fd0 = before
-            return x0 + (x - x0) * (fd0 - target) / (fd0 - fd)
-        before = (x, fd)
-    return None
-
-
-def summarize(records: list[dict], against: str | None = None) -> list[dict]:
-    """Per preset and diffscale run: its final FD, when it reached the reference's final FD (seconds
-    and images), and that time's share of the reference's budget. The reference is the plain
-    recipe, or the run named ``against`` (e.g. diffscale's defaults, to weigh a training choice)."""
-    rows = []
-    references = [r for r in records if (r["name"] == against if against else r["recipe"] == "plain")]
-    for ref in references:
-        target, budget = ref["points"][-1]["fd"], ref["points"][-1]["seconds"]
-        for run in (r for r in records if r["preset"] == ref["preset"] and r is not ref and r["recipe"] != "plain"):
-            points = run["points"]
-            reach_s = time_to_reach([(p["seconds"], p["fd"]) for p in points], target)
-            reach_images = time_to_reach([(p["images"], p["fd"]) for p in points], target)
-            share = reach_s / budget if reach_s is not None and budget > 0 else None
-            rows.append({"preset": ref["preset"], "run": run["name"], "reference": ref["name"],
-                         "plain_final_fd": target, "plain_seconds": budget, "plain_images": ref["points"][-1]["images"],
-                         "final_fd": points[-1]["fd"], "seconds": points[-1]["seconds"],
-                         "reach_plain_final_s": reach_s, "reach_plain_final_images": reach_images,
-                         "share_of_plain_time": share,
-                         "target_met": None if against else share is not None and share <= TARGET_SHARE})
-    return rows
-
-
-def _num(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def markdown(records: list[dict], summary: list[dict], about: dict, against: str | None = None) -> str:
-    """The points of every run and the summary against the plain recipe (or the run ``against``
-    names), as markdown tables."""
-    ref = against or "plain"
-    lines = [f"Time to quality on {about['device']}, {about['date_utc']} UTC, commit {about.get('commit') or '-'}: "
-             f"FD of {about['eval']['count']} samples ({about['eval']['sampler']}, {about['eval']['steps']} steps) "
-             "in the data set's feature network; training seconds exclude start-up and evaluation.", "",
-             "| preset | run | train s | steps | images seen | FD | FD of EMA | FD of raw weights |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in records:
-        for p in r["points"]:
-            lines.append(f"| {r['preset']} | {r['name']} | {p['seconds']:.1f} | {p['steps']} | {p['images']:,} | "
-                         f"{p['fd']:.2f} | {p['fd_ema']:.2f} | {_num(p.get('fd_raw'), '.2f')} |")
-    lines += ["", f"| preset | run | start-up s | samples/s | final FD | {ref} final FD | reaches it at s (images) "
-              f"| of {ref}'s time | target <= 40 % |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    compared = {(s["preset"], s["run"]): s for s in summary}
-    for r in records:
-        s = compared.get((r["preset"], r["name"]))
-        cells = ["", "", "", ""]  # the reference itself, or a run with no reference to compare with
-        if s is not None:
-            reach = "never" if s["reach_plain_final_s"] is None else \
-                f"{s['reach_plain_final_s']:.1f} ({s['reach_plain_final_images']:,.0f})"
-            cells = [f"{s['plain_final_fd']:.2f}", reach, _num(s["share_of_plain_time"], ".1%"),
-                     "-" if s["target_met"] is None else "met" if s["target_met"] else "missed"]
-        lines.append(f"| {r['preset']} | {r['name']} | {r['startup_s']:.1f} | {_num(r['samples_per_s'], ',.0f')} | "
-                     f"{r['points'][-1]['fd']:.2f} | {' | '.join(cells)} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_chart(records: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    presets = list(dict.fromkeys(r["preset"] for r in records))
-    fig, axes = plt.subplots(1, len(presets), figsize=(5 * len(presets), 4), squeeze=False)
-    for ax, preset in zip(axes[0], presets, strict=True):
-        for r in (r for r in records if r["preset"] == preset):
-            ax.plot([p["seconds"] for p in r["points"]], [p["fd"] for p in r["points"]], marker="o", label=r["name"])
-        ax.set_xlabel("training seconds")
-        ax.set_ylabel("Frechet distance")
-        ax.set_yscale("log")
-        ax.set_title(preset)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 # What the common recipe trains (diffusers' unconditional training example): the noise, every
@@ -221,8 +130,8 @@ def evaluate_point(run_state: RunState, runner: Runner, spec: EvalSpec, clock: f
     """The quality of the run's weights now: its EMA (the plain recipe's own EMA copied into the
     run state's EMA network), and for the plain recipe (for diffscale's with ``spec.raw_too``) its raw
     weights too, the better FD counting."""
+    from benchmarks.quality_clock import load_ema
     from diffscale.bench.plain import PlainRunner
-    from diffscale.bench.quality_clock import load_ema
     from diffscale.runtime.device import synchronize
 
     start = time.perf_counter()
@@ -298,18 +207,16 @@ def run_one(plan: RunPlan, overrides: list[str], spec: EvalSpec, runs_dir: Path,
 
 def _trained(plan: RunPlan, cfg: C.RunConfig, ctx: DistContext, policy: DevicePolicy, spec: EvalSpec,
              run_dir: Path, say: Callable[[str], None]) -> dict:
-    from rich.console import Console
 
-    from diffscale.bench.worker import make_runner
+    from diffscale.bench.worker import build_recipe
     from diffscale.runtime.device import synchronize
-    from diffscale.training.state import RunState
     from diffscale.training.step import StepRunner
 
     say(f"{plan.preset} {plan.name}: building, {plan.warmup} warm-up steps (compiles)")
     start = time.perf_counter()
-    run_state = RunState(cfg, run_dir, ctx, policy, Console(quiet=True))
-    run_state.task.prepare_quality()  # the cached feature network and the data's features
-    runner = make_runner(run_state, plan.recipe, plan.plain_workers)
+    # the cached feature network and the data's features are ready before anything compiles
+    run_state, runner = build_recipe(cfg, run_dir, ctx, policy, plan.recipe, plain_workers=plan.plain_workers,
+                                     prepare=lambda state: state.task.prepare_quality())
     for _ in range(plan.warmup):
         runner.step()
     synchronize(policy.device)
@@ -350,7 +257,7 @@ def _release() -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m diffscale.bench.quality_time", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality_time", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", action="append", help="image preset, repeatable (default small)")
     parser.add_argument("--seconds", type=float, default=40, help="training seconds of each run (default 40)")
@@ -412,19 +319,6 @@ def _plans(args: argparse.Namespace) -> list[RunPlan]:
             for variant in (fast_runs if recipe == "fast" else [Variant()])]
 
 
-def merged(paths: Sequence[Path], against: str | None = None) -> str:
-    """The tables and summary of the runs kept in several ``quality_time.json`` files, with the
-    first file's provenance, against the plain recipe or the run named ``against``."""
-    files = [json.loads(path.read_text()) for path in paths]
-    records = [run for kept in files for run in kept["runs"]]
-    names = sorted({run["name"] for run in records})
-    if against and against not in names:
-        raise UserError(f"--against '{against}' names no run in these files (they hold {', '.join(names)})",
-                        f"pass one of those names, e.g. --against {names[0]}, or leave --against out to "
-                        "compare with the plain recipe")
-    return markdown(records, summarize(records, against), files[0]["about"], against)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
@@ -470,7 +364,7 @@ def _command() -> str:
     import shlex
     import sys
 
-    return shlex.join(["python", "-m", "diffscale.bench.quality_time", *sys.argv[1:]])
+    return shlex.join(["python", "-m", "benchmarks.quality_time", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""bench.latency times any task's generation through the protocol (here on the CPU)."""
+"""benchmarks.latency times any task's generation through the protocol (here on the CPU)."""
 
 import json
 
-from diffscale.bench import latency
+from benchmarks import latency
 
 
 def test_latency_records_percentiles_of_each_call(tmp_path, capsys):
@@ -18,7 +18,7 @@ def test_latency_records_percentiles_of_each_call(tmp_path, capsys):
 
 
 def test_online_bench_times_a_round_sampling_and_pushes_during_training(tmp_path):
-    from diffscale.bench import online
+    from benchmarks import online
 
     out = tmp_path / "online.json"
     assert online.main(["--device", "cpu", "--outputs", "2", "--round-steps", "3", "--warmup", "1", "--repeats", "2",
