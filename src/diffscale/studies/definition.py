@@ -43,12 +43,21 @@ CLUSTER_AXES = ("cluster.partition", "cluster.shape")
 SEED_AXES = ("train.seed", "seed")
 """The axis a seed list becomes (a diffscale run's, a command's); collect averages over it."""
 SHAPE = re.compile(r"(\d+)\s*[xX*]\s*(\d+)")
-TOP_KEYS = ("name", "out", "base", "axes", "zip", "seeds", "cluster")
+TOP_KEYS = ("name", "out", "base", "axes", "zip", "seeds", "cluster", "max_elements")
 BASE_KEYS = ("preset", "config", "data", "set", "command")
 CLUSTER_KEYS = ("name", "partition", "nodes", "gpus_per_node", "procs_per_node", "time", "account", "qos",
-                "parallel", "max_array", "setup", "python", "cpus_per_task", "mem")
+                "parallel", "max_array", "setup", "python", "cpus_per_task", "mem", "force")
+"""Every key is documented with an example in docs/studies.md."""
+CLUSTER_INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "parallel", "max_array")
 DEFAULT_PARALLEL = 0
 """0: no ``%P`` throttle (every element may run at once, as the scheduler allows)."""
+DEFAULT_MAX_ELEMENTS = 10_000
+"""Elements a sweep may have unless its file raises ``max_elements`` (checked from the axes'
+lengths before any element is built: a mistyped grid of 10**6 is refused at once)."""
+MEM = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B?)?", re.I)
+MEM_UNITS = {"K": 1 / 2**20, "M": 1 / 2**10, "G": 1, "T": 2**10}
+"""``cluster.mem`` units as the schedulers read them (``2G``, ``2048M``): binary, in GiB; no unit is GiB."""
+MAX_MEM_GB = 65536
 
 
 def value_text(value: Any) -> str:
@@ -103,12 +112,16 @@ class ClusterSection:
     qos: str | None = None
     cpus_per_task: int | None = None
     mem: float | None = None
+    """Host memory per node in GiB (``mem: 64`` or ``mem: 64G``; default: estimated)."""
     parallel: int = DEFAULT_PARALLEL
     """At most this many elements of one array run at once (SLURM ``%P``, Grid Engine ``-tc``); 0: no limit."""
     max_array: int | None = None
     """Elements one array may hold (default: the profile's ``max_array_size``, else SLURM's 1001)."""
     setup: tuple[str, ...] = ()
     python: str | None = None
+    force: tuple[str, ...] = ()
+    """Preflight checks to go ahead despite (their names as plan prints them, e.g. 'host RAM per
+    node'): kept in the sweep directory, so ``submit --failed`` honours them too."""
 
     def __post_init__(self) -> None:
         for flag, value in (("cluster.nodes", self.nodes), ("cluster.gpus_per_node", self.gpus_per_node),
@@ -140,6 +153,8 @@ class SweepDefinition:
     zips: tuple[tuple[Axis, ...], ...] = ()
     """Groups of axes varied together (equal lengths), each group one dimension of the product."""
     cluster: ClusterSection | None = None
+    max_elements: int = DEFAULT_MAX_ELEMENTS
+    """More elements than this are refused, counted from the axes before any is built."""
     source: str = ""
     """Where the definition came from (a file, or the command line), for messages."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -211,6 +226,41 @@ def _known(where: str, mapping: dict[str, Any], keys: tuple[str, ...]) -> None:
                             f"use {', '.join(where + k for k in keys)}")
 
 
+def whole_number(where: str, value: Any, example: str) -> int:
+    """A YAML value that must be a whole number, or one line naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value)
+        raise UserError(f"{where} {value!r} is not a whole number", f"write e.g. {where}: {example}")
+    return value
+
+
+def memory_gib(value: Any) -> float:
+    """``cluster.mem``: a number of GiB, or ``2G`` / ``2048M`` / ``1T`` as the schedulers write it."""
+    if isinstance(value, bool):
+        value = None
+    if isinstance(value, (int, float)):
+        gib = float(value)
+    else:
+        match = MEM.fullmatch(str(value).strip())
+        if match is None:
+            raise UserError(f"cluster.mem {value!r} is not an amount of memory",
+                            "write GiB per node as a number or with a unit, e.g. cluster.mem: 64 or 64G or 2048M")
+        gib = float(match.group("n")) * MEM_UNITS[(match.group("unit") or "G")[0].upper()]
+    if not (0 < gib <= MAX_MEM_GB) or gib != gib:
+        raise UserError(f"cluster.mem {value!r} is out of range: host memory per node is more than 0 and at most "
+                        f"{MAX_MEM_GB} GiB", "write e.g. cluster.mem: 64G, or leave it out for the estimate")
+    return gib
+
+
+def _time(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        # YAML 1.1 reads an unquoted 1:30:00 as the number 5400 (base 60)
+        raise UserError(f"cluster.time {value} is a number (YAML reads an unquoted H:MM:SS as seconds)",
+                        "quote it: cluster.time: '01:30:00'")
+    return str(value)
+
+
 def _cluster(raw: Any) -> ClusterSection | None:
     if raw is None:
         return None
@@ -219,15 +269,21 @@ def _cluster(raw: Any) -> ClusterSection | None:
     if not isinstance(raw, dict) or "name" not in raw:
         raise UserError("cluster has no name", "write cluster: {name: PROFILE, partition: ..., gpus_per_node: ...}")
     _known("cluster.", raw, CLUSTER_KEYS)
-    setup = raw.get("setup") or []
-    fields = {k: v for k, v in raw.items() if k != "setup"}
-    for key in ("name", "partition", "time", "account", "qos", "python"):
-        if fields.get(key) is not None:
+    fields = {k: v for k, v in raw.items() if k not in ("setup", "force") and v is not None}
+    for key in ("name", "partition", "account", "qos", "python"):
+        if key in fields:
             fields[key] = str(fields[key])
-    try:
-        return ClusterSection(**fields, setup=tuple(str(s) for s in _list("cluster.setup", setup)))
-    except TypeError as exc:
-        raise UserError(f"cluster: {exc}", "see docs/studies.md for the cluster section") from exc
+    for key in CLUSTER_INTS:
+        if key in fields:
+            fields[key] = whole_number(f"cluster.{key}", fields[key], "2")
+    if "time" in fields:
+        fields["time"] = _time(fields["time"])
+    if "mem" in fields:
+        fields["mem"] = memory_gib(fields["mem"])
+    force = raw.get("force") or []
+    force = [force] if isinstance(force, str) else force
+    return ClusterSection(**fields, setup=tuple(str(s) for s in _list("cluster.setup", raw.get("setup") or [])),
+                          force=tuple(str(s) for s in _list("cluster.force", force)))
 
 
 def _command(raw: Any) -> tuple[str, ...]:
@@ -261,19 +317,35 @@ def from_dict(raw: Any, *, name: str, source: str) -> SweepDefinition:
         preset=base.get("preset"), config=base.get("config"), data=base.get("data"),
         overrides=tuple(str(s) for s in _list("base.set", base.get("set") or [])), command=command,
         axes=axes, zips=tuple(z for z in zips if z), cluster=_cluster(raw.get("cluster")), source=source,
-        raw={**raw, "name": sweep_name})
+        max_elements=_max_elements(raw.get("max_elements")), raw={**raw, "name": sweep_name})
 
 
-def load(path: str | Path) -> SweepDefinition:
-    """The definition in a YAML file."""
+def _max_elements(value: Any) -> int:
+    if value is None:
+        return DEFAULT_MAX_ELEMENTS
+    count = whole_number("max_elements", value, "20000")
+    if count < 1:
+        raise UserError(f"max_elements {count} is out of range (it must be 1 or more)",
+                        "write e.g. max_elements: 20000")
+    return count
+
+
+def read_file(path: str | Path) -> Any:
+    """The mapping a sweep YAML file holds (checked by :func:`from_dict`)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"sweep file '{path}' does not exist", "pass a sweep YAML (see docs/studies.md) or a sweep dir")
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML ({str(exc).splitlines()[0]})", "fix the YAML syntax") from exc
-    return from_dict(raw, name=path.stem, source=str(path))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text", "save the sweep file as UTF-8") from exc
+
+
+def load(path: str | Path) -> SweepDefinition:
+    """The definition in a YAML file."""
+    return from_dict(read_file(path), name=Path(path).stem, source=str(path))
 
 
 def parse_axis_flag(text: str) -> tuple[str, list[str]]:
@@ -313,6 +385,7 @@ class ShortForm:
     zipped: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     cluster: dict[str, Any] | None = None
+    max_elements: int | None = None
 
 
 def from_flags(short: ShortForm) -> SweepDefinition:
@@ -325,7 +398,7 @@ def from_flags(short: ShortForm) -> SweepDefinition:
                            "zip": [dict(parse_axis_flag(a) for a in short.zipped)] if short.zipped else [],
                            "base": {"preset": short.preset, "config": short.config, "data": short.data,
                                     "set": list(short.overrides), "command": list(short.command) or None},
-                           "cluster": short.cluster}
+                           "cluster": short.cluster, "max_elements": short.max_elements}
     if len(raw["axes"]) != len(short.axes):
         raise UserError("--axis names an axis twice", "give each name one --axis with all its values")
     return from_dict(raw, name=short.name, source="the command line")
