@@ -13,7 +13,7 @@ FLAG_KEYS = {"--mem": "mem", "--time": "time", "--nodes": "nodes", "--gpus-per-n
              "--procs-per-node": "procs_per_node", "--cpus-per-task": "cpus_per_task", "--partition": "partition",
              "--account": "account", "--qos": "qos"}
 """plan's job flags -> the sweep file's cluster keys."""
-_FLAG = re.compile(r"(?P<flag>--[a-z-]+)(?: (?P<value>[^\s,;)]+))?")
+_FLAG = re.compile(r"(?P<flag>--[a-z-]+)(?: (?P<value>[\w:.-]*\d[\w:.-]*))?")
 _SET = re.compile(r"--set (?P<item>[\w.]+=[^\s,;)]+)")
 
 

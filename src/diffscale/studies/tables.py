@@ -37,7 +37,7 @@ def _relative(path: str, base: Path) -> str:
 def print_elements(plan: SweepPlan) -> None:
     names = [a.name for a in plan.definition.all_axes]
     labels = {e.index: g.label for g in plan.groups for e in g.elements}
-    table = Table(title=Text(f"sweep {plan.definition.name}: {plan.count} run(s) in {plan.sweep_dir}"))
+    table = Table(title=Text(f"sweep {plan.definition.name}: {plan.count:,} run(s) in {plan.sweep_dir}"))
     for col in ("#", *names, "run dir", *(["array"] if labels else [])):
         table.add_column(Text(col))
     for e in plan.elements[:PREVIEW] if plan.count > len(plan.elements) else plan.elements:
