@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from diffscale.errors import UserError, closest
+from diffscale.studies.sweep_cluster import ClusterSection, parse_cluster, whole_number
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """``{name}`` in a user command; ``{{`` and ``}}`` stay literal braces."""
@@ -45,21 +46,9 @@ SEED_AXES = ("train.seed", "seed")
 SHAPE = re.compile(r"(\d+)\s*[xX*]\s*(\d+)")
 TOP_KEYS = ("name", "out", "base", "axes", "zip", "seeds", "cluster", "max_elements")
 BASE_KEYS = ("preset", "config", "data", "set", "command")
-CLUSTER_KEYS = ("name", "partition", "nodes", "gpus_per_node", "procs_per_node", "time", "account", "qos",
-                "parallel", "max_array", "setup", "python", "cpus_per_task", "mem", "force")
-"""Every key is documented with an example in docs/studies.md."""
-CLUSTER_INTS = ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "parallel", "max_array")
-DEFAULT_PARALLEL = 0
-"""0: no ``%P`` throttle (every element may run at once, as the scheduler allows)."""
 DEFAULT_MAX_ELEMENTS = 10_000
 """Elements a sweep may have unless its file raises ``max_elements`` (checked from the axes'
 lengths before any element is built: a mistyped grid of 10**6 is refused at once)."""
-MEM = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B?)?", re.I)
-MEM_UNITS = {"K": 1 / 2**20, "M": 1 / 2**10, "G": 1, "T": 2**10}
-"""``cluster.mem`` units as the schedulers read them (``2G``, ``2048M``): binary, in GiB; no unit is GiB."""
-MAX_MEM_GB = 65536
-
-
 def value_text(value: Any) -> str:
     """An axis value as ``--set`` and a command take it: YAML's own spelling for lists and maps."""
     if isinstance(value, bool):
@@ -93,45 +82,6 @@ class Axis:
     @property
     def is_config(self) -> bool:
         return "." in self.name and not self.is_cluster
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSection:
-    """Where the elements run as job arrays: a profile and the shape every element asks for."""
-
-    name: str
-    """A cluster profile (`diffscale cluster list`) or a profile YAML."""
-    partition: str | None = None
-    nodes: int = 1
-    gpus_per_node: int | None = None
-    procs_per_node: int | None = None
-    """CPU processes per node instead of GPUs."""
-    time: str | None = None
-    """Wall time of each element's job (default: estimated, or the partition's limit)."""
-    account: str | None = None
-    qos: str | None = None
-    cpus_per_task: int | None = None
-    mem: float | None = None
-    """Host memory per node in GiB (``mem: 64`` or ``mem: 64G``; default: estimated)."""
-    parallel: int = DEFAULT_PARALLEL
-    """At most this many elements of one array run at once (SLURM ``%P``, Grid Engine ``-tc``); 0: no limit."""
-    max_array: int | None = None
-    """Elements one array may hold (default: the profile's ``max_array_size``, else SLURM's 1001)."""
-    setup: tuple[str, ...] = ()
-    python: str | None = None
-    force: tuple[str, ...] = ()
-    """Preflight checks to go ahead despite (their names as plan prints them, e.g. 'host RAM per
-    node'): kept in the sweep directory, so ``submit --failed`` honours them too."""
-
-    def __post_init__(self) -> None:
-        for flag, value in (("cluster.nodes", self.nodes), ("cluster.gpus_per_node", self.gpus_per_node),
-                            ("cluster.procs_per_node", self.procs_per_node), ("cluster.max_array", self.max_array),
-                            ("cluster.cpus_per_task", self.cpus_per_task)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} {value} is out of range (it must be 1 or more)", f"e.g. {flag}: 1")
-        if self.parallel < 0:
-            raise UserError(f"cluster.parallel {self.parallel} is negative",
-                            "give how many elements may run at once (0: no limit)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,66 +176,6 @@ def _known(where: str, mapping: dict[str, Any], keys: tuple[str, ...]) -> None:
                             f"use {', '.join(where + k for k in keys)}")
 
 
-def whole_number(where: str, value: Any, example: str) -> int:
-    """A YAML value that must be a whole number, or one line naming the key."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().isdigit():
-            return int(value)
-        raise UserError(f"{where} {value!r} is not a whole number", f"write e.g. {where}: {example}")
-    return value
-
-
-def memory_gib(value: Any) -> float:
-    """``cluster.mem``: a number of GiB, or ``2G`` / ``2048M`` / ``1T`` as the schedulers write it."""
-    if isinstance(value, bool):
-        value = None
-    if isinstance(value, (int, float)):
-        gib = float(value)
-    else:
-        match = MEM.fullmatch(str(value).strip())
-        if match is None:
-            raise UserError(f"cluster.mem {value!r} is not an amount of memory",
-                            "write GiB per node as a number or with a unit, e.g. cluster.mem: 64 or 64G or 2048M")
-        gib = float(match.group("n")) * MEM_UNITS[(match.group("unit") or "G")[0].upper()]
-    if not (0 < gib <= MAX_MEM_GB) or gib != gib:
-        raise UserError(f"cluster.mem {value!r} is out of range: host memory per node is more than 0 and at most "
-                        f"{MAX_MEM_GB} GiB", "write e.g. cluster.mem: 64G, or leave it out for the estimate")
-    return gib
-
-
-def _time(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        # YAML 1.1 reads an unquoted 1:30:00 as the number 5400 (base 60)
-        raise UserError(f"cluster.time {value} is a number (YAML reads an unquoted H:MM:SS as seconds)",
-                        "quote it: cluster.time: '01:30:00'")
-    return str(value)
-
-
-def _cluster(raw: Any) -> ClusterSection | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        raw = {"name": raw}
-    if not isinstance(raw, dict) or "name" not in raw:
-        raise UserError("cluster has no name", "write cluster: {name: PROFILE, partition: ..., gpus_per_node: ...}")
-    _known("cluster.", raw, CLUSTER_KEYS)
-    fields = {k: v for k, v in raw.items() if k not in ("setup", "force") and v is not None}
-    for key in ("name", "partition", "account", "qos", "python"):
-        if key in fields:
-            fields[key] = str(fields[key])
-    for key in CLUSTER_INTS:
-        if key in fields:
-            fields[key] = whole_number(f"cluster.{key}", fields[key], "2")
-    if "time" in fields:
-        fields["time"] = _time(fields["time"])
-    if "mem" in fields:
-        fields["mem"] = memory_gib(fields["mem"])
-    force = raw.get("force") or []
-    force = [force] if isinstance(force, str) else force
-    return ClusterSection(**fields, setup=tuple(str(s) for s in _list("cluster.setup", raw.get("setup") or [])),
-                          force=tuple(str(s) for s in _list("cluster.force", force)))
-
-
 def _command(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
@@ -316,7 +206,7 @@ def from_dict(raw: Any, *, name: str, source: str) -> SweepDefinition:
         name=sweep_name, out=str(raw.get("out") or Path("sweeps") / sweep_name),
         preset=base.get("preset"), config=base.get("config"), data=base.get("data"),
         overrides=tuple(str(s) for s in _list("base.set", base.get("set") or [])), command=command,
-        axes=axes, zips=tuple(z for z in zips if z), cluster=_cluster(raw.get("cluster")), source=source,
+        axes=axes, zips=tuple(z for z in zips if z), cluster=parse_cluster(raw.get("cluster")), source=source,
         max_elements=_max_elements(raw.get("max_elements")), raw={**raw, "name": sweep_name})
 
 

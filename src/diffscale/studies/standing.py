@@ -100,6 +100,8 @@ def _from_records(rec: ElementRecord, recorded: ElementState | None, run_dir: Pa
     """An element no scheduler knows: what ``sweep run`` recorded, checked against its run directory;
     without a record (or with a damaged state.json) the exit its log ends with."""
     code = logged_exit(run_dir)
+    if recorded is not None and recorded.state == "missing":
+        recorded = None  # its run directory is back (made again): judged from what it holds now
     if recorded is not None and recorded.state == "running" and not _runner_alive(recorded.pid):
         return ElementState(rec.index, "stopped", "the sweep run that ran it ended before it did")
     if recorded is not None and recorded.state == "done":

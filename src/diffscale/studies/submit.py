@@ -25,7 +25,8 @@ from diffscale.studies.status import sweep_states
 
 
 def chosen(plan: SweepPlan, failed_only: bool) -> set[int]:
-    """Elements to submit: the failed ones (``failed_only``), else every one never submitted nor done."""
+    """Elements to submit: the failed ones (``failed_only``), else every one never submitted nor done
+    (a run directory made again after it was deleted holds no jobs.json: it is submitted again)."""
     states = {s.index: s for _, s in sweep_states(plan.sweep_dir)}
     if failed_only:
         picked = {i for i, s in states.items() if s.state == "failed"}
@@ -34,7 +35,7 @@ def chosen(plan: SweepPlan, failed_only: bool) -> set[int]:
                             f"see diffscale sweep status {plan.sweep_dir}")
         return picked
     picked = {e.index for e in plan.elements
-              if states[e.index].state == "pending" and not jobs.path(e.run_dir).is_file()}
+              if states[e.index].state in ("pending", "stopped") and not jobs.path(e.run_dir).is_file()}
     if not picked:
         raise UserError(f"every element of {plan.sweep_dir} was already submitted or is done",
                         f"see diffscale sweep status {plan.sweep_dir}; resubmit failed ones with --failed")

@@ -220,8 +220,9 @@ class GridEngine:
         proc = run(["qsub", "-w", "v", str(script)], cwd=run_dir, check=False)
         said = (proc.stdout + proc.stderr).strip()
         if proc.returncode != 0 or "no suitable queue" in said.lower():
-            lines = said.splitlines()
-            raise UserError(f"`qsub -w v` refused it: {lines[-1] if lines else f'exit {proc.returncode}'}",
+            lines = [ln.strip() for ln in said.splitlines() if ln.strip() and ln.strip() != "Exiting."]
+            why = next((ln for ln in lines if ln.startswith("Unable to run job")), lines[-1] if lines else "")
+            raise UserError(f"`qsub -w v` refused it: {why or f'exit {proc.returncode}'}",
                             "see the scheduler's message; `diffscale sweep plan` shows the job it was asked for")
 
     def states(self, job_ids: Sequence[str]) -> list[JobState]:
