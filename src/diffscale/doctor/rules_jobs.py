@@ -61,14 +61,19 @@ _FIRST_ENDED = re.compile(r"tasks? [\d,-]+: Exited with exit code|srun: (?:Termi
 
 def _killed_rank(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mapping[str, str] | None:
     """Who was killed, by what -- unless something ended first (a rank's own exit, a cancelled step:
-    then this kill is the launcher ending the others, not the cause)."""
+    then this kill is the launcher ending the others, not the cause). torchrun lists the workers it
+    ended itself under "Failures:" and the one that ended first under "Root Cause": only that one."""
     if any(_FIRST_ENDED.search(line) for line in lines[:index]):
         return None
     if values.get("task") is not None:
         return {"who": f"rank {values['task']} on {values['host']}", "what": _SIGNALS[values["how"]]}
-    rank = next((m.group(1) for line in reversed(lines[max(0, index - 6):index])
-                 if (m := re.search(r"\brank\s*:\s*(\d+)", line))), None)
-    return {"who": f"rank {rank}" if rank else f"the rank of PID {values['pid']}", "what": values["sig"]}
+    if any("Root Cause (first observed failure)" in line for line in lines[index + 1:]):
+        return None
+    near = lines[max(0, index - 6):index]
+    rank = next((m.group(1) for line in reversed(near) if (m := re.search(r"\brank\s*:\s*(\d+)", line))), None)
+    host = next((m.group(1) for line in reversed(near) if (m := re.search(r"\bhost\s*:\s*(\S+)", line))), None)
+    who = f"rank {rank}" if rank else f"the rank of PID {values['pid']}"
+    return {"who": f"{who} on {host}" if host else who, "what": values["sig"]}
 
 
 TEXT_RULES: tuple[TextRule, ...] = (
