@@ -66,6 +66,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _check_guidance(guidance: float | None) -> None:
+    if guidance is not None and not -float("inf") < guidance < float("inf"):  # inf drew all-black images
+        raise UserError(f"--guidance {guidance} is not a finite number",
+                        "use a guidance scale of 0 or more, such as 2 (1: the class-conditional prediction alone)")
     if guidance is not None and not guidance >= 0:
         raise UserError(f"--guidance {guidance} is negative",
                         "use 0 or more (1: the class-conditional prediction alone, no guidance; the run's default "

@@ -26,6 +26,11 @@ class UserError(Exception):
         return f"{self.cause} -- {self.fix}" if self.fix else self.cause
 
 
+class ArgumentError(UserError, ValueError):
+    """A Python API's argument out of range (``Controller.reset(seed=-1)``): a ``ValueError`` to
+    its caller, whose message names the argument, and one error line to the CLI."""
+
+
 def closest(word: str, choices: Iterable[str]) -> str:
     """A ' (did you mean X?)' hint, or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)

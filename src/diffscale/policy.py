@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diffscale.diffusion.inference import sampling_network
+from diffscale.errors import ArgumentError
 from diffscale.inference.trained import load_trained
 from diffscale.tasks.policy.controller import Controller as _Controller
 
@@ -32,6 +33,9 @@ class Controller(_Controller):
         loop recorded as one on CUDA; fp32, compiled, on a CPU). ``sampler``: ``ddpm`` (default, the
         process the run trained) or ``ddim``; ``steps``: denoising steps per plan (default: the
         run's ``train.sample_steps``, as its previews and ``diffscale eval`` sample)."""
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ArgumentError(f"Controller.load(steps={steps!r}): a plan needs a whole number of denoising steps, "
+                                "at least one", "pass steps >= 1, or leave steps out for the run's train.sample_steps")
         run = load_trained(Path(run_dir), device)
         network = sampling_network(run.network, run.cfg.runtime, many_calls=True)
         sampler, steps = run.cfg.train.sampling(sampler, steps, task_sampler=run.task.evaluation_sampler)

@@ -72,4 +72,5 @@ if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
     echo "diffscale: checkpointed, but the run was already continued $restarts times (max 20); submit again to continue" >&2
     exit 85
 fi
+echo "diffscale: command exited with $rc"
 exit "$rc"

@@ -55,4 +55,5 @@ if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
     echo "diffscale: checkpointed; the next segment continues the run"
     exit 0
 fi
+echo "diffscale: command exited with $rc"
 exit "$rc"

@@ -6,7 +6,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=2
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=8G
+#SBATCH --mem=61G
 #SBATCH --time=08:00:00
 #SBATCH --partition=compute
 #SBATCH --account=myproject
@@ -53,4 +53,5 @@ if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
     echo "diffscale: checkpointed; the next segment continues the run"
     exit 0
 fi
+echo "diffscale: command exited with $rc"
 exit "$rc"

@@ -65,4 +65,5 @@ if [ "$rc" -eq 85 ] || { [ "$got_signal" -eq 1 ] && [ "$rc" -ne 0 ]; }; then
         echo "diffscale: checkpointed, but the job was already restarted $restarts times (max 20); submit again to continue" >&2
     fi
 fi
+echo "diffscale: command exited with $rc"
 exit "$rc"

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from scheduler_jobs import discovered_profile, ds, resolve_node_names, wait_done
 
+from helpers import required
+
 pytestmark = pytest.mark.integration
 
 # A Lightning Trainer on CPUs: ddp over num_nodes x devices processes; every rank prints what it sees.
@@ -56,7 +58,7 @@ def sge_profile(sge_cluster, tmp_path_factory) -> Path:
 
 
 def test_lightning_ddp_two_nodes_on_slurm(slurm_profile, tmp_path):
-    pytest.importorskip("lightning")
+    required("lightning")
     script = tmp_path / "train.py"
     script.write_text(LIGHTNING)
     run_dir = tmp_path / "run it's"
@@ -74,7 +76,7 @@ def test_lightning_ddp_two_nodes_on_slurm(slurm_profile, tmp_path):
 
 def test_lightning_ddp_on_grid_engine_through_torchrun(sge_profile, tmp_path):
     """The test Grid Engine has one host: 1 node x 2 processes (Lightning reads torchrun's variables)."""
-    pytest.importorskip("lightning")
+    required("lightning")
     script = tmp_path / "train.py"
     script.write_text(LIGHTNING)
     run_dir = tmp_path / "run"

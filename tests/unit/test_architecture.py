@@ -297,28 +297,45 @@ LIGHT_VERBS = [["--version"], ["--help"], *[[verb, "--help"] for verb in (
 
 
 def test_light_verbs_leave_torch_unloaded(tmp_path):
-    """What a user runs on a login node most answers without loading torch (seconds each)."""
+    """What a user runs on a login node most answers without loading torch (seconds each), each
+    verb doing its real work: status, logs and doctor read a whole run directory (metrics,
+    checkpoints, a job log, jobs.json), and every verb must succeed (exit 0), so an early error
+    path cannot stand in for the work."""
     import subprocess
     import sys
 
-    code = ("import json, sys\nfrom diffscale.cli import main\nfor argv in json.loads(sys.argv[1]):\n"
-            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+    from helpers import fake_run
+
+    code = ("import json, sys\nfrom diffscale.cli import main\ncodes = []\nfor argv in json.loads(sys.argv[1]):\n"
+            "    try:\n        codes.append(main(argv))\n    except SystemExit as done:\n"
+            "        codes.append(done.code or 0)\n"
+            "print('codes:', json.dumps(codes))\n"
             "print('loaded:', json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers'))))")
     plan = ["plan", "--cluster", "purdue-gilbreth", "--nodes", "1", "--gpus-per-node", "4", "--preset", "small",
             "--account", "lab"]
     policy_plan = [*plan[:-3], "policy", *plan[-2:]]
+    submitted = fake_run(tmp_path / "submitted")  # jobs.json, a job log the doctor reads a CUDA OOM in
+    local = fake_run(tmp_path / "local")  # trained here: no jobs.json, status reads its records
+    for name in ("jobs.json", "continuations.tsv"):
+        (local / name).unlink()
     sweep = tmp_path / "sweep"
     (sweep / "runs" / "000").mkdir(parents=True)
     (sweep / "sweep.yaml").write_text("base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\n")
     (sweep / "elements.json").write_text(json.dumps([{"index": 0, "values": {"optim.lr": "1e-4"},
-                                                      "run_dir": str(sweep / "runs" / "000")}]))
+                                                      "run_dir": "runs/000"}]))
     (sweep / "runs" / "000" / "metrics.jsonl").write_text('{"step": 2, "loss": 0.5}\n')
     sweep_plan = ["sweep", "plan", "--preset", "small", "--axis", "optim.lr=1e-4,3e-4", "--cluster", "purdue-gilbreth",
                   "--gpus-per-node", "1", "--account", "lab"]
-    verbs = [*LIGHT_VERBS, plan, policy_plan, ["status", str(tmp_path)], ["doctor", str(tmp_path)],
-             ["logs", str(tmp_path)], sweep_plan, ["sweep", "status", str(sweep)], ["sweep", "collect", str(sweep)]]
+    verbs = [*LIGHT_VERBS, plan, policy_plan, ["status", str(local)], ["doctor", str(submitted)],
+             ["logs", str(submitted)], sweep_plan, ["sweep", "status", str(sweep)], ["sweep", "collect", str(sweep)]]
     env = {k: v for k, v in __import__("os").environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-c", code, json.dumps(verbs)], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=300)
-    last = done.stdout.strip().splitlines()[-1]
-    assert last == "loaded: []", (last, done.stderr[-2000:])
+    lines = done.stdout.strip().splitlines()
+    codes = json.loads(next(line for line in lines if line.startswith("codes:")).split(" ", 1)[1])
+    failed = [(" ".join(argv), c) for argv, c in zip(verbs, codes, strict=True) if c != 0]
+    assert not failed, (failed, done.stderr[-2000:])
+    assert f"run {local}: step 40/40 (100 %)" in done.stdout  # status read the records
+    assert "torch.OutOfMemoryError: CUDA out of memory" in done.stdout  # logs printed the job's log
+    assert "the GPU ran out of memory (tried to allocate 2.00 GiB)" in done.stdout  # the doctor read it
+    assert lines[-1] == "loaded: []", (lines[-1], done.stderr[-2000:])

@@ -60,6 +60,46 @@ def _class_run(ws: Path) -> None:
     shutil.copytree(TRAINED["classes"], ws / "run")
 
 
+def _fields_run(ws: Path) -> None:
+    """A copy of the module's fields run (field-icon, 2 steps) as ``{run}``."""
+    shutil.copytree(TRAINED["fields"], ws / "run")
+
+
+def _cond(ws: Path) -> None:
+    """Two conditions of the fields run's 7 values, as c.npy."""
+    import numpy as np
+
+    np.save(ws / "c.npy", np.zeros((2, 7), np.float32))
+
+
+def _empty_parquet(ws: Path) -> None:
+    """A Parquet table with an image column and no rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"image": pa.array([], type=pa.binary())}), ws / "empty.parquet")
+
+
+def _sweep(ws: Path) -> None:
+    """A planned sweep directory {ws}/sw of one command element, as `sweep run` leaves it."""
+    assert main(["sweep", "run", "--axis", "k=a", "--out", str(ws / "sw"), "--", "true", "{k}"]) == 0
+
+
+def _big_grid(ws: Path) -> None:
+    """A sweep file of 1000 x 1000 elements."""
+    values = ", ".join(str(i) for i in range(1000))
+    (ws / "big.yaml").write_text(f"base: {{preset: tiny}}\naxes: {{optim.warmup_steps: [{values}], "
+                                 f"train.seed: [{values}]}}\n")
+
+
+def _outside_log(ws: Path) -> None:
+    """A run directory whose jobs.json names a log outside it."""
+    _jobs(ws)
+    record = json.loads((ws / "jobs" / "jobs.json").read_text())
+    record["submissions"][0]["jobs"][0]["log"] = "../../../../../../../../etc/hostname"
+    (ws / "jobs" / "jobs.json").write_text(json.dumps(record))
+
+
 def _each_checkpoint(action: Callable[[Path], None]) -> Setup:
     def make(ws: Path) -> None:
         for step in sorted((ws / "run" / "checkpoints").iterdir()):
@@ -185,6 +225,8 @@ CASES = [
          "/noshards' -- point --data webdataset:DIR_OR_GLOB at a folder of .tar shards"),
     Case("train --data webdataset:{ws}/wds --out {ws}/t", "a.tar' holds no samples with an image (.png, .jpg or "
          ".jpeg) -- remove the empty shard, or write it again", (_file("wds/a.tar", "\0" * 10240),)),
+    Case("train --data parquet:{ws}/empty.parquet --out {ws}/t", "empty.parquet' holds no images (0 rows or samples)",
+         (_empty_parquet,)),
     Case("train --data parquet:{ws}/missing.parquet --out {ws}/t",
          "/missing.parquet' does not exist -- check the path given to --data parquet:PATH[:COLUMN]"),
     Case("train --data emnist:{ws}/nothing --out {ws}/t", "EMNIST"),
@@ -249,6 +291,10 @@ CASES = [
          "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
     Case("sample {run} --guidance 3", "--guidance needs a class-conditional images run", RUN),
     Case("sample {run} --class A --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
+    Case("sample {run} --class 3 --guidance inf", "--guidance inf is not a finite number", (_class_run,)),
+    Case("sample {run} --class 3 --guidance nan", "--guidance nan is not a finite number", (_class_run,)),
+    Case("sample {run} --cond {ws}/c.npy --members 1000000000", "2 conditions x --members 1,000,000,000 needs about",
+         (_fields_run, _cond)),
     Case("eval {run} --guidance -1", "--guidance -1.0 is negative -- use 0 or more", (_class_run,)),
     Case("eval {run} --guidance 3", "--guidance needs a class-conditional images run; this images run is trained "
          "without classes (model.class_conditional off) -- drop --class and --guidance", RUN),
@@ -277,6 +323,8 @@ CASES = [
          "nothing' cannot be read (No such file or directory)", RUN),
     Case("export {run} --diffusers {ws}/out --push-to-hub lab/x --token-file {ws}/empty", "is empty",
          (_run, _file("empty", "\n"))),
+    Case("export {run} --diffusers {ws}/out --push-to-hub lab/x --token-file {ws}/utf16", "utf16' is not text (byte "
+         "0 is 0xff; a Hub token is plain ASCII)", (_run, _utf16("utf16", "hf_abc"))),
     # the fields and policy tasks' data specs
     Case(f"{FIELDS} --data npz:{{ws}}/missing.npz", "array file"),
     Case(f"{FIELDS} --data npz:{{ws}}/x.npz", "has no array 'cond'", (_npz("x.npz", x=[[1.0]]),)),
@@ -446,6 +494,8 @@ CASES = [
     Case("logs {ws}/jobs -n -3", "-n -3 is out of range", (_jobs,)),
     Case("logs {ws}/jobs --job 999", "job 999 is not part of the latest submission", (_jobs,)),
     Case("logs {ws}/jobs", "no log yet for job(s) 123", (_jobs,)),
+    Case("logs {ws}/jobs", "name the log '../../../../../../../../etc/hostname', outside the run directory",
+         (_outside_log,)),
     Case("logs {ws}/jobs", "permission denied", (_jobs, _file("jobs/logs/ds-jobs-abc123-123.out", "log", 0)),
          locked=True),
     # cluster
@@ -516,6 +566,40 @@ CASES = [
     Case("sweep report {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
     Case("sweep collect {ws}/nosweep", "is not a sweep directory", (_folder("nosweep"),)),
     Case("sweep run --preset tiny --axis optim.lr=1e-4 --gpus 0,x --out {ws}/sw", "--gpus '0,x' is not a list"),
+    Case("sweep plan {ws}/big.yaml", "the sweep has 1,000,000 elements (1000 x 1000), more than max_elements (10,000)",
+         (_big_grid,)),
+    Case("sweep plan --preset tiny --axis train.seed=0,1,2,3 --max-elements 3 --out {ws}/sw",
+         "the sweep has 4 elements (4), more than max_elements (3)"),
+    Case("sweep plan --preset tiny --axis train.seed=0 --max-elements 0 --out {ws}/sw",
+         "max_elements 0 is out of range"),
+    Case("sweep plan {ws}/s.yaml", "cluster.mem 'lots' is not an amount of memory -- write GiB per node",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\ncluster: {name: bu-scc, mem: lots}\n"),)),
+    Case("sweep plan {ws}/s.yaml", "cluster.mem '0G' is out of range",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\ncluster: {name: bu-scc, mem: 0G}\n"),)),
+    Case("sweep plan {ws}/s.yaml", "cluster.time 5400 is a number (YAML reads an unquoted H:MM:SS as seconds) -- "
+         "quote it", (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\n"
+                                      "cluster: {name: bu-scc, time: 1:30:00}\n"),)),
+    Case("sweep plan {ws}/s.yaml", "cluster.nodes 'two' is not a whole number",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\ncluster: {name: bu-scc, nodes: two}\n"),)),
+    Case("sweep plan {ws}/s.yaml", "cluster.force names 'bogus', which is not a preflight check of this sweep",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\ncluster: {name: purdue-gilbreth, "
+                          "account: lab, gpus_per_node: 1, force: [bogus]}\n"),)),
+    Case("sweep plan --preset tiny --axis optim.lr=1e-4 --force-check nodes --out {ws}/sw",
+         "--force-check names a preflight check, but the sweep names no cluster"),
+    Case("sweep plan --preset tiny --axis cluster.shape=3x1 --cluster {ws}/p.yaml --procs-per-node 1 --out {ws}/sw",
+         "preflight check 'nodes' failed for element 0 (cluster.shape=3x1): 3 nodes > the partition's maximum 2 -- "
+         "use --nodes 2 or fewer",
+         (_file("p.yaml", "name: p\nscheduler: slurm\npartitions:\n  cpu: {gpus_per_node: 0, cpus_per_node: 4, "
+                          "mem_per_node_gb: 8, max_time: null, max_nodes: 2}\n"),)),
+    Case("sweep plan {ws}/s.yaml", "preflight check 'host RAM per node' failed for element 0 (optim.lr=1e-4): "
+         "cluster.mem: 100 GiB > 8 GiB per 'cpu' node -- ask at most cluster.mem: 8; or force this check alone "
+         "(cluster.force: ['host RAM per node'], or --force-check 'host RAM per node'), or every check with --force",
+         (_file("s.yaml", "base: {preset: tiny}\naxes: {optim.lr: [1e-4]}\ncluster: {name: p.yaml, procs_per_node: 1, "
+                          "mem: 100G}\n"),
+          _file("p.yaml", "name: p\nscheduler: slurm\npartitions:\n  cpu: {gpus_per_node: 0, cpus_per_node: 4, "
+                          "mem_per_node_gb: 8, max_time: null, max_nodes: 2}\n"))),
+    Case("sweep plan {ws}/sw --out {ws}/elsewhere", "a started sweep stays where it is", (_sweep,)),
+    Case("sweep status {ws}/sw", "elements.json is damaged", (_sweep, _file("sw/elements.json", "[{\"index\": 0}"))),
 ]
 
 TRAINED: dict[str, Path] = {}
@@ -530,6 +614,10 @@ def trained_run(tmp_path_factory):
     classes = run.parent / "classes"
     assert main(["train", "--out", str(classes), *micro_args("model.class_conditional=on", steps=4)]) == 0
     TRAINED["classes"] = classes
+    fields = run.parent / "fields"
+    assert main(["train", "--preset", "field-icon", "--device", "cpu", "--out", str(fields), "--set", "train.steps=2",
+                 "--set", "train.sample_every=0"]) == 0
+    TRAINED["fields"] = fields
     yield run
 
 

@@ -45,35 +45,66 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_sigkill_at_random_moments_never_leaves_a_broken_newest_checkpoint(tmp_path):
+def _check_newest(run_dir) -> None:
+    newest = ckpt.list_checkpoints(run_dir)[-1]
+    ckpt.verify(newest)  # every renamed checkpoint is complete
+    state = ckpt.load_latest(run_dir)
+    assert state is not None and state.step == ckpt.step_of(newest)
+    assert float(state.model["w0"][0, 0]) == state.step  # the weights of that very step
+
+
+def _saving(run_dir) -> bool:
+    folder = run_dir / "checkpoints"
+    return folder.is_dir() and any(name.startswith(".tmp-") for name in os.listdir(folder))
+
+
+def _kill_mid_save(pid: int, run_dir, deadline_s: float = 120) -> bool:
+    """Stop the writer the moment a temporary checkpoint folder shows, and kill it while the folder
+    is still there (a stopped process cannot finish the save meanwhile): a kill inside a save by
+    construction, not by chance. False when no save was caught stopped before the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if _saving(run_dir):
+            os.kill(pid, signal.SIGSTOP)
+            if _saving(run_dir):
+                os.kill(pid, signal.SIGKILL)
+                return True
+            os.kill(pid, signal.SIGCONT)  # it renamed the folder between the two looks: next save
+    os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def test_sigkill_at_random_moments_and_inside_a_save_never_leaves_a_broken_newest_checkpoint(tmp_path):
     rng = random.Random(1234)
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     run_dir = tmp_path / "run"
-    trials = 0
-    killed_mid_save = 0
     forks = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
-    for _ in range(8):
+
+    def start() -> int:
         forks.stdin.write("next\n")
         forks.stdin.flush()
         pid = int(forks.stdout.readline().split()[1])
         first = forks.stdout.readline()  # at least one complete checkpoint exists
         assert first.strip().isdigit(), first
+        return pid
+
+    def ended() -> None:
+        line = next(line for line in forks.stdout if line.startswith("ended"))
+        assert line.split() == ["ended", str(-signal.SIGKILL)]
+
+    for _ in range(8):  # at random moments: mostly between saves
+        pid = start()
         time.sleep(rng.uniform(0.0, 0.6))
         os.kill(pid, signal.SIGKILL)
-        ended = next(line for line in forks.stdout if line.startswith("ended"))
-        assert ended.split() == ["ended", str(-signal.SIGKILL)]
-        trials += 1
-        leftovers = list((run_dir / "checkpoints").glob(".tmp-*"))
-        killed_mid_save += bool(leftovers)
-        newest = ckpt.list_checkpoints(run_dir)[-1]
-        ckpt.verify(newest)  # every renamed checkpoint is complete
-        state = ckpt.load_latest(run_dir)
-        assert state is not None and state.step == ckpt.step_of(newest)
-        assert float(state.model["w0"][0, 0]) == state.step  # the weights of that very step
+        ended()
+        _check_newest(run_dir)
+    pid = start()  # and once inside a save, aimed
+    assert _kill_mid_save(pid, run_dir), "no save was caught in progress"
+    ended()
+    assert list((run_dir / "checkpoints").glob(".tmp-*")), "the kill left no half-written folder behind"
+    _check_newest(run_dir)
     forks.stdin.close()
     assert forks.wait(timeout=60) == 0
     forks.stdout.close()
-    assert trials == 8
-    assert killed_mid_save >= 1, "no kill landed inside a save; the test did not exercise the atomic rename"

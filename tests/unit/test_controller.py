@@ -6,6 +6,7 @@ its route summary; and the controller loaded from a run as ``diffscale eval`` us
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -155,7 +156,15 @@ def test_bad_inputs_each_end_in_one_error_naming_the_fix(task_and_net):
     assert _message(lambda: LoopController(task, net, sampler="euler")) == (
         "unknown sampler 'euler' -- use ddpm, ddim or dpmsolver")
     assert _message(lambda: LoopController(task, net, steps=0)) == (
-        "steps=0: a plan needs at least one denoising step -- pass steps >= 1")
+        "steps=0: a plan needs a whole number of denoising steps, at least one -- pass steps >= 1, or leave steps "
+        "out for the run's train.sample_steps")
+    # arguments out of range are ValueErrors (what a Python caller catches) naming the argument
+    for seed, said in ((-1, "reset(seed=-1)"), (float("nan"), "reset(seed=nan)"), (2**70, f"reset(seed={2**70})"),
+                       (True, "reset(seed=True)")):
+        with pytest.raises(ValueError, match=re.escape(said) + ": a seed is a whole number from 0 to 2\\*\\*63 - 1"):
+            controller.reset(seed)
+    with pytest.raises(ValueError, match=re.escape("select_action(obs) got an array of <U1 values, not numbers")):
+        controller.select_action(np.array(["a", "b", "c", "d"]))
 
 
 # -- reach2d-routes --------------------------------------------------------------------------------
@@ -216,6 +225,8 @@ def test_a_run_loads_as_a_controller_and_eval_rolls_out_through_it(tmp_path, cap
     controller = Controller.load(run, device="cpu")
     assert controller.kind.value == "ddpm" and controller.steps == 3  # the run's sample_steps
     assert Controller.load(run, device="cpu", sampler="ddim", steps=2).steps == 2
+    with pytest.raises(ValueError, match=re.escape("Controller.load(steps=0): a plan needs a whole number")):
+        Controller.load(run, device="cpu", steps=0)  # 0 once meant the run's default, silently
     controller.reset(0)
     assert controller.select_action(Reach2D(layout=ROUTES).reset(0)).shape == (2,)
     capsys.readouterr()

@@ -71,6 +71,14 @@ CASES = {
                                    "`srun python my_trainer.py`"),
     "lightning-hang-one-member.log": ("lightning-rendezvous-hang", "the other nodes never started: no srun -- one "
                                       "process (global rank 0 of 8) joined", "`srun python my_trainer.py`"),
+    # one of two ranks killed (kill -9) under srun on the test SLURM (2026-11-29): the other rank's gloo
+    # "Connection reset by peer" traceback comes first in the log and is its consequence
+    "rank-killed-srun.log": ("rank-killed", "rank 1 on n1 was killed (SIGKILL) while it trained",
+                             "diffscale sweep submit DIR --failed"),
+    # the same under torchrun on the test Grid Engine: torchrun lists the rank it then ended (SIGTERM)
+    # under "Failures:" before the root cause
+    "rank-killed-torchrun.log": ("rank-killed", "rank 1 on localhost was killed (SIGKILL) while it trained",
+                                 "resumes from its newest checkpoint"),
     "segfault.log": ("segfault", "a process died of signal 11 (segmentation fault)", "PYTHONFAULTHANDLER=1"),
     "abort-at-exit.log": ("abort-at-exit", "a process aborted (SIGABRT) as its interpreter exited",
                           "torch.distributed.destroy_process_group()"),

@@ -100,6 +100,18 @@ def test_a_lock_left_by_a_dead_process_on_this_host_is_taken_over_and_said(tmp_p
     assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "step_00000004").is_dir()
 
 
+def test_a_lock_file_of_garbage_bytes_is_taken_over_as_stale_with_a_warning(tmp_path, capsys):
+    """A lock that cannot be read (bytes no UTF-8 decoder takes) names no holder: it is stale, the
+    run starts and says so, instead of a UnicodeDecodeError until the file is deleted by hand."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).write_bytes(b"\xff\xfe\x00garbage\x80\x81")
+    assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
+    out = capsys.readouterr().out
+    assert "its record cannot be read (a damaged lock file), so nothing holds it" in out
+    assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "step_00000004").is_dir()
+
+
 def test_a_lock_of_another_host_is_refused_and_taken_with_force(tmp_path, capsys):
     run = tmp_path / "run"
     lock = _lock(run, host="gpu-node-17", pid=4242)

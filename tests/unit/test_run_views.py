@@ -18,7 +18,7 @@ from diffscale.cli import main
 from diffscale.runtime.gpustats import GpuStats, open_gpu_stats
 from diffscale.training.telemetry import Telemetry
 
-from helpers import fake_run, micro_args
+from helpers import fake_run, micro_args, required
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_preview_grids_and_mlflow_records_of_a_training_run(trained):
 
 
 def test_wandb_offline_run_is_written_in_the_run_folder(tmp_path):
-    pytest.importorskip("wandb")
+    required("wandb")
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *micro_args("logging.wandb=true", steps=2)]) == 0
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))

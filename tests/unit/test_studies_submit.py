@@ -18,6 +18,10 @@ FIXTURES = Path(__file__).resolve().parent / "cluster" / "fixtures"
 
 SBATCH = """#!/bin/bash
 echo "$PWD $*" >> "$FAKE_LOG"
+if [ "$1" = --test-only ] && grep -q -- "${FAKE_REFUSE:-never}" "$2"; then
+    echo "sbatch: error: Batch job submission failed: Requested node configuration is not available" >&2
+    exit 1
+fi
 echo 4242
 """
 SCONTROL = """#!/bin/bash
@@ -44,8 +48,9 @@ def test_submit_writes_one_array_and_each_element_its_job_record(fake_slurm, tmp
             "--time", "00:05:00", "--parallel", "1", "--axis", "v=a,b c", "--out", str(sweep), "--", "echo", "{v}"]
     assert main(argv) == 0
     assert "submitted array job 4242: 2 element(s) of shape cpu-1x1" in capsys.readouterr().out
-    asked = fake_slurm.read_text().split()
-    assert asked[0] == str(sweep) and asked[-1] == str(sweep / "array-cpu-1x1.slurm.sh")
+    asked = fake_slurm.read_text().splitlines()
+    assert asked == [f"{sweep} --test-only {sweep / 'array-cpu-1x1.slurm.sh'}",
+                     f"{sweep} --parsable {sweep / 'array-cpu-1x1.slurm.sh'}"]  # shown to the scheduler first
     assert "#SBATCH --array=0-1%1" in (sweep / "array-cpu-1x1.slurm.sh").read_text()
     for task, run in enumerate(("000", "001")):
         sub = json.loads((sweep / "runs" / run / "jobs.json").read_text())["submissions"][-1]
@@ -60,6 +65,26 @@ def test_submit_writes_one_array_and_each_element_its_job_record(fake_slurm, tmp
     assert "0 pending, 0 running, 0 done, 2 failed" in capsys.readouterr().out
     assert main(["sweep", "submit", str(sweep), "--failed"]) == 0
     assert len(json.loads((sweep / "runs" / "001" / "jobs.json").read_text())["submissions"]) == 2
+    # the first array's script stays as it was submitted; the resubmission has its own
+    assert "#SBATCH --array=0-1%1" in (sweep / "array-cpu-1x1.slurm.sh").read_text()
+    assert "(array-cpu-1x1.2.slurm.sh)" in capsys.readouterr().out
+
+
+def test_a_shape_the_scheduler_refuses_submits_nothing(fake_slurm, tmp_path, capsys, monkeypatch):
+    """All or nothing: the 2-node array is refused by sbatch --test-only, so the 1-node array that
+    fits is not submitted either, and no element is recorded as submitted."""
+    sweep = tmp_path / "sw"
+    monkeypatch.setenv("FAKE_REFUSE", "--nodes=2")
+    argv = ["sweep", "submit", "--cluster", str(FIXTURES / "slurm-test.yaml"), "--procs-per-node", "1", "--time",
+            "00:05:00", "--axis", "cluster.shape=1x1,2x1", "--axis", "v=a", "--out", str(sweep), "--", "echo", "{v}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "shape cpu-2x1 (array-cpu-2x1.slurm.sh): `sbatch --test-only` failed: sbatch: error: Batch job submission " \
+           "failed: Requested node configuration is not available; nothing was submitted" in err
+    assert all(" --parsable " not in line for line in fake_slurm.read_text().splitlines())
+    assert not list(sweep.glob("runs/*/jobs.json"))
+    assert main(["sweep", "status", str(sweep)]) == 0
+    assert "2 pending, 0 running, 0 done" in capsys.readouterr().out
 
 
 def test_grid_engine_array_tasks_are_known_by_their_own_ids():

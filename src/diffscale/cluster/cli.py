@@ -321,13 +321,13 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if not candidates:
         raise UserError(f"job {args.job} is not part of the latest submission of {args.run_dir}",
                         f"use one of: {', '.join(j.job_id for j in sub.jobs)}")
-    run_dir = Path(args.run_dir)
-    with_logs = [j for j in candidates if (run_dir / j.log).is_file()]
+    files = {j.job_id: jobs.log_file(args.run_dir, j.log) for j in candidates}
+    with_logs = [j for j in candidates if files[j.job_id].is_file()]
     if not with_logs:
         raise UserError(f"no log yet for job(s) {', '.join(j.job_id for j in candidates)}",
                         "a job writes its log once it starts; check `diffscale status`")
     job = with_logs[-1] if args.job is None else with_logs[0]
-    text = (run_dir / job.log).read_text(errors="replace")
+    text = files[job.job_id].read_text(errors="replace")
     if args.lines:
         text = "\n".join(text.splitlines()[-args.lines:]) + "\n"
     sys.stdout.write(f"==> {job.log} (job {job.job_id}, shape {job.shape}) <==\n{text}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -21,7 +22,9 @@ from diffscale.errors import UserError, closest
 from diffscale.io.atomic import write_text
 
 
+@functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
+    # evaluating the annotations was most of a config's build (a sweep builds one per element)
     return typing.get_type_hints(cls)
 
 

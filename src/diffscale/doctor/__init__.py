@@ -68,12 +68,29 @@ def _limits_after_a_hang(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def finished_note(path: Path) -> str | None:
+    """For a run that trained to its end: the findings are of earlier jobs it resumed from."""
+    from diffscale.errors import UserError
+    from diffscale.io import rundir
+
+    if not (path / "config.yaml").is_file():
+        return None
+    try:
+        p = rundir.progress(path)
+    except UserError:
+        return None
+    if p.total_steps is None or p.step < int(p.total_steps):
+        return None
+    return (f"the run finished: step {p.step} of {p.total_steps} (metrics.jsonl, checkpoints); what follows happened "
+            "in earlier jobs it resumed from, and needs no action unless it recurs")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from diffscale.doctor.report import print_report
 
     ev = gather(args.target)
     findings = diagnose(ev)
-    print_report(args.target, ev, findings)
+    print_report(args.target, ev, findings, note=finished_note(Path(args.target)) if findings else None)
     return EXIT_FOUND if findings else EXIT_NOTHING
 
 

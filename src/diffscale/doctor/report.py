@@ -27,11 +27,15 @@ def _panel(f: Finding) -> Panel:
     return Panel(body, title=Text(f.title, style="bold red"), title_align="left")
 
 
-def print_report(target: str, ev: Evidence, findings: list[Finding], console: Console | None = None) -> None:
+def print_report(target: str, ev: Evidence, findings: list[Finding], console: Console | None = None,
+                 note: str | None = None) -> None:
     console = console or Console(highlight=False)
     out = console.print if console.is_terminal else (lambda s: print(s, file=console.file))
     read = ev.origins
-    out(f"diffscale doctor: {target} ({len(read)} source{'s' if len(read) != 1 else ''} read)")
+    header = f"diffscale doctor: {target} ({len(read)} source{'s' if len(read) != 1 else ''} read)"
+    out(escape(header) if console.is_terminal else header)
+    if note:
+        out(escape(note) if console.is_terminal else note)
     for f in findings:
         if console.is_terminal:
             console.print(_panel(f))

@@ -7,6 +7,7 @@ slurmctld, Grid Engine qsub / qacct, the Linux kernel, CPython and PyTorch's c10
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from diffscale.doctor.rules import TextRule
@@ -52,7 +53,41 @@ def _port(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mappin
     return {"port_text": f"port {values['port']}" if values.get("port") else "its port"}
 
 
+RANK_KILLED = "rank-killed"
+_SIGNALS = {"Killed": "SIGKILL", "Terminated": "SIGTERM"}
+_FIRST_ENDED = re.compile(r"tasks? [\d,-]+: Exited with exit code|srun: (?:Terminating|forcing job termination)|"
+                          r"\*\*\* (?:STEP|JOB) \S+ .*CANCELLED|exitcode\s*:\s*[1-9]")
+
+
+def _killed_rank(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mapping[str, str] | None:
+    """Who was killed, by what -- unless something ended first (a rank's own exit, a cancelled step:
+    then this kill is the launcher ending the others, not the cause). torchrun lists the workers it
+    ended itself under "Failures:" and the one that ended first under "Root Cause": only that one."""
+    if any(_FIRST_ENDED.search(line) for line in lines[:index]):
+        return None
+    if values.get("task") is not None:
+        return {"who": f"rank {values['task']} on {values['host']}", "what": _SIGNALS[values["how"]]}
+    if any("Root Cause (first observed failure)" in line for line in lines[index + 1:]):
+        return None
+    near = lines[max(0, index - 6):index]
+    rank = next((m.group(1) for line in reversed(near) if (m := re.search(r"\brank\s*:\s*(\d+)", line))), None)
+    host = next((m.group(1) for line in reversed(near) if (m := re.search(r"\bhost\s*:\s*(\S+)", line))), None)
+    who = f"rank {rank}" if rank else f"the rank of PID {values['pid']}"
+    return {"who": f"{who} on {host}" if host else who, "what": values["sig"]}
+
+
 TEXT_RULES: tuple[TextRule, ...] = (
+    TextRule(
+        RANK_KILLED, "a rank was killed from outside",
+        (r"srun: error: (?P<host>\S+): tasks? (?P<task>[\d,-]+): (?P<how>Killed|Terminated)\s*$",
+         r"traceback\s*:\s*Signal \d+ \((?P<sig>SIGKILL|SIGTERM)\) received by PID (?P<pid>\d+)"),
+        "{who} was killed ({what}) while it trained; the other ranks' errors after it (a connection reset or "
+        "closed by the peer) follow from that, not from the program",
+        "find what killed it: the kernel's OOM killer (dmesg on the node; the doctor names an oom-kill it sees), "
+        "a person or a cleanup script (kill, scancel of a step); then submit again -- a diffscale run resumes from "
+        "its newest checkpoint (a sweep element: diffscale sweep submit DIR --failed)",
+        derive=_killed_rank,
+    ),
     TextRule(
         HOST_OOM, "host memory exhausted (OOM kill)",
         (r"Detected (?P<n>\d+) oom[-_]kill event", r"oom[-_]kill event", r"JobState=OUT_OF_MEMORY",

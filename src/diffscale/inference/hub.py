@@ -47,6 +47,9 @@ def find_token(token_file: str | Path | None) -> str:
         except OSError as exc:
             raise UserError(f"--token-file '{path}' cannot be read ({exc.strerror or exc})",
                             "pass a file that holds the Hub token") from exc
+        except UnicodeDecodeError as exc:
+            raise UserError(f"--token-file '{path}' is not text (byte {exc.start} is {exc.object[exc.start]:#04x}; a "
+                            "Hub token is plain ASCII)", "write the token alone into the file, as text") from exc
         if not token:
             raise UserError(f"--token-file '{path}' is empty", "write the Hub token into it")
         return token

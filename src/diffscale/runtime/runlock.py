@@ -124,6 +124,8 @@ class RunLock:
 
     def _stale(self, holder: dict[str, Any], force: bool) -> str | None:
         """Why ``holder`` no longer trains (None: it may)."""
+        if isinstance(holder.get("raw"), str):
+            return "its record cannot be read (a damaged lock file), so nothing holds it"
         if holder.get("host") == self.record["host"]:
             pid = holder.get("pid")
             if not isinstance(pid, int) or not _alive(pid, holder.get("started")):
@@ -155,7 +157,7 @@ class RunLock:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            text = self.path.read_text()
+            text = self.path.read_bytes().decode("utf-8", "replace")  # garbage bytes: a damaged lock
         except FileNotFoundError:
             return None
         try:
@@ -176,8 +178,8 @@ class RunLock:
         except FileNotFoundError:
             return
         try:
-            moved = json.loads(aside.read_text())
-        except ValueError:
+            moved = json.loads(aside.read_bytes().decode("utf-8", "replace"))
+        except (ValueError, OSError):
             moved = None
         if isinstance(moved, dict) and moved != holder and not isinstance(holder.get("raw"), str):
             with contextlib.suppress(OSError):  # not the lock judged stale: give it back

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from diffscale.errors import UserError
 
@@ -33,7 +33,7 @@ def _definition_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zip", dest="zipped", action="append", default=[], metavar="NAME=V1,V2",
                    help="short form: axes varied together (equal lengths)")
     p.add_argument("--name", default="sweep", help="short form: the sweep's name (default sweep)")
-    p.add_argument("--out", help="the sweep directory (default sweeps/NAME)")
+    p.add_argument("--out", help="the sweep directory (default: the file's out:, else sweeps/NAME)")
     p.add_argument("--cluster", help="short form: a cluster profile to run the elements on as job arrays")
     p.add_argument("--partition", help="short form: partition")
     p.add_argument("--nodes", type=int, default=1, help="short form: nodes per element (default 1)")
@@ -42,7 +42,13 @@ def _definition_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", help="short form: wall time of each element's job")
     p.add_argument("--account", help="short form: SLURM --account / Grid Engine -P")
     p.add_argument("--parallel", type=int, default=0, help="short form: elements of one array at once (0: no limit)")
-    p.add_argument("--force", action="store_true", help="go ahead although a preflight check failed")
+    p.add_argument("--cpus-per-task", type=int, help="short form: cores per rank")
+    p.add_argument("--mem", help="short form: host memory per node (GiB, or 64G / 2048M)")
+    p.add_argument("--max-elements", type=int, help="refuse a sweep of more elements than this (default 10000)")
+    p.add_argument("--force", action="store_true", help="go ahead although any preflight check failed (this call)")
+    p.add_argument("--force-check", dest="force_checks", action="append", default=[], metavar="NAME",
+                   help="go ahead although the check NAME failed (as plan prints it, e.g. 'host RAM per node'); "
+                        "kept in the sweep directory, so --failed honours it")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,8 +94,7 @@ def load_definition(args: argparse.Namespace) -> SweepDefinition:
     from diffscale.studies.state import is_sweep_dir, read_definition
 
     target = list(args.target)
-    short = args.axes or args.zipped
-    if not short:
+    if not (args.axes or args.zipped):
         if len(target) != 1:
             raise UserError("no sweep given", "pass a sweep YAML or directory, or use the short form: diffscale sweep "
                             "plan --preset small --axis optim.lr=1e-4,3e-4")
@@ -98,23 +103,52 @@ def load_definition(args: argparse.Namespace) -> SweepDefinition:
             if not is_sweep_dir(path):
                 raise UserError(f"'{path}' is not a sweep directory (it has no sweep.yaml / elements.json)",
                                 "pass a sweep YAML, or the out: folder of a started sweep")
-            return d.from_dict(read_definition(path.absolute()), name=path.name, source=str(path))
-        return d.load(path)
+            if args.out and Path(args.out).absolute() != path.absolute():
+                raise UserError(f"--out {args.out} with the sweep directory {path}: a started sweep stays where it is",
+                                f"leave --out out, or copy the directory there first (cp -r {path} {args.out})")
+            raw = read_definition(path.absolute())
+        else:
+            raw = d.read_file(path)
+            if args.out:  # the flag wins over the file's out:
+                raw = {**raw, "out": args.out}
+        return d.from_dict(_with_flags(raw, args), name=path.stem if path.is_file() else path.name, source=str(path))
     cluster = None
     if args.cluster:
         cluster = {"name": args.cluster, "partition": args.partition, "nodes": args.nodes,
                    "gpus_per_node": args.gpus_per_node, "procs_per_node": args.procs_per_node, "time": args.time,
-                   "account": args.account, "parallel": args.parallel}
+                   "account": args.account, "parallel": args.parallel, "cpus_per_task": args.cpus_per_task,
+                   "mem": args.mem, "force": args.force_checks}
+    elif args.force_checks:
+        raise UserError("--force-check names a preflight check, but the sweep names no cluster",
+                        "drop --force-check: a sweep run here has no preflight")
     return d.from_flags(d.ShortForm(name=args.name, out=args.out, preset=args.preset, config=args.config,
                                     data=args.data, overrides=args.overrides, axes=args.axes, zipped=args.zipped,
-                                    command=target, cluster=cluster))
+                                    command=target, cluster=cluster, max_elements=args.max_elements))
+
+
+def _with_flags(raw: Any, args: argparse.Namespace) -> Any:
+    """A sweep file's or directory's definition with --max-elements and --force-check added."""
+    if not isinstance(raw, dict):
+        return raw  # from_dict names what is wrong with it
+    raw = dict(raw)
+    if args.max_elements is not None:
+        raw["max_elements"] = args.max_elements
+    if args.force_checks:
+        cluster = raw.get("cluster")
+        if not isinstance(cluster, dict):
+            raise UserError("--force-check names a preflight check, but the sweep names no cluster",
+                            "drop --force-check: a sweep run here has no preflight")
+        forced = cluster.get("force") or []
+        forced = [forced] if isinstance(forced, str) else list(forced)
+        raw["cluster"] = {**cluster, "force": forced + [n for n in args.force_checks if n not in forced]}
+    return raw
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from diffscale.studies import tables
     from diffscale.studies.plan import plan_sweep
 
-    plan = plan_sweep(load_definition(args), force=args.force)
+    plan = plan_sweep(load_definition(args), force=args.force, preview=tables.PREVIEW)
     tables.print_elements(plan)
     tables.print_arrays(plan)
     return 0
@@ -129,7 +163,8 @@ def _started(args: argparse.Namespace, *, submitting: bool = False) -> SweepPlan
     if submitting and plan.profile is None:
         raise UserError(f"sweep {plan.definition.name} names no cluster to submit to",
                         "add cluster: {name: PROFILE, ...} to the sweep, or run it here: diffscale sweep run")
-    write_sweep(plan)
+    for index in write_sweep(plan):
+        print(f"element {index}'s run directory was gone: it is made again and runs from the start", flush=True)
     return plan
 
 

@@ -1,6 +1,7 @@
 """``sweep collect``: each element's final and best value of a metric (from its run directory's
-metrics.jsonl) against the axes, with the mean and spread over seeds; written as CSV files and a
-matplotlib plot in the sweep directory. Loads no torch."""
+metrics.jsonl: one JSON object a line, the metric a number in it; a user command writes it too)
+against the axes, with the mean and spread over seeds; written as CSV files and a matplotlib plot
+in the sweep directory. Loads no torch."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import csv
 import io
 import json
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 from diffscale.studies.definition import SEED_AXES
-from diffscale.studies.state import ElementRecord, read_elements
+from diffscale.studies.standing import local_states
+from diffscale.studies.state import ElementRecord, ElementState
 
 RUNS_CSV = "collect-runs.csv"
 SUMMARY_CSV = "collect-summary.csv"
@@ -50,31 +54,84 @@ def _fmt(value: float | None) -> str:
 
 
 def _spread(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and standard deviation; one value has no spread (None, shown empty), not a spread of 0."""
     if not values:
         return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def summarise(rows: list[ElementRecord], metric: str) -> tuple[list[str], list[list[str]], list[list[str]]]:
-    """(axes, per-run rows, per-group rows): groups are the elements that differ only in their seed."""
-    axes = [k for k in rows[0].values] if rows else []
+@dataclass(frozen=True)
+class RunFacts:
+    """What collect knows of one element: where it stands and what it logged."""
+
+    record: ElementRecord
+    state: ElementState
+    found: list[float]
+    """Every logged value of the metric, in order."""
+
+    @property
+    def final(self) -> float | None:
+        return self.found[-1] if self.found else None
+
+    @property
+    def best(self) -> float | None:
+        return min(self.found) if self.found else None
+
+
+Column = tuple[str, Callable[[RunFacts], str]]
+
+
+def run_columns(axes: list[str], metric: str) -> list[Column]:
+    """The per-run table's columns, the one place that decides them (collect-runs.csv, the
+    report's table of runs): a new column is one more (header, value of a run) pair here."""
+    return [("element", lambda f: str(f.record.index)),
+            *[(a, lambda f, a=a: f.record.values.get(a, "")) for a in axes],
+            (f"final_{metric}", lambda f: _fmt(f.final)), (f"best_{metric}", lambda f: _fmt(f.best)),
+            ("records", lambda f: str(len(f.found))), ("state", lambda f: f.state.state)]
+
+
+def group_columns(varied: list[str], metric: str) -> list[tuple[str, Callable[[list[RunFacts]], str]]]:
+    """The summary's columns: the varied axes, then each figure's mean and spread over seeds."""
+    def stat(pick: Callable[[RunFacts], float | None], which: int) -> Callable[[list[RunFacts]], str]:
+        return lambda runs: _fmt(_spread([v for f in runs if (v := pick(f)) is not None])[which])
+
+    return [*[(a, lambda runs, a=a: runs[0].record.values.get(a, "")) for a in varied],
+            ("seeds", lambda runs: str(sum(f.final is not None for f in runs))),
+            (f"final_{metric}_mean", stat(lambda f: f.final, 0)), (f"final_{metric}_sd", stat(lambda f: f.final, 1)),
+            (f"best_{metric}_mean", stat(lambda f: f.best, 0)), (f"best_{metric}_sd", stat(lambda f: f.best, 1))]
+
+
+@dataclass(frozen=True)
+class Summary:
+    axes: list[str]
+    varied: list[str]
+    """The axes less the seed: the elements that differ only in their seed form one group."""
+    runs: list[RunFacts]
+    run_header: list[str]
+    per_run: list[list[str]]
+    group_header: list[str]
+    per_group: list[list[str]]
+
+
+def summarise(sweep_dir: Path, metric: str) -> Summary:
+    """Every element as ``local_states`` judges it, with its values of ``metric``, as the tables'
+    rows: one per run, one per group of seeds."""
+    standing = local_states(sweep_dir)
+    runs = [RunFacts(row, state, metric_values(Path(row.run_dir), metric)) for row, state in standing]
+    axes = list(runs[0].record.values) if runs else []
     varied = [a for a in axes if a not in SEED_AXES]
-    per_run: list[list[str]] = []
-    groups: dict[tuple[str, ...], list[tuple[float, float]]] = {}
-    for row in rows:
-        found = metric_values(Path(row.run_dir), metric)
-        final, best = (found[-1], min(found)) if found else (None, None)
-        per_run.append([str(row.index), *(row.values[a] for a in axes), _fmt(final), _fmt(best), str(len(found))])
-        key = tuple(row.values[a] for a in varied)
-        groups.setdefault(key, [])
-        if final is not None and best is not None:
-            groups[key].append((final, best))
-    per_group = []
-    for key, pairs in groups.items():
-        fm, fs = _spread([p[0] for p in pairs])
-        bm, bs = _spread([p[1] for p in pairs])
-        per_group.append([*key, str(len(pairs)), _fmt(fm), _fmt(fs), _fmt(bm), _fmt(bs)])
-    return axes, per_run, per_group
+    columns = run_columns(axes, metric)
+    groups: dict[tuple[str, ...], list[RunFacts]] = {}
+    for f in runs:
+        groups.setdefault(tuple(f.record.values.get(a, "") for a in varied), []).append(f)
+    summary = group_columns(varied, metric)
+    return Summary(axes, varied, runs, [c[0] for c in columns], [[c[1](f) for c in columns] for f in runs],
+                   [c[0] for c in summary], [[c[1](members) for c in summary] for members in groups.values()])
+
+
+def plain_text(text: str) -> str:
+    """Text matplotlib shows as it is: ``$`` would start mathtext (and fail on an odd count)."""
+    return text.replace("$", r"\$")
 
 
 def plot(path: Path, varied: list[str], per_group: list[list[str]], metric: str) -> bool:
@@ -96,9 +153,10 @@ def plot(path: Path, varied: list[str], per_group: list[list[str]], metric: str)
         ticks = [m[0] for m in members]
         label = ", ".join(f"{n}={v}" for n, v in zip(varied[1:], rest, strict=True)) or None
         ax.errorbar(range(len(ticks)), [float(m[len(varied) + 1]) for m in members],
-                    yerr=[float(m[len(varied) + 2]) for m in members], marker="o", capsize=3, label=label)
-        ax.set_xticks(range(len(ticks)), ticks)
-    ax.set_xlabel(varied[0])
+                    yerr=[float(m[len(varied) + 2] or 0) for m in members], marker="o", capsize=3,
+                    label=plain_text(label) if label else None)
+        ax.set_xticks(range(len(ticks)), [plain_text(t) for t in ticks])
+    ax.set_xlabel(plain_text(varied[0]))
     ax.set_ylabel(f"final {metric} (mean ± sd over seeds)")
     if any(rest for rest in lines):
         ax.legend(fontsize=8)
@@ -114,25 +172,28 @@ def collect(sweep_dir: Path, *, metric: str = "loss") -> list[str]:
     """Write the CSVs and the plot; return the lines to print (the summary table and the files)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    rows = read_elements(sweep_dir)
-    axes, per_run, per_group = summarise(rows, metric)
-    if not any(r[-1] != "0" for r in per_run):
-        raise UserError(f"no element of {sweep_dir} has logged {metric} yet",
-                        f"check `diffscale sweep status {sweep_dir}`, or pass --metric NAME of metrics.jsonl")
-    varied = [a for a in axes if a not in SEED_AXES]
-    write_text(sweep_dir / RUNS_CSV, _csv(["element", *axes, f"final_{metric}", f"best_{metric}", "records"],
-                                            per_run))
-    header = [*varied, "seeds", f"final_{metric}_mean", f"final_{metric}_sd", f"best_{metric}_mean",
-              f"best_{metric}_sd"]
-    write_text(sweep_dir / SUMMARY_CSV, _csv(header, per_group))
-    table = Table(title=f"sweep {sweep_dir.name}: {metric}, mean ± sd over seeds")
-    for col in header:
-        table.add_column(col)
-    for g in per_group:
-        table.add_row(*g)
+    summary = summarise(sweep_dir, metric)
+    if not any(f.found for f in summary.runs):
+        missing = [f for f in summary.runs if f.state.state == "missing"]
+        command = any(f.record.values and not (Path(f.record.run_dir) / "config.yaml").is_file() for f in summary.runs)
+        hint = (" (a command sweep: the command writes metrics.jsonl in its run directory, one JSON object a line "
+                "such as {\"step\": 10, \"loss\": 0.5}; docs/studies.md)" if command else "")
+        raise UserError(f"no element of {sweep_dir} has logged {metric} yet"
+                        f"{f' ({len(missing)} run directories are gone)' if missing else ''}",
+                        f"check `diffscale sweep status {sweep_dir}`, or pass --metric NAME of metrics.jsonl{hint}")
+    write_text(sweep_dir / RUNS_CSV, _csv(summary.run_header, summary.per_run))
+    write_text(sweep_dir / SUMMARY_CSV, _csv(summary.group_header, summary.per_group))
+    table = Table(title=Text(f"sweep {sweep_dir.name}: {metric}, mean ± sd over seeds"))
+    for col in summary.group_header:
+        table.add_column(Text(col))
+    for g in summary.per_group:
+        table.add_row(*(Text(c) for c in g))
     out = io.StringIO()
     Console(file=out, width=200, highlight=False).print(table)
-    drawn = plot(sweep_dir / PLOT, varied, per_group, metric)
+    drawn = plot(sweep_dir / PLOT, summary.varied, summary.per_group, metric)
     files = [sweep_dir / RUNS_CSV, sweep_dir / SUMMARY_CSV, *([sweep_dir / PLOT] if drawn else [])]
-    return [*out.getvalue().rstrip().splitlines(), *(f"wrote {f}" for f in files)]
+    gone = [str(f.record.index) for f in summary.runs if f.state.state == "missing"]
+    note = [f"missing: the run directories of element(s) {', '.join(gone)} are gone"] if gone else []
+    return [*out.getvalue().rstrip().splitlines(), *note, *(f"wrote {f}" for f in files)]

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from diffscale.errors import UserError, closest
+from diffscale.studies.sweep_cluster import ClusterSection, parse_cluster, whole_number
 
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """``{name}`` in a user command; ``{{`` and ``}}`` stay literal braces."""
@@ -43,14 +44,11 @@ CLUSTER_AXES = ("cluster.partition", "cluster.shape")
 SEED_AXES = ("train.seed", "seed")
 """The axis a seed list becomes (a diffscale run's, a command's); collect averages over it."""
 SHAPE = re.compile(r"(\d+)\s*[xX*]\s*(\d+)")
-TOP_KEYS = ("name", "out", "base", "axes", "zip", "seeds", "cluster")
+TOP_KEYS = ("name", "out", "base", "axes", "zip", "seeds", "cluster", "max_elements")
 BASE_KEYS = ("preset", "config", "data", "set", "command")
-CLUSTER_KEYS = ("name", "partition", "nodes", "gpus_per_node", "procs_per_node", "time", "account", "qos",
-                "parallel", "max_array", "setup", "python", "cpus_per_task", "mem")
-DEFAULT_PARALLEL = 0
-"""0: no ``%P`` throttle (every element may run at once, as the scheduler allows)."""
-
-
+DEFAULT_MAX_ELEMENTS = 10_000
+"""Elements a sweep may have unless its file raises ``max_elements`` (checked from the axes'
+lengths before any element is built: a mistyped grid of 10**6 is refused at once)."""
 def value_text(value: Any) -> str:
     """An axis value as ``--set`` and a command take it: YAML's own spelling for lists and maps."""
     if isinstance(value, bool):
@@ -87,41 +85,6 @@ class Axis:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterSection:
-    """Where the elements run as job arrays: a profile and the shape every element asks for."""
-
-    name: str
-    """A cluster profile (`diffscale cluster list`) or a profile YAML."""
-    partition: str | None = None
-    nodes: int = 1
-    gpus_per_node: int | None = None
-    procs_per_node: int | None = None
-    """CPU processes per node instead of GPUs."""
-    time: str | None = None
-    """Wall time of each element's job (default: estimated, or the partition's limit)."""
-    account: str | None = None
-    qos: str | None = None
-    cpus_per_task: int | None = None
-    mem: float | None = None
-    parallel: int = DEFAULT_PARALLEL
-    """At most this many elements of one array run at once (SLURM ``%P``, Grid Engine ``-tc``); 0: no limit."""
-    max_array: int | None = None
-    """Elements one array may hold (default: the profile's ``max_array_size``, else SLURM's 1001)."""
-    setup: tuple[str, ...] = ()
-    python: str | None = None
-
-    def __post_init__(self) -> None:
-        for flag, value in (("cluster.nodes", self.nodes), ("cluster.gpus_per_node", self.gpus_per_node),
-                            ("cluster.procs_per_node", self.procs_per_node), ("cluster.max_array", self.max_array),
-                            ("cluster.cpus_per_task", self.cpus_per_task)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} {value} is out of range (it must be 1 or more)", f"e.g. {flag}: 1")
-        if self.parallel < 0:
-            raise UserError(f"cluster.parallel {self.parallel} is negative",
-                            "give how many elements may run at once (0: no limit)")
-
-
-@dataclass(frozen=True, kw_only=True)
 class SweepDefinition:
     """A whole sweep, validated: what :func:`diffscale.studies.expand.expand` turns into elements."""
 
@@ -140,6 +103,8 @@ class SweepDefinition:
     zips: tuple[tuple[Axis, ...], ...] = ()
     """Groups of axes varied together (equal lengths), each group one dimension of the product."""
     cluster: ClusterSection | None = None
+    max_elements: int = DEFAULT_MAX_ELEMENTS
+    """More elements than this are refused, counted from the axes before any is built."""
     source: str = ""
     """Where the definition came from (a file, or the command line), for messages."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -211,25 +176,6 @@ def _known(where: str, mapping: dict[str, Any], keys: tuple[str, ...]) -> None:
                             f"use {', '.join(where + k for k in keys)}")
 
 
-def _cluster(raw: Any) -> ClusterSection | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str):
-        raw = {"name": raw}
-    if not isinstance(raw, dict) or "name" not in raw:
-        raise UserError("cluster has no name", "write cluster: {name: PROFILE, partition: ..., gpus_per_node: ...}")
-    _known("cluster.", raw, CLUSTER_KEYS)
-    setup = raw.get("setup") or []
-    fields = {k: v for k, v in raw.items() if k != "setup"}
-    for key in ("name", "partition", "time", "account", "qos", "python"):
-        if fields.get(key) is not None:
-            fields[key] = str(fields[key])
-    try:
-        return ClusterSection(**fields, setup=tuple(str(s) for s in _list("cluster.setup", setup)))
-    except TypeError as exc:
-        raise UserError(f"cluster: {exc}", "see docs/studies.md for the cluster section") from exc
-
-
 def _command(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
@@ -260,20 +206,36 @@ def from_dict(raw: Any, *, name: str, source: str) -> SweepDefinition:
         name=sweep_name, out=str(raw.get("out") or Path("sweeps") / sweep_name),
         preset=base.get("preset"), config=base.get("config"), data=base.get("data"),
         overrides=tuple(str(s) for s in _list("base.set", base.get("set") or [])), command=command,
-        axes=axes, zips=tuple(z for z in zips if z), cluster=_cluster(raw.get("cluster")), source=source,
-        raw={**raw, "name": sweep_name})
+        axes=axes, zips=tuple(z for z in zips if z), cluster=parse_cluster(raw.get("cluster")), source=source,
+        max_elements=_max_elements(raw.get("max_elements")), raw={**raw, "name": sweep_name})
 
 
-def load(path: str | Path) -> SweepDefinition:
-    """The definition in a YAML file."""
+def _max_elements(value: Any) -> int:
+    if value is None:
+        return DEFAULT_MAX_ELEMENTS
+    count = whole_number("max_elements", value, "20000")
+    if count < 1:
+        raise UserError(f"max_elements {count} is out of range (it must be 1 or more)",
+                        "write e.g. max_elements: 20000")
+    return count
+
+
+def read_file(path: str | Path) -> Any:
+    """The mapping a sweep YAML file holds (checked by :func:`from_dict`)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"sweep file '{path}' does not exist", "pass a sweep YAML (see docs/studies.md) or a sweep dir")
     try:
-        raw = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise UserError(f"{path} is not valid YAML ({str(exc).splitlines()[0]})", "fix the YAML syntax") from exc
-    return from_dict(raw, name=path.stem, source=str(path))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path} is not UTF-8 text", "save the sweep file as UTF-8") from exc
+
+
+def load(path: str | Path) -> SweepDefinition:
+    """The definition in a YAML file."""
+    return from_dict(read_file(path), name=Path(path).stem, source=str(path))
 
 
 def parse_axis_flag(text: str) -> tuple[str, list[str]]:
@@ -313,6 +275,7 @@ class ShortForm:
     zipped: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=list)
     cluster: dict[str, Any] | None = None
+    max_elements: int | None = None
 
 
 def from_flags(short: ShortForm) -> SweepDefinition:
@@ -325,7 +288,7 @@ def from_flags(short: ShortForm) -> SweepDefinition:
                            "zip": [dict(parse_axis_flag(a) for a in short.zipped)] if short.zipped else [],
                            "base": {"preset": short.preset, "config": short.config, "data": short.data,
                                     "set": list(short.overrides), "command": list(short.command) or None},
-                           "cluster": short.cluster}
+                           "cluster": short.cluster, "max_elements": short.max_elements}
     if len(raw["axes"]) != len(short.axes):
         raise UserError("--axis names an axis twice", "give each name one --axis with all its values")
     return from_dict(raw, name=short.name, source="the command line")

@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING
 
 from diffscale.errors import UserError
 from diffscale.studies.definition import PLACEHOLDER, SEED_AXES, SweepDefinition, shape_of
+from diffscale.studies.state import RUNS
 
 if TYPE_CHECKING:
     from diffscale.config import RunConfig
-
-RUNS = "runs"
-"""The sweep directory's folder of element run directories."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +26,7 @@ class Element:
     values: tuple[tuple[str, str], ...]
     """(axis name, value) of every axis, in the definition's order."""
     run_dir: str
-    """Absolute path of its run directory."""
+    """Absolute path of its run directory (elements.json keeps it relative to the sweep directory)."""
 
     @property
     def label(self) -> str:
@@ -83,6 +81,19 @@ def expand(definition: SweepDefinition, sweep_dir: Path) -> list[Element]:
         elements.append(Element(index=index, values=tuple((n, values[n]) for n in order if n in values),
                                 run_dir=str(sweep_dir.absolute() / RUNS / run_dir_name(index, len(combos)))))
     return elements
+
+
+def value_probes(definition: SweepDefinition, elements: list[Element]) -> list[Element]:
+    """The first element holding each value of each axis: checking their configs checks every
+    value once (a sum of the axes' lengths, not their product)."""
+    seen: set[tuple[str, str]] = set()
+    probes = []
+    for element in elements:
+        new = set(element.values) - seen
+        if new:
+            seen |= new
+            probes.append(element)
+    return probes
 
 
 def element_config(definition: SweepDefinition, element: Element) -> RunConfig:

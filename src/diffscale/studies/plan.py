@@ -4,14 +4,16 @@ cluster profile; nothing is written here."""
 
 from __future__ import annotations
 
+import math
 import sys
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffscale.errors import UserError
 from diffscale.studies.definition import SweepDefinition
-from diffscale.studies.expand import Element, element_configs, expand
+from diffscale.studies.expand import Element, element_configs, expand, value_probes
 
 if TYPE_CHECKING:
     from diffscale.cluster.planning.plan import Plan
@@ -45,27 +47,76 @@ class SweepPlan:
     configs: tuple[RunConfig | None, ...]
     profile: ClusterProfile | None
     groups: tuple[ArrayGroup, ...]
+    count: int = field(default=-1)
+    """Elements of the whole sweep (more than ``elements`` when only the first were planned)."""
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            object.__setattr__(self, "count", len(self.elements))
 
 
 def sweep_dir_of(definition: SweepDefinition) -> Path:
     return Path(definition.out).absolute()
 
 
-def plan_sweep(definition: SweepDefinition, *, force: bool = False) -> SweepPlan:
-    """Elements, configs (every one validated), and with a cluster the array groups."""
+def check_count(definition: SweepDefinition) -> int:
+    """The number of elements, from the axes' lengths alone; more than ``max_elements`` is refused
+    before a single element is built."""
+    lengths = [len(a.values) for a in definition.axes] + [len(g[0].values) for g in definition.zips]
+    count = math.prod(lengths)
+    if count > definition.max_elements:
+        raise UserError(f"the sweep has {count:,} elements ({' x '.join(map(str, lengths))}), more than max_elements "
+                        f"({definition.max_elements:,})",
+                        "use fewer values per axis, or raise max_elements: in the sweep file (--max-elements N) "
+                        "if you mean it")
+    return count
+
+
+def plan_sweep(definition: SweepDefinition, *, force: bool = False, preview: int | None = None) -> SweepPlan:
+    """Elements, configs (every one validated), and with a cluster the array groups. With
+    ``preview`` a larger sweep plans only its first ``preview`` elements; every axis value is
+    still checked against the config (once each, in the first element that has it)."""
+    check_count(definition)
     sweep_dir = sweep_dir_of(definition)
     elements = expand(definition, sweep_dir)
-    configs = element_configs(definition, elements)
-    if definition.cluster is None:
-        return SweepPlan(definition, sweep_dir, tuple(elements), tuple(configs), None, ())
-    from diffscale.cluster.profiles.loading import load_profile
+    profile = None
+    if definition.cluster is not None:
+        from diffscale.cluster.profiles.loading import load_profile
 
-    profile = load_profile(definition.cluster.name)
-    plans = [_element_plan(definition, profile, e, c, sweep_dir) for e, c in zip(elements, configs, strict=True)]
-    groups = _groups(definition, profile, sweep_dir, elements, plans)
-    if not force:
-        _refuse_failed(groups)
-    return SweepPlan(definition, sweep_dir, tuple(elements), tuple(configs), profile, groups)
+        profile = load_profile(definition.cluster.name)
+        _check_array_sizes(definition, profile, elements)
+    planned = elements if preview is None or len(elements) <= preview else elements[:preview]
+    if len(planned) < len(elements):
+        element_configs(definition, value_probes(definition, elements))
+    configs = element_configs(definition, planned)
+    if profile is None:
+        return SweepPlan(definition, sweep_dir, tuple(planned), tuple(configs), None, (), len(elements))
+    plans = [_element_plan(definition, profile, e, c, sweep_dir) for e, c in zip(planned, configs, strict=True)]
+    groups = _groups(definition, profile, sweep_dir, planned, plans)
+    _refuse_failed(groups, force, definition)
+    return SweepPlan(definition, sweep_dir, tuple(planned), tuple(configs), profile, groups, len(elements))
+
+
+def _shape_label(definition: SweepDefinition, profile: ClusterProfile, element: Element) -> str:
+    """``PARTITION-NxG`` of an element from its values alone (no config, no plan)."""
+    section = definition.cluster
+    assert section is not None
+    part = profile.partition(element.partition(section.partition))
+    per_node = section.gpus_per_node or section.procs_per_node or part.gpus_per_node or 1
+    nodes, ranks = element.shape(section.nodes, per_node)
+    return f"{part.name}-{nodes}x{ranks or 1}"
+
+
+def _check_array_sizes(definition: SweepDefinition, profile: ClusterProfile, elements: list[Element]) -> None:
+    """More elements of one partition and shape than one array holds: refused before any element's
+    config or job is built (the arrays are at least as large as their partition and shape say)."""
+    from diffscale.studies.arrays import check_size, default_max_array
+
+    section = definition.cluster
+    assert section is not None
+    limit = section.max_array or profile.max_array_size or default_max_array(profile.scheduler)
+    for label, count in Counter(_shape_label(definition, profile, e) for e in elements).items():
+        check_size(count, limit, profile.scheduler, label)
 
 
 def _element_plan(definition: SweepDefinition, profile: ClusterProfile, element: Element, cfg: RunConfig | None,
@@ -132,11 +183,25 @@ def _groups(definition: SweepDefinition, profile: ClusterProfile, sweep_dir: Pat
     return tuple(groups)
 
 
-def _refuse_failed(groups: tuple[ArrayGroup, ...]) -> None:
+def _refuse_failed(groups: tuple[ArrayGroup, ...], force: bool, definition: SweepDefinition) -> None:
+    """A failed preflight check refused with its fix in the sweep's own words, unless ``--force``
+    (every check) or ``cluster.force`` names it."""
+    from diffscale.studies.forcing import check_forced_names, sweep_fix
+
+    section = definition.cluster
+    assert section is not None
+    names = {c.name.lower() for g in groups for p in g.plans for c in p.checks}
+    check_forced_names(section.force, names)
+    if force:
+        return
+    forced = {n.lower() for n in section.force}
     for group in groups:
-        for plan in group.plans:
-            if plan.failed:
-                check = plan.failed[0]
-                element = group.elements[group.plans.index(plan)]
-                raise UserError(f"preflight check '{check.name}' failed for {element.label}: {check.detail}",
-                                f"{check.fix}; or pass --force to go ahead anyway")
+        for plan, element in zip(group.plans, group.elements, strict=True):
+            failed = [c for c in plan.failed if c.name.lower() not in forced]
+            if failed:
+                check, from_file = failed[0], definition.source != "the command line"
+                raise UserError(f"preflight check '{check.name}' failed for {element.label}: "
+                                f"{sweep_fix(check.detail, from_file=from_file)}",
+                                f"{sweep_fix(check.fix, from_file=from_file)}; or "
+                                f"force this check alone (cluster.force: ['{check.name}'], or --force-check "
+                                f"'{check.name}'), or every check with --force")

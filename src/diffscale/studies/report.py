@@ -1,7 +1,8 @@
 """``sweep report``: one self-contained HTML page comparing a sweep's runs: their curves overlaid
-(loss, throughput, and quality numbers where evaluation logged them), coloured by the value of the
-first varied axis, and the table of final numbers with the mean and spread over seeds. Plots are
-inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
+(loss, throughput, and quality numbers where evaluation logged them), one colour (and, past ten,
+line style) per combination of the varied axes and one line style per seed, so no two groups'
+curves look alike; and the tables of collect (``studies/collect.py`` decides their columns).
+Plots are inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 
 from diffscale.io.atomic import write_text
 from diffscale.report.plots import png_data_uri
-from diffscale.studies.collect import summarise
+from diffscale.studies.collect import plain_text, summarise
 from diffscale.studies.definition import SEED_AXES
-from diffscale.studies.state import ElementRecord, read_elements, read_states
+from diffscale.studies.state import ElementRecord
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -58,7 +59,28 @@ def _fields(records: dict[int, list[dict[str, Any]]]) -> list[tuple[str, str, bo
     return [c for c in CURVES if c[0] in present] + [(k, k, False) for k in quality]
 
 
-def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], axis: str | None,
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _styles(rows: list[ElementRecord], varied: list[str]) -> dict[int, tuple[str, str, str]]:
+    """(colour, line style, legend label) of each element: a colour per combination of the varied
+    axes (a line style more per ten combinations), a line style per seed."""
+    def key(row: ElementRecord) -> tuple[str, ...]:
+        return tuple(row.values.get(a, "") for a in varied)
+
+    combos = list(dict.fromkeys(key(r) for r in rows))
+    seeds = list(dict.fromkeys(next((v for k, v in r.values.items() if k in SEED_AXES), "") for r in rows))
+    styles = {}
+    for row in rows:
+        k = combos.index(key(row))
+        seed = next((v for n, v in row.values.items() if n in SEED_AXES), "")
+        dash = LINE_STYLES[(k // 10 + (seeds.index(seed) if len(seeds) > 1 else 0)) % len(LINE_STYLES)]
+        label = ", ".join(f"{a}={v}" for a, v in zip(varied, key(row), strict=True))
+        styles[row.index] = (f"C{k % 10}", dash, plain_text(label))
+    return styles
+
+
+def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], varied: list[str],
              records: dict[int, list[dict[str, Any]]]) -> str:
     import matplotlib
 
@@ -67,24 +89,23 @@ def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], axi
 
     figure = Figure(figsize=(6.0, 3.4), dpi=100, layout="constrained")
     ax = figure.subplots()
-    values = list(dict.fromkeys(r.values.get(axis, "") for r in rows)) if axis else [""]
-    colours = {v: f"C{i % 10}" for i, v in enumerate(values)}
+    styles = _styles(rows, varied)
     labelled: set[str] = set()
     for row in rows:
         points = [(r["step"], r[field]) for r in records[row.index] if isinstance(r.get(field), (int, float))]
         if not points:
             continue
-        value = row.values.get(axis, "") if axis else ""
+        colour, dash, label = styles[row.index]
         steps, ys = zip(*points, strict=True)
-        ax.plot(steps, ys, color=colours[value], alpha=0.8, linewidth=1.1,
-                label=f"{axis}={value}" if axis and value not in labelled else None)
-        labelled.add(value)
+        ax.plot(steps, ys, color=colour, linestyle=dash, alpha=0.8, linewidth=1.1,
+                label=label if label and label not in labelled else None)
+        labelled.add(label)
     if log_y and all(y > 0 for rs in records.values() for r in rs if isinstance(y := r.get(field), (int, float))):
         ax.set_yscale("log")
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-    if labelled and axis:
+    if any(labelled):
         ax.legend(fontsize="small")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
@@ -92,20 +113,16 @@ def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], axi
 
 
 def render(sweep_dir: Path, metric: str = "loss") -> str:
-    rows = read_elements(sweep_dir)
-    states = read_states(sweep_dir)
+    summary = summarise(sweep_dir, metric)
+    rows = [f.record for f in summary.runs]
     records = {r.index: _records(Path(r.run_dir)) for r in rows}
-    axes, per_run, per_group = summarise(rows, metric)
-    varied = [a for a in axes if a not in SEED_AXES]
-    colour_axis = next((a for a in varied if len({r.values[a] for r in rows}) > 1), None)
-    plots = "".join(_overlay(f, t, log, rows, colour_axis, records) for f, t, log in _fields(records))
-    summary = _table([*varied, "seeds", f"final {metric} mean", "sd", f"best {metric} mean", "sd"], per_group)
-    runs = _table(["#", *axes, f"final {metric}", f"best {metric}", "records", "state"],
-                  [[*r, states[int(r[0])].state if int(r[0]) in states else "?"] for r in per_run])
+    varied = [a for a in summary.varied if len({r.values.get(a) for r in rows}) > 1]
+    plots = "".join(_overlay(f, t, log, rows, varied, records) for f, t, log in _fields(records))
     made = datetime.datetime.now().isoformat(timespec="seconds")
     body = (f'<section id="curves"><h2>Curves</h2><div class="plots">{plots or "<p class=muted>no records yet</p>"}'
-            f'</div></section><section id="summary"><h2>Final numbers, mean and spread over seeds</h2>{summary}'
-            f'</section><section id="runs"><h2>Runs</h2>{runs}</section>')
+            f'</div></section><section id="summary"><h2>Final numbers, mean and spread over seeds</h2>'
+            f'{_table(summary.group_header, summary.per_group)}</section>'
+            f'<section id="runs"><h2>Runs</h2>{_table(summary.run_header, summary.per_run)}</section>')
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>diffscale sweep '
             f'{_e(sweep_dir.name)}</title><style>{STYLE}</style></head><body><h1>diffscale sweep {_e(sweep_dir.name)}'
             f'</h1><p class="muted">{_e(sweep_dir.resolve())} &middot; {len(rows)} run(s) &middot; report made {made}'

@@ -1,21 +1,30 @@
 """``sweep run``: the elements worked through on this machine, one at a time or one per GPU, each a
 normal run directory (a diffscale run resumes from its newest checkpoint), with the same state
-files a submitted sweep has. An element already done is skipped, so running again continues."""
+files a submitted sweep has. An element already done is skipped, so running again continues.
+
+SIGTERM or SIGINT to ``sweep run`` is passed to the elements it runs (each in a session of its
+own, so a terminal's Ctrl-C reaches them once, through it): a diffscale run checkpoints and
+exits, the element is recorded as stopped, and ``sweep run`` exits 128 + the signal's number.
+"""
 
 from __future__ import annotations
 
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from diffscale.errors import UserError
 from diffscale.studies.expand import Element
 from diffscale.studies.plan import SweepPlan, compile_cache_dir
-from diffscale.studies.state import ElementRecord, ElementState, element_state, read_states, record
+from diffscale.studies.standing import element_state, failure_reason
+from diffscale.studies.state import ElementRecord, ElementState, read_states, record
 
 LOCAL_LOG = "logs/local.out"
 """An element's output when ``sweep run`` runs it, relative to its run directory."""
@@ -57,7 +66,44 @@ def element_env(plan: SweepPlan, position: int, gpu: str | None) -> dict[str, st
     return env
 
 
-def run_one(plan: SweepPlan, position: int, gpu: str | None) -> ElementState:
+@dataclass
+class Stop:
+    """The signal that stopped ``sweep run`` (None while none came) and the elements' processes it
+    is passed to."""
+
+    signum: int | None = None
+    running: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002 - signal handler signature
+        with self.lock:
+            first = self.signum is None
+            self.signum = signum
+            children = list(self.running.values())
+        if first:
+            print(f"sweep run: got {signal.Signals(signum).name}: passing it to {len(children)} running element(s)",
+                  flush=True)
+        for child in children:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def start(self, index: int, argv: tuple[str, ...], **kwargs: object) -> subprocess.Popen[bytes] | None:
+        """The element's process, unless a stop came first (then None)."""
+        with self.lock:
+            if self.signum is not None:
+                return None
+            child = subprocess.Popen(argv, start_new_session=True, **kwargs)  # type: ignore[call-overload]
+            self.running[index] = child
+            return child
+
+    def ended(self, index: int) -> None:
+        with self.lock:
+            self.running.pop(index, None)
+
+
+def run_one(plan: SweepPlan, position: int, gpu: str | None, stop: Stop) -> ElementState:
     """Run one element to its end; its output appended to its run directory's logs/local.out."""
     element = plan.elements[position]
     log = Path(element.run_dir) / LOCAL_LOG
@@ -66,21 +112,28 @@ def run_one(plan: SweepPlan, position: int, gpu: str | None) -> ElementState:
         out.write(f"diffscale: sweep element {element.index} on {'GPU ' + gpu if gpu else 'this machine'}\n")
         out.flush()
         try:
-            rc = subprocess.run(element_argv(plan, element), cwd=element.run_dir, env=element_env(plan, position, gpu),
-                                stdout=out, stderr=subprocess.STDOUT).returncode
+            child = stop.start(element.index, element_argv(plan, element), cwd=element.run_dir,
+                               env=element_env(plan, position, gpu), stdout=out, stderr=subprocess.STDOUT)
+            rc = child.wait() if child is not None else None
         except OSError as exc:
             out.write(f"{exc}\n")
             rc = 127
+        finally:
+            stop.ended(element.index)
+        if rc is None:
+            return ElementState(element.index, "pending")
         out.write(f"diffscale: command exited with {rc}\n")
     if rc == 0:
         return ElementState(element.index, "done", exit_code=0)
-    from diffscale.studies.state import failure_reason
-
+    if stop.signum is not None:
+        name = signal.Signals(stop.signum).name
+        return ElementState(element.index, "stopped", f"sweep run got {name} and passed it on (exit {rc}); "
+                            "`diffscale sweep run` continues it", exit_code=rc)
     return ElementState(element.index, "failed", failure_reason(Path(element.run_dir)), exit_code=rc)
 
 
 def _todo(plan: SweepPlan) -> list[int]:
-    recorded = read_states(plan.sweep_dir)
+    recorded = read_states(plan.sweep_dir, repair=True)
     todo = []
     for position, e in enumerate(plan.elements):
         row = ElementRecord(e.index, dict(e.values), e.run_dir)
@@ -89,8 +142,15 @@ def _todo(plan: SweepPlan) -> list[int]:
     return todo
 
 
+def _install(stop: Stop) -> dict[int, object]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
 def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
-    """Every element not yet done, ``len(slots)`` at a time. Exit 0 when all are done, 1 otherwise."""
+    """Every element not yet done, ``len(slots)`` at a time. Exit 0 when all are done, 1 when one
+    failed, 128 + N when signal N stopped the sweep."""
     todo = _todo(plan)
     print(f"sweep {plan.definition.name}: {len(plan.elements) - len(todo)} of {len(plan.elements)} element(s) "
           f"done; running {len(todo)} here, {len(slots)} at a time", flush=True)
@@ -99,17 +159,19 @@ def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
         work.put(position)
     lock = threading.Lock()
     failed: list[int] = []
+    stop = Stop()
 
     def worker(gpu: str | None) -> None:
-        while True:
+        while stop.signum is None:
             try:
                 position = work.get_nowait()
             except queue.Empty:
                 return
             index = plan.elements[position].index
             with lock:
-                record(plan.sweep_dir, ElementState(index, "running", f"here{' on GPU ' + gpu if gpu else ''}"))
-            result = run_one(plan, position, gpu)
+                record(plan.sweep_dir, ElementState(index, "running", f"here{' on GPU ' + gpu if gpu else ''}",
+                                                    pid=os.getpid()))
+            result = run_one(plan, position, gpu, stop)
             with lock:
                 record(plan.sweep_dir, result)
                 if result.state == "failed":
@@ -117,11 +179,21 @@ def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
                 print(f"{plan.elements[position].label}: {result.state}"
                       f"{' -- ' + result.reason if result.reason else ''}", flush=True)
 
-    threads = [threading.Thread(target=worker, args=(gpu,)) for gpu in slots]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    previous = _install(stop)
+    try:
+        threads = [threading.Thread(target=worker, args=(gpu,)) for gpu in slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # the main thread wakes for the signal handler
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+    if stop.signum is not None:
+        print(f"sweep run stopped by {signal.Signals(stop.signum).name}: "
+              f"`diffscale sweep run {plan.sweep_dir}` continues it")
+        return 128 + stop.signum
     if failed:
         print(f"{len(failed)} element(s) failed: `diffscale sweep status {plan.sweep_dir}` says why; "
               f"`diffscale sweep run {plan.sweep_dir}` runs them again")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffscale.studies.state import ElementState, element_state, read_elements, read_states, write_states
+from diffscale.studies.standing import element_state
+from diffscale.studies.state import ElementState, read_elements, read_states, record_judged
 
 
 def _job_states(run_dirs: list[Path]) -> dict[Path, tuple[str, bool]]:
@@ -43,14 +44,15 @@ def continued(run_dir: Path, scheduler: str) -> str | None:
 
 
 def sweep_states(sweep_dir: Path) -> list[tuple[dict[str, str], ElementState]]:
-    """(values, state) of every element, in order; state.json updated."""
+    """(values, state) of every element, in order; state.json updated (an element another writer
+    changed meanwhile keeps its newer record)."""
     rows = read_elements(sweep_dir)
-    recorded = read_states(sweep_dir)
-    jobs = _job_states([Path(r.run_dir) for r in rows])
+    recorded = read_states(sweep_dir, repair=True)
+    jobs = _job_states([Path(r.run_dir) for r in rows if Path(r.run_dir).is_dir()])
     states = {}
     for row in rows:
         job = jobs.get(Path(row.run_dir))
         states[row.index] = element_state(row, recorded.get(row.index), job[0] if job else None,
                                           job[1] if job else False)
-    write_states(sweep_dir, states)
+    record_judged(sweep_dir, recorded, states)
     return [(row.values, states[row.index]) for row in rows]

@@ -2,7 +2,11 @@
 Each element's run directory gets its own job script and a jobs.json naming its array task, so
 ``status``, ``logs``, ``cancel`` and ``doctor`` work on an element as on a single run. With
 ``failed_only`` only the failed elements are submitted again (a diffscale run resumes from its
-newest checkpoint)."""
+newest checkpoint), each array under a new script name, so the scripts of earlier submissions stay.
+
+All or nothing: every array is first shown to the scheduler without submitting it (``sbatch
+--test-only``, ``qsub -w v``); should a submission still be refused, the arrays this call
+submitted before it are cancelled, and no element is recorded as submitted."""
 
 from __future__ import annotations
 
@@ -16,12 +20,13 @@ from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 from diffscale.studies.arrays import render, script_name, task_job_id, task_log
 from diffscale.studies.plan import ArrayGroup, SweepPlan
-from diffscale.studies.state import ElementState, read_states, write_states
+from diffscale.studies.state import ElementState, record
 from diffscale.studies.status import sweep_states
 
 
 def chosen(plan: SweepPlan, failed_only: bool) -> set[int]:
-    """Elements to submit: the failed ones (``failed_only``), else every one never submitted nor done."""
+    """Elements to submit: the failed ones (``failed_only``), else every one never submitted nor done
+    (a run directory made again after it was deleted holds no jobs.json: it is submitted again)."""
     states = {s.index: s for _, s in sweep_states(plan.sweep_dir)}
     if failed_only:
         picked = {i for i, s in states.items() if s.state == "failed"}
@@ -30,7 +35,7 @@ def chosen(plan: SweepPlan, failed_only: bool) -> set[int]:
                             f"see diffscale sweep status {plan.sweep_dir}")
         return picked
     picked = {e.index for e in plan.elements
-              if states[e.index].state == "pending" and not jobs.path(e.run_dir).is_file()}
+              if states[e.index].state in ("pending", "stopped") and not jobs.path(e.run_dir).is_file()}
     if not picked:
         raise UserError(f"every element of {plan.sweep_dir} was already submitted or is done",
                         f"see diffscale sweep status {plan.sweep_dir}; resubmit failed ones with --failed")
@@ -52,6 +57,10 @@ def _write_group(plan: SweepPlan, group: ArrayGroup, picked: set[int]) -> tuple[
         script.chmod(0o755)
     assert plan.profile is not None
     path = plan.sweep_dir / script_name(plan.profile.scheduler, group.label)
+    attempt = 1
+    while path.exists():  # an earlier submission's script stays as it was
+        attempt += 1
+        path = plan.sweep_dir / script_name(plan.profile.scheduler, f"{group.label}.{attempt}")
     write_text(path, render(narrowed.array))
     path.chmod(0o755)
     return narrowed, path
@@ -77,18 +86,27 @@ def submit_sweep(plan: SweepPlan, *, failed_only: bool) -> int:
     scheduler = for_kind(plan.profile.scheduler)
     (plan.sweep_dir / "logs").mkdir(exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    states = read_states(plan.sweep_dir)
-    for group in plan.groups:
-        written = _write_group(plan, group, picked)
-        if written is None:
-            continue
-        narrowed, script = written
-        array_id = scheduler.submit(script, plan.sweep_dir)
+    written = [w for group in plan.groups if (w := _write_group(plan, group, picked)) is not None]
+    for narrowed, script in written:
+        try:
+            scheduler.verify(script, plan.sweep_dir)
+        except UserError as exc:
+            raise UserError(f"shape {narrowed.label} ({script.name}): {exc.cause}; nothing was submitted",
+                            exc.fix) from exc
+    submitted: list[tuple[ArrayGroup, str, Path]] = []
+    for narrowed, script in written:
+        try:
+            submitted.append((narrowed, scheduler.submit(script, plan.sweep_dir), script))
+        except UserError as exc:
+            ids = [array_id for _, array_id, _ in submitted]
+            if ids:
+                scheduler.cancel(ids)
+            undone = f"; array job(s) {', '.join(ids)} of this call were cancelled" if ids else ""
+            raise UserError(f"shape {narrowed.label} ({script.name}): {exc.cause}{undone}", exc.fix) from exc
+    for narrowed, array_id, script in submitted:
         _record(plan, narrowed, array_id, now)
-        for e in narrowed.elements:
-            states[e.index] = ElementState(e.index, "pending", f"array job {array_id}")
-        write_states(plan.sweep_dir, states)
-        print(f"submitted array job {array_id}: {len(narrowed.elements)} element(s) of shape {group.label} "
+        record(plan.sweep_dir, *(ElementState(e.index, "pending", f"array job {array_id}") for e in narrowed.elements))
+        print(f"submitted array job {array_id}: {len(narrowed.elements)} element(s) of shape {narrowed.label} "
               f"({script.name})")
     print(f"follow it: diffscale sweep status {plan.sweep_dir}")
     return 0

@@ -1,5 +1,6 @@
 """What the sweep verbs print: the table of elements, the array scripts with the preflight of
-each job shape, and the status of every element."""
+each job shape, and the status of every element. Every cell is a rich ``Text``: values, paths
+and failure reasons (gloo's ``[host]:port``) are shown as they are, never read as markup."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from diffscale.studies.plan import SweepPlan
     from diffscale.studies.state import ElementState
 
-STYLE = {"pending": "yellow", "running": "cyan", "done": "green", "failed": "bold red"}
+STYLE = {"pending": "yellow", "running": "cyan", "done": "green", "failed": "bold red", "stopped": "magenta",
+         "missing": "bold red"}
+PREVIEW = 20
+"""Elements a plan of a larger sweep lists (the rest are counted)."""
 
 
 def console() -> Console:
@@ -32,13 +37,17 @@ def _relative(path: str, base: Path) -> str:
 def print_elements(plan: SweepPlan) -> None:
     names = [a.name for a in plan.definition.all_axes]
     labels = {e.index: g.label for g in plan.groups for e in g.elements}
-    table = Table(title=f"sweep {plan.definition.name}: {len(plan.elements)} run(s) in {plan.sweep_dir}")
+    table = Table(title=Text(f"sweep {plan.definition.name}: {plan.count:,} run(s) in {plan.sweep_dir}"))
     for col in ("#", *names, "run dir", *(["array"] if labels else [])):
-        table.add_column(col)
-    for e in plan.elements:
-        table.add_row(str(e.index), *(e.value(n) or "" for n in names), _relative(e.run_dir, plan.sweep_dir),
-                      *([labels[e.index]] if labels else []))
-    console().print(table)
+        table.add_column(Text(col))
+    for e in plan.elements[:PREVIEW] if plan.count > len(plan.elements) else plan.elements:
+        table.add_row(Text(str(e.index)), *(Text(e.value(n) or "") for n in names),
+                      Text(_relative(e.run_dir, plan.sweep_dir)), *([Text(labels[e.index])] if labels else []))
+    out = console()
+    out.print(table)
+    if plan.count > len(plan.elements):
+        out.print(f"the first {len(plan.elements)} of {plan.count:,} elements shown and planned; every axis value "
+                  "was checked against the config; `sweep run` / `sweep submit` plan all of them", markup=False)
 
 
 def print_arrays(plan: SweepPlan) -> None:
@@ -62,11 +71,13 @@ def print_arrays(plan: SweepPlan) -> None:
 
 def print_status(sweep_dir: Path, states: list[tuple[dict[str, str], ElementState]]) -> None:
     names = list(states[0][0]) if states else []
-    table = Table(title=f"sweep {sweep_dir}")
+    table = Table(title=Text(f"sweep {sweep_dir}"))
     for col in ("#", *names, "state", "why"):
-        table.add_column(col)
+        table.add_column(Text(col))
     for values, s in states:
-        table.add_row(str(s.index), *(values.get(n, "") for n in names), f"[{STYLE[s.state]}]{s.state}[/]", s.reason)
+        why = s.reason + (f" (exit {s.exit_code})" if s.exit_code not in (None, 0) and s.reason else "")
+        table.add_row(Text(str(s.index)), *(Text(values.get(n, "")) for n in names),
+                      Text(s.state, style=STYLE[s.state]), Text(why))
     out = console()
     out.print(table)
     counts = Counter(s.state for _, s in states)

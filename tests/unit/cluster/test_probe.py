@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -59,6 +58,11 @@ def test_a_real_command_is_measured_per_process(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "memory measure: PSS" in out and "children (loader workers): 2 seen, 2 at once" in out
     assert json.loads((tmp_path / "run" / "probe.json").read_text())["version"] == 1
+    # plan of the same run directory reads the probe stored there, without --probe
+    assert main(["plan", "--cluster", "nyu-torch", "--account", "a", "--out", str(tmp_path / "run"), "--",
+                 sys.executable, str(script)]) == 0
+    said = "".join(capsys.readouterr().out.split())  # the table wraps long cells
+    assert f"probe{tmp_path / 'run' / 'probe.json'}(PSS)" in said
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -98,10 +102,6 @@ def test_the_probe_file_must_be_readable(tmp_path, capsys):
     assert main(["plan", "--cluster", "nyu-torch", "--probe", str(bad), "--out", str(tmp_path / "r"), "--",
                  "python", "t.py"]) == 2
     assert "is not a probe result this diffscale can read (version 9" in capsys.readouterr().err
-
-
-def test_probe_json_path_is_in_the_run_dir(tmp_path):
-    assert not (Path(tmp_path) / "probe.json").exists()
 
 
 def _fake_process(proc, pid: int, ppid: int, rss_kib: int, pss_kib: int | None) -> None:

@@ -145,6 +145,19 @@ def load(run_dir: str | Path) -> list[Submission]:
     return subs
 
 
+def log_file(run_dir: str | Path, log: str) -> Path:
+    """A job's log as jobs.json (or continuations.tsv) names it: a path inside the run directory,
+    where the job scripts send the scheduler's output (``logs/NAME-ID.out``). A path leading out
+    of it (``../../etc/passwd``, ``/etc/hostname``) is refused, never read."""
+    base = os.path.normpath(os.path.abspath(run_dir))
+    target = os.path.normpath(os.path.join(base, log))
+    if os.path.commonpath([base, target]) != base or target == base:
+        raise UserError(f"the records of {run_dir} name the log '{log}', outside the run directory",
+                        "diffscale reads only logs inside the run directory (its job scripts write logs/NAME-ID.out); "
+                        f"restore {FILE}, or read that file yourself")
+    return Path(target)
+
+
 def latest(run_dir: str | Path) -> Submission:
     """The newest submission, with the continuation jobs its scripts submitted since."""
     sub = load(run_dir)[-1]

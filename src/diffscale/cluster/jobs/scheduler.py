@@ -51,6 +51,11 @@ class Scheduler(Protocol):
         """Submit ``script``; with ``after``, once that job ended (``started``: once it started)."""
         ...
 
+    def verify(self, script: Path, run_dir: Path) -> None:
+        """Ask the scheduler whether it would take ``script`` (nothing is submitted); a refusal
+        is a UserError with the scheduler's words."""
+        ...
+
     def states(self, job_ids: Sequence[str]) -> list[JobState]: ...
 
     def cancel(self, job_ids: Sequence[str]) -> None: ...
@@ -76,6 +81,9 @@ class Slurm:
         if not job_id.isdigit():
             raise UserError(f"sbatch answered '{out}' instead of a job id", "check the scheduler's output above")
         return job_id
+
+    def verify(self, script: Path, run_dir: Path) -> None:
+        run(["sbatch", "--test-only", str(script)], cwd=run_dir)
 
     def states(self, job_ids: Sequence[str]) -> list[JobState]:
         # sacct needs an accounting database many clusters (and our tests) lack; squeue
@@ -205,6 +213,17 @@ class GridEngine:
         if not job_id.isdigit():
             raise UserError(f"qsub answered '{out}' instead of a job id", "check the scheduler's output above")
         return job_id
+
+    def verify(self, script: Path, run_dir: Path) -> None:
+        # -w v: would the job run on an empty cluster? (qsub says so in its output, exit 0 either way
+        # on some versions: the words decide)
+        proc = run(["qsub", "-w", "v", str(script)], cwd=run_dir, check=False)
+        said = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0 or "no suitable queue" in said.lower():
+            lines = [ln.strip() for ln in said.splitlines() if ln.strip() and ln.strip() != "Exiting."]
+            why = next((ln for ln in lines if ln.startswith("Unable to run job")), lines[-1] if lines else "")
+            raise UserError(f"`qsub -w v` refused it: {why or f'exit {proc.returncode}'}",
+                            "see the scheduler's message; `diffscale sweep plan` shows the job it was asked for")
 
     def states(self, job_ids: Sequence[str]) -> list[JobState]:
         live = parse_qstat_xml(run(["qstat", "-xml", "-u", "*"]).stdout)

@@ -258,12 +258,31 @@ def max_batch_for_gpu(cfg: RunConfig, gpu_type: str | None, gpu_memory_gb_: floa
     return lo
 
 
-def host_memory(ranks_per_node: int, data_bytes: int = 0, workers: int = 0) -> resources.HostMemory:
+CPU_RANK_BASE_BYTES = int(0.4 * resources.GIB)
+"""Host memory of a CPU rank besides its network and batch: Python, torch (no CUDA context) and
+diffscale. With the network's term below a tiny rank estimates ~0.69 GB; measured 0.66 GB peak RSS
+(2026-11-29, 2-core CPU machine, `/usr/bin/time -v diffscale train --preset tiny --set
+runtime.device=cpu`), where the GPU ranks' 3 GiB base asked for 4 x too much."""
+
+
+def cpu_rank_bytes(cfg: RunConfig) -> int:
+    """Host memory of one CPU rank of ``cfg`` besides its data: the base, and what a GPU rank holds
+    on its GPU (weights, EMA, gradients, optimizer state; the batch's activations, in fp32 on a CPU:
+    twice the 16-bit count), with the same 1.2 for the allocator."""
+    cost = cost_of(cfg)
+    model = BYTES_PER_PARAM * cost.params + 2 * cfg.train.batch_per_gpu * cost.activation_bytes_per_sample
+    return CPU_RANK_BASE_BYTES + int(1.2 * model)
+
+
+def host_memory(ranks_per_node: int, data_bytes: int = 0, workers: int = 0,
+                rank_bytes: int | None = None) -> resources.HostMemory:
     """Host memory of a node's ``diffscale train`` ranks (estimated). Each rank holds its base and
     the data it reads into memory (an npz file is loaded whole; resident data passes through host
-    memory on its way to the device). A streamed run's ``workers`` per rank read the decoded
+    memory on its way to the device); a CPU rank's base is ``rank_bytes`` (:func:`cpu_rank_bytes`),
+    a GPU rank's the model's default. A streamed run's ``workers`` per rank read the decoded
     cache's memory map: the page cache holds the data once, so a worker counts only its base."""
     return resources.host_memory(ranks_per_node, workers=workers, data_bytes=data_bytes,
+                                 rank_bytes=None if rank_bytes is None else rank_bytes + data_bytes,
                                  worker_bytes=resources.WORKER_BASE_BYTES if workers else None)
 
 
@@ -280,21 +299,23 @@ class HostMemoryRequest:
 
 
 def host_memory_request(ranks_per_node: int, data_bytes: int, node_limit_gb: float | None,
-                        workers: int = 0) -> HostMemoryRequest:
+                        workers: int = 0, rank_bytes: int | None = None) -> HostMemoryRequest:
     """What a node of ``diffscale train`` ranks asks for, and the plan's note saying how it was
-    reached: the loader workers a streamed run starts, and per-process figures that are estimates."""
-    m = host_memory(ranks_per_node, data_bytes, workers)
+    reached: the loader workers a streamed run starts, and per-process figures that are estimates
+    (``rank_bytes``: a CPU rank's, from its preset)."""
+    m = host_memory(ranks_per_node, data_bytes, workers, rank_bytes)
     gib = math.ceil(resources.gib(m.node_bytes) * HOST_MEMORY_HEADROOM)
     capped = False
     if node_limit_gb is not None and gib > node_limit_gb:
         gib, capped = int(node_limit_gb), True
     cap = f", capped at the node's {node_limit_gb:g} GiB" if capped else ""
-    per_rank = resources.gib(resources.RANK_BASE_BYTES)
+    per_rank = resources.gib(resources.RANK_BASE_BYTES if rank_bytes is None else rank_bytes)
     counted = (f"{workers} loader workers per rank counted (the streaming path; they read the decoded cache's "
                "memory map, held once in the page cache)" if workers else
                "no data-loader workers counted (the data stays on the device: none start)")
+    where = "runtime/resources.py" if rank_bytes is None else "a CPU rank of its preset, cluster/planning/estimates.py"
     note = (f"host memory {gib} GiB per node: {m.describe()}, plus a quarter for headroom{cap}; {counted}; the "
-            f"~{per_rank:.0f} GiB per rank is an estimate, not a measured RSS (runtime/resources.py)")
+            f"~{per_rank:.{0 if rank_bytes is None else 1}f} GiB per rank is an estimate, not a measured RSS ({where})")
     return HostMemoryRequest(gib, note)
 
 

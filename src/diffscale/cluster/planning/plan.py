@@ -279,7 +279,8 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
                      f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
         if mem is None:
             data_bytes, workers = _data_in_host_memory(part, shape, workload, cpus, gpu_ranks)
-            request = estimates.host_memory_request(shape.ranks_per_node, data_bytes, part.mem_per_node_gb, workers)
+            request = estimates.host_memory_request(shape.ranks_per_node, data_bytes, part.mem_per_node_gb, workers,
+                                                    None if gpu_ranks else estimates.cpu_rank_bytes(cfg))
             mem = request.gib
             notes.append(request.note)
     return estimate_s, (int(math.ceil(mem)) if mem is not None else None)

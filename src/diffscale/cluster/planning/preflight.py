@@ -131,7 +131,8 @@ def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
                      "--workers-per-rank, --worker-mem)")
     placed = data_placement(part, r, workload)
     data_bytes = placed.host_data_bytes(workload.data_bytes) if placed else workload.data_bytes
-    m = estimates.host_memory(r.ranks_per_node, data_bytes, placed.workers if placed else 0)
+    m = estimates.host_memory(r.ranks_per_node, data_bytes, placed.workers if placed else 0,
+                              None if r.use_gpus else estimates.cpu_rank_bytes(workload.config))
     what = f"{m.describe()} (estimated)"
     limit = _mem_limit(part, r)
     if limit is None:
@@ -268,10 +269,15 @@ def _near_multiple(value: int, step: int) -> str:
 
 
 def nodes_limit(part: Partition, r: Resolved) -> Check:
+    """More nodes than the partition gives a job fail; where the profile does not say (max_nodes
+    null), one node passes and more are unknown: the scheduler may refuse them at submission."""
     name = "nodes"
     if part.max_nodes is not None and r.nodes > part.max_nodes:
         return Check(name, False, f"{r.nodes} nodes > the partition's maximum {part.max_nodes}",
                      f"use --nodes {part.max_nodes} or fewer")
+    if part.max_nodes is None and r.nodes > 1:
+        return Check(name, None, f"{r.nodes} nodes asked; the profile does not say how many '{part.name}' has "
+                                 "(max_nodes: null)", "set the partition's max_nodes in the profile")
     return Check(name, True, f"{r.nodes} node(s)" + (f" of at most {part.max_nodes}" if part.max_nodes else ""))
 
 

@@ -61,7 +61,8 @@ def slurm_profile(name: str, partitions_text: str, nodes_text: str) -> ClusterPr
         gres = [_gres_gpus(n.get("Gres", "")) for n in members]
         gpus = _min([g for g, _ in gres])
         types = {t for _, t in gres if t}
-        max_nodes = f.get("MaxNodes", "UNLIMITED")
+        # a job never gets more nodes than the partition holds, whatever MaxNodes says
+        limits = [int(v) for v in (f.get("MaxNodes", ""), f.get("TotalNodes", "")) if v.isdigit()]
         if f.get("Default") == "YES":
             default = pname
         note = None if f.get("State", "UP") == "UP" else f"state {f.get('State')} when discovered"
@@ -76,7 +77,7 @@ def slurm_profile(name: str, partitions_text: str, nodes_text: str) -> ClusterPr
             max_time_s=parse_duration(f.get("MaxTime", "UNLIMITED"), what="MaxTime"),
             # a job without --time gets DefaultTime, or MaxTime where there is none
             default_time=f.get("MaxTime", "UNLIMITED") if f.get("DefaultTime", "NONE") == "NONE" else f["DefaultTime"],
-            max_nodes=int(max_nodes) if max_nodes.isdigit() else None,
+            max_nodes=min(limits) if limits else None,
             gpu_request=GpuRequest.GPUS_PER_NODE,
             note=note,
         ))
@@ -175,6 +176,7 @@ def sge_profile(name: str, run: Runner) -> ClusterProfile:
             mem_per_node_gb=min(mems) if mems else None,
             max_time_s=None if h_rt.upper() == "INFINITY" else parse_duration(h_rt, what="h_rt"),
             default_time="UNLIMITED" if h_rt.upper() == "INFINITY" else h_rt,  # a job without -l h_rt gets the queue's
+            max_nodes=len(members) or None,  # a job spans at most the queue's hosts
         ))
     sge = SgeSettings(pe_single_host=single, pe_multi_host=multi, gpu_resource=gpu_resource or "gpus", gpu_scope=scope,
                       notify_s=notify)

@@ -226,6 +226,7 @@ def _exit_handling(spec: JobSpec) -> list[str]:
             "    echo \"diffscale: checkpointed; the next segment continues the run\"",
             "    exit 0",
             "fi",
+            "echo \"diffscale: command exited with $rc\"",
             "exit \"$rc\"",
         ]
     cont_log = log_path(spec.job_name, "$next")
@@ -253,5 +254,6 @@ def _exit_handling(spec: JobSpec) -> list[str]:
         f"(max {spec.max_restarts}); submit again to continue\" >&2",
         f"    exit {EXIT_REQUEUE}",
         "fi",
+        "echo \"diffscale: command exited with $rc\"",
         "exit \"$rc\"",
     ]

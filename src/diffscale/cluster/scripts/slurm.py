@@ -125,6 +125,7 @@ def _exit_handling(spec: JobSpec) -> list[str]:
             "    echo \"diffscale: checkpointed; the next segment continues the run\"",
             "    exit 0",
             "fi",
+            "echo \"diffscale: command exited with $rc\"",
             "exit \"$rc\"",
         ]
     return [
@@ -147,5 +148,6 @@ def _exit_handling(spec: JobSpec) -> list[str]:
         f"(max {spec.max_restarts}); submit again to continue\" >&2",
         "    fi",
         "fi",
+        "echo \"diffscale: command exited with $rc\"",
         "exit \"$rc\"",
     ]

@@ -249,6 +249,12 @@ class FieldTask(WithoutQualityMetrics):
         if cond.dim() != 2 or cond.shape[1] != self.cond_dim:
             raise UserError(f"conditions of shape {tuple(cond.shape)} do not fit this model, which takes N x "
                             f"{self.cond_dim}", f"pass an N x {self.cond_dim} array of conditions in the data's units")
+        from diffscale.runtime.resources import check_fits
+
+        # the members' start noise, their samples and the array written hold N x members fields each
+        each = 3 * 4 * int(np.prod(self.x_shape)) + 4 * self.cond_dim
+        check_fits(cond.shape[0] * members * each, f"{cond.shape[0]:,} conditions x --members {members:,}",
+                   "ask for fewer members (--members), or split the conditions into several files")
         generator = torch.Generator().manual_seed(seed)
         rows = cond.to(self.device).float().repeat_interleave(members, dim=0)
         start = torch.randn((rows.shape[0], *self.x_shape), generator=generator)

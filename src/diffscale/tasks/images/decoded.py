@@ -160,6 +160,9 @@ def build_from_jobs(listing: Listing, source: str, size: int, max_bad_fraction: 
             for part in _decoded_stream(listing.jobs):
                 tally.add(part)
                 out.write(part.images.tobytes())
+        if tally.total == 0:  # an empty table or shard set: nothing to train on (and nothing to map)
+            raise UserError(f"'{source}' holds no images (0 rows or samples)",
+                            "point --data at a table or shards that hold images")
         _check_bad(tally, source, max_bad_fraction, say)
         if len(tally.modes) > 1 or len(tally.sizes) > 1:
             say(f"note: {source} mixes {len(tally.modes)} image modes ({', '.join(sorted(tally.modes))}) and "

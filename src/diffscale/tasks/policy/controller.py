@@ -34,7 +34,7 @@ from diffscale.diffusion import SamplerKind
 from diffscale.diffusion.ddim import ddim_steps, ddpm_steps
 from diffscale.diffusion.graphed import LoopCache
 from diffscale.diffusion.sampler import set_distinct_timesteps
-from diffscale.errors import UserError
+from diffscale.errors import SEED_MAX, ArgumentError, UserError
 
 DEFAULT_SAMPLER = "ddpm"
 """The sampler unless one is named: DDPM, the process the run trained, as ``diffscale eval``
@@ -60,8 +60,9 @@ class Controller:
             self.kind = SamplerKind(str(sampler).lower())
         except ValueError:
             raise UserError(f"unknown sampler '{sampler}'", "use ddpm, ddim or dpmsolver") from None
-        if int(steps) < 1:
-            raise UserError(f"steps={steps}: a plan needs at least one denoising step", "pass steps >= 1")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ArgumentError(f"steps={steps!r}: a plan needs a whole number of denoising steps, at least one",
+                                "pass steps >= 1, or leave steps out for the run's train.sample_steps")
         self.task, self.network = task, network
         self.obs_norm, self.action_norm = task._norms()
         self.obs_dim, self.action_dim = task.obs_dim, task.action_dim
@@ -90,6 +91,9 @@ class Controller:
             raise UserError("the controller's first reset() has no seed",
                             "call reset(seed) with an int before the first episode (later resets may omit it)")
         if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= SEED_MAX:
+                raise ArgumentError(f"reset(seed={seed!r}): a seed is a whole number from 0 to 2**63 - 1",
+                                    "pass e.g. reset(seed=0); the same seed repeats the episode exactly")
             self.generator.manual_seed(int(seed))
             self.seeded = True
         self.history, self.queue, self.queued = None, None, 0
@@ -127,7 +131,15 @@ class Controller:
     def _checked(self, obs: ObsLike) -> torch.Tensor:
         """``obs`` as a (B, O) float32 CPU tensor, refused where its size is not the policy's or
         where it holds NaN or infinite values."""
-        step = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs).detach().cpu()
+        if not isinstance(obs, torch.Tensor):
+            obs = np.asarray(obs)
+            if obs.dtype.kind not in "iuf":
+                raise ArgumentError(f"select_action(obs) got an array of {obs.dtype} values, not numbers",
+                                    f"pass the observation as {self.obs_dim} numbers (a float array)")
+        elif obs.is_complex() or obs.dtype == torch.bool:
+            raise ArgumentError(f"select_action(obs) got a tensor of {obs.dtype}, not real numbers",
+                                f"pass the observation as {self.obs_dim} real numbers")
+        step = torch.as_tensor(obs).detach().cpu()
         if step.dim() == 1:
             step = step[None]
         if step.dim() != 2 or step.shape[1] != self.obs_dim or step.shape[0] == 0:
