@@ -120,7 +120,7 @@ def test_data_is_refused_where_the_job_does_not_read_it(argv, message, tmp_path,
 
 
 def test_the_data_check_says_where_the_job_reads_its_data():
-    from diffscale.cluster.planning.preflight import data_path
+    from diffscale.cluster.planning.data_checks import data_path
     from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
     from diffscale.config import presets
 

@@ -12,8 +12,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from diffscale.cluster.planning import estimates, preflight
-from diffscale.cluster.planning.preflight import Check, Resolved
+from diffscale.cluster.planning import data_checks, estimates, preflight
+from diffscale.cluster.planning.check import Check, Resolved
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
 from diffscale.cluster.profiles.types import ClusterProfile, Partition, SchedulerKind
@@ -265,7 +265,7 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
     estimate_s: int | None = None
     mem = shape.mem_per_node_gb
     if isinstance(workload, UserCommand) and workload.usage is not None and mem is None:
-        from diffscale.cluster.planning.preflight import request_gib
+        from diffscale.cluster.planning.usage_checks import request_gib
 
         asked = request_gib(workload.usage, shape.ranks_per_node, part.mem_per_node_gb)
         if asked is not None:
@@ -292,7 +292,7 @@ def _data_in_host_memory(part: Partition, shape: Shape, workload: DiffscaleRun, 
     r = Resolved(nodes=shape.nodes, ranks_per_node=shape.ranks_per_node, use_gpus=gpu_ranks, cpus_per_rank=cpus,
                  cpus_per_rank_asked=shape.cpus_per_rank is not None, mem_per_node_gb=None, mem_asked=False,
                  time_s=None, time_asked=False)
-    placed = preflight.data_placement(part, r, workload)
+    placed = data_checks.data_placement(part, r, workload)
     if placed is None:
         return workload.data_bytes, 0
     return placed.host_data_bytes(workload.data_bytes), placed.workers

@@ -8,57 +8,17 @@ unless ``--force``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
-from diffscale.cluster.planning import data_check, estimates
+from diffscale.cluster.planning import estimates
+from diffscale.cluster.planning.check import Check, Resolved, mem_limit_gib
+from diffscale.cluster.planning.data_checks import data_on_device, data_path, data_placement
 from diffscale.cluster.planning.shape import Shape
-from diffscale.cluster.planning.usage import MEASURED_SHARE, RankUsage
+from diffscale.cluster.planning.usage_checks import usage_gpu_memory, usage_host_memory
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
 from diffscale.cluster.profiles.types import ClusterProfile, Fact, Partition, SchedulerKind
 from diffscale.cluster.scripts.timefmt import hms, human
 from diffscale.runtime import resources
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool | None
-    """True: passes; False: fails (the scheduler would refuse it, or it would break at run
-    time); None: unknown -- the profile does not document the fact needed."""
-    detail: str
-    fix: str = ""
-    warn: bool = False
-    """With ``ok`` True: the job runs, but not as well as it could (the fix says how)."""
-
-    @property
-    def status(self) -> str:
-        if self.ok and self.warn:
-            return "WARN"
-        return {True: "pass", False: "FAIL", None: "unknown"}[self.ok]
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """The job as plan resolved it (defaults filled in), which the checks inspect."""
-
-    nodes: int
-    ranks_per_node: int
-    use_gpus: bool
-    """False: CPU ranks (a CPU partition, or --procs-per-node)."""
-    cpus_per_rank: int
-    cpus_per_rank_asked: bool
-    """True when the user chose --cpus-per-task (the fix then names that flag)."""
-    mem_per_node_gb: int | None
-    mem_asked: bool
-    """True when the user chose --mem (then it is the limit; a derived value is not)."""
-    time_s: int | None
-    time_asked: bool
-    global_batch: int | None = None
-    """Requested global batch (--global-batch), checked for divisibility."""
-    account: str | None = None
-    """Account / project the job is charged to (--account or the profile's)."""
-    qos: str | None = None
 
 
 def _fact_value(fact: Fact, r: Resolved) -> str | None:
@@ -134,21 +94,13 @@ def host_memory(part: Partition, r: Resolved, workload: Workload) -> Check:
     m = estimates.host_memory(r.ranks_per_node, data_bytes, placed.workers if placed else 0,
                               None if r.use_gpus else estimates.cpu_rank_bytes(workload.config))
     what = f"{m.describe()} (estimated)"
-    limit = _mem_limit(part, r)
+    limit = mem_limit_gib(part, r)
     if limit is None:
         return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' node has")
     if m.node_bytes > limit * resources.GIB:
         return Check(name, False, f"{what} > {limit:g} GiB per node: the kernel would OOM-kill the job",
                      _host_memory_fix(part, r, m, limit))
     return Check(name, True, f"{what} of {limit:g} GiB")
-
-
-def _mem_limit(part: Partition, r: Resolved) -> float | None:
-    """Host memory per node the job may use, in GiB: the node's, or less where --mem asks less."""
-    limit = part.mem_per_node_gb
-    if r.mem_asked and r.mem_per_node_gb is not None:
-        limit = min(limit, r.mem_per_node_gb) if limit is not None else r.mem_per_node_gb
-    return limit
 
 
 def _host_memory_fix(part: Partition, r: Resolved, m: resources.HostMemory, limit_gib: float) -> str:
@@ -295,77 +247,6 @@ def multi_host(profile: ClusterProfile, r: Resolved) -> Check | None:
     return Check(name, True, f"{pe} on one host")
 
 
-def data_path(workload: Workload) -> Check | None:
-    """A diffscale run's data path as the job will read it (absolute): found on this host, or
-    not, in which case it may still exist on the cluster's own file system (nothing assumed)."""
-    if not isinstance(workload, DiffscaleRun) or workload.data_found is None:
-        return None
-    source = workload.config.data.source
-    if workload.data_found:
-        return Check("data", True, f"{source} (found here; the job reads this absolute path)")
-    return Check("data", None, f"{source} does not exist on this host",
-                 "make sure it exists on the cluster's file system, where the job reads it, or pass --data with "
-                 "a path that does")
-
-
-def data_placement(part: Partition, r: Resolved, workload: Workload) -> data_check.DataPlacement | None:
-    """Where an image run's data will live on ``part`` (None: not an image run whose data size is
-    known here, or the device's memory is not known)."""
-    if not isinstance(workload, DiffscaleRun) or workload.data_size is None:
-        return None
-    data = workload.config.data
-    return data_check.placement(workload.data_size, data.resident.value, data.workers, part,
-                                ranks_per_node=r.ranks_per_node, cpus_per_rank=r.cpus_per_rank,
-                                use_gpus=r.use_gpus, mem_limit_gib=_mem_limit(part, r))
-
-
-def data_on_device(part: Partition, r: Resolved, workload: Workload) -> Check | None:
-    """An image run's data: resident on the device beside the model, or streamed from the decoded
-    cache by loader workers (then budgeted by the host-memory model, like the run does)."""
-    if not isinstance(workload, DiffscaleRun) or workload.data_size is None:
-        return None
-    name, size = "data on the device", workload.data_size
-    placed = data_placement(part, r, workload)
-    if placed is None:
-        what = "GPU" if r.use_gpus else "node"
-        return Check(name, None, f"{size.describe()}; the profile does not say how much memory a '{part.name}' "
-                                 f"{what} has: the job decides as it starts (data.resident auto)")
-    if not placed.resident:
-        return _streamed(name, placed, r)
-    if not r.use_gpus:
-        return Check(name, True, f"{size.describe()}: {placed.why}")
-    cfg = workload.config
-    model = estimates.gpu_memory_gb(cfg, part.gpu_type)
-    need = model.value + size.nbytes / 1e9
-    what = (f"{size.describe()}: {placed.why}; with the model (~{model.value:.1f} GB, {model.source}) "
-            f"~{need:.1f} GB")
-    gpu = part.gpu_memory_gb
-    if gpu is None:
-        return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' GPU has")
-    usable = data_check.GPU_SHARE * gpu
-    if need <= usable:
-        return Check(name, True, f"{what} of {gpu:g} GB per {part.gpu_type or 'GPU'}")
-    fits = int((usable - model.value) * 1e9 // max(size.nbytes // max(size.items, 1), 1))
-    stream = ("stream it from the decoded cache: --set data.resident=auto" if cfg.data.resident.value == "on"
-              else "stream it from the decoded cache: --set data.resident=off")
-    fewer = f", or train on fewer items (--set data.max_items={fits})" if fits >= 1 else ""
-    return Check(name, False, f"{what} > {data_check.GPU_SHARE:.0%} of {gpu:g} GB per {part.gpu_type or 'GPU'}",
-                 stream + fewer)
-
-
-def _streamed(name: str, placed: data_check.DataPlacement, r: Resolved) -> Check:
-    workers = f"{placed.workers} loader worker{'s' if placed.workers != 1 else ''} per rank"
-    what = f"{placed.size.describe()}: {placed.why}; {workers} ({placed.workers_why}), counted in the host RAM row"
-    if placed.workers < placed.wanted:
-        flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
-        return Check(name, True, what, f"ask for more host memory (--mem), or fewer ranks per node ({flag}), for "
-                                       f"{placed.wanted} workers", warn=True)
-    if placed.workers == 0:
-        return Check(name, True, what, "give each rank a CPU for a loader worker (--cpus-per-task 2 or more): without "
-                                       "one the training process reads its own batches and waits for them", warn=True)
-    return Check(name, True, what)
-
-
 def run_directory(profile: ClusterProfile, workload: Workload) -> Check | None:
     """Grid Engine expands $HOME-style pseudo variables in a job's working directory and
     cannot enter one with a newline (measured on SoGE 8.1.9: failed 28, "changing into
@@ -450,65 +331,3 @@ def run_all(profile: ClusterProfile, part: Partition, r: Resolved, workload: Wor
 # the node's need comes from the one host-memory model (runtime/resources.py), and it must stay
 # within MEASURED_SHARE of the node (or of --mem).
 
-def usage_host_memory(part: Partition, r: Resolved, usage: RankUsage) -> Check:
-    name = "host RAM per node"
-    m = usage.host_memory(r.ranks_per_node)
-    if m is None:
-        return Check(name, None, f"the rank's own memory is not known ({usage.source})",
-                     "pass --mem-per-rank GB, or measure it: diffscale probe --out RUN_DIR -- COMMAND")
-    limit = part.mem_per_node_gb
-    if r.mem_asked and r.mem_per_node_gb is not None:
-        limit = min(limit, r.mem_per_node_gb) if limit is not None else r.mem_per_node_gb
-    what = f"{m.describe()} ({usage.source})"
-    if limit is None:
-        return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' node has",
-                     "add mem_per_node_gb to the profile (`diffscale cluster discover` reads it from the scheduler)")
-    usable = limit * MEASURED_SHARE
-    if m.node_bytes > usable * resources.GIB:
-        return Check(name, False, f"{what} of {limit:g} GiB per node ({MEASURED_SHARE:.0%} usable: {usable:.0f} GiB)",
-                     _usage_fix(part, r, m, usable))
-    return Check(name, True, f"{what} of {limit:g} GiB ({MEASURED_SHARE:.0%} usable)")
-
-
-def _usage_fix(part: Partition, r: Resolved, m: resources.HostMemory, usable_gib: float) -> str:
-    fixes = []
-    fit = m.workers_that_fit(usable_gib * resources.GIB)
-    if m.workers and 0 <= fit < m.workers:
-        fixes.append(f"num_workers <= {fit} per rank (your DataLoader; --workers-per-rank {fit} to re-check)")
-    need_gib = math.ceil(resources.gib(m.node_bytes) / MEASURED_SHARE)
-    if part.mem_per_node_gb is None or need_gib <= part.mem_per_node_gb:
-        fixes.append(f"--mem {need_gib}")
-    ranks = m.ranks_that_fit(usable_gib * resources.GIB)
-    if 1 <= ranks < r.ranks_per_node:
-        flag = "--gpus-per-node" if r.use_gpus else "--procs-per-node"
-        fixes.append(f"{flag} {ranks} and more --nodes")
-    if not fixes:
-        fixes.append("a partition with more memory per node")
-    return ", or ".join(fixes)
-
-
-def usage_gpu_memory(part: Partition, r: Resolved, usage: RankUsage) -> Check:
-    name = "GPU memory"
-    if usage.gpu_bytes is None:
-        return Check(name, None, f"the probe measured no GPU memory ({usage.source})")
-    used = usage.gpu_bytes / 1e9
-    what = f"~{used:.1f} GB per rank ({usage.source})"
-    if part.gpu_memory_gb is None:
-        return Check(name, None, f"{what}; the profile does not say how much memory a '{part.name}' GPU has")
-    if used > 0.9 * part.gpu_memory_gb:
-        return Check(name, False, f"{what} > 90 % of {part.gpu_memory_gb:g} GB per {part.gpu_type or 'GPU'}",
-                     "lower the batch per GPU (and accumulate gradients), or use a partition with larger GPUs")
-    return Check(name, True, f"{what} of {part.gpu_memory_gb:g} GB")
-
-
-def request_gib(usage: RankUsage, ranks_per_node: int, node_limit_gb: float | None) -> tuple[int, str] | None:
-    """Host memory to ask per node for a command whose ranks' needs are known, and the note."""
-
-    m = usage.host_memory(ranks_per_node)
-    if m is None:
-        return None
-    gib = math.ceil(resources.gib(m.node_bytes) * estimates.HOST_MEMORY_HEADROOM)
-    cap = ""
-    if node_limit_gb is not None and gib > node_limit_gb:
-        gib, cap = int(node_limit_gb), f", capped at the node's {node_limit_gb:g} GiB"
-    return gib, f"host memory {gib} GiB per node: {m.describe()} ({usage.source}), plus a quarter for headroom{cap}"
