@@ -121,20 +121,22 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     target = cfg.train.steps
     stop_at = min(target, max_steps) if max_steps else target
 
+    opened: list[Telemetry] = []  # metrics.jsonl, TensorBoard: once the run passed its checks
+
     def announce(run_state: RunState, whole_steps: bool) -> None:
         say(_banner(policy, ctx, cfg, count_parameters(run_state.net), run_state.task.describe_data(), whole_steps))
         if cfg.optim.warmup_steps > target:  # a short trial run of a long config: say why lr stays low
             say(f"note: optim.warmup_steps {cfg.optim.warmup_steps} > train.steps {target}: the learning rate "
                 f"rises linearly the whole run and never reaches optim.lr {cfg.optim.lr:g} (lower "
                 "optim.warmup_steps to reach it)")
+        opened.append(open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
+                                     start_step=run_state.step, console=console))
 
-    telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
-                               start_step=start.checkpoint.step if start.checkpoint else 0, console=console)
     try:  # closes metrics.jsonl also when the run is refused before its first step
         with build_run(cfg, run_dir, ctx, policy, console=console, say=say, checkpoint=start.checkpoint,
                        prepare=start.prepare, compile_cache=True, announce=announce,
-                       feed=lambda run_state: _feed(run_state, telemetry, stop, say)) as run:
-            run_state = run.state
+                       feed=lambda run_state: _feed(run_state, opened[0], stop, say)) as run:
+            run_state, telemetry = run.state, opened[0]
             if policy.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(policy.device)
             meter = ThroughputMeter()
@@ -149,7 +151,8 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             if meter.summary():
                 say(meter.summary())
     finally:
-        telemetry.close()
+        for telemetry in opened:
+            telemetry.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
                         data_ended=run_state.data_ended)
 
