@@ -4,6 +4,7 @@ print them; tests/integration/test_coupled_ends.py asks the real schedulers), a 
 stops, and an ended run that a later job resumes without training again."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,28 @@ from diffscale.runtime.job_end import (
     slurm_end,
     write_job_file,
 )
+from diffscale.tasks.fields.data import FieldGenerator
 from diffscale.tasks.fields.source import VANISHED_GRACE_S, EndHow, SourceEnd, SourceWatch
 from diffscale.tasks.fields.spool import HEARTBEAT_NAME, SpoolWriter, write_end
 
-from test_follow import SMALL, _env, _write
+SMALL = ["--preset", "field-icon", "--device", "cpu"]
+for _item in ("model.hidden=32", "model.depth=1", "model.embed_dim=16", "train.log_every=10",
+              "train.checkpoint_every=20", "train.sample_count=4", "train.sample_steps=3", "optim.warmup_steps=2"):
+    SMALL += ["--set", _item]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "JOB_ID"):
+        env.pop(key, None)
+    return env
+
+
+def _write(writer: SpoolWriter, steps: range) -> None:
+    generator = FieldGenerator()
+    for step in steps:
+        cond, x = generator.sample(80, seed=step)
+        writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step)
 
 SCONTROL = "JobId=12 JobName=ds-run-sim JobState={state} Reason=None ExitCode={code} EndTime=2026-11-29T06:04:27"
 
@@ -93,7 +112,8 @@ def test_what_the_schedulers_answer_about_a_job_that_is_gone_or_cannot_be_asked(
     qdel = job_end(sge, _answers((1, "", "Following jobs do not exist: \n3"),
                                  (0, QACCT.format(failed="100 : assumedly after job", status="137", extra=""), "")))
     assert qdel is not None and qdel.kind is EndKind.CANCELLED
-    no_record = job_end(sge, _answers((1, "", "Following jobs do not exist: \n3"), (1, "", "error: job id 3 not found")))
+    no_record = job_end(sge, _answers((1, "", "Following jobs do not exist: \n3"),
+                                      (1, "", "error: job id 3 not found")))
     assert no_record is not None and no_record.kind is EndKind.VANISHED
     with pytest.raises(NoAnswer, match="unable to contact qmaster"):
         job_end(sge, _answers((1, "", "error: unable to contact qmaster using port 6444 on host \"vm\"")))
