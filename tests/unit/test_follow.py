@@ -283,6 +283,9 @@ def test_a_failed_or_short_simulation_ends_the_waiting_follower_with_its_state(f
     assert err.startswith(f"error: the simulation writing {spool} ") and message in err, err
     assert err.count("\n") == 1
     assert ckpt.list_checkpoints(run)  # what it had is kept
+    assert main(["status", str(run)]) == 0
+    status = capsys.readouterr().out
+    assert f"stopped: the simulation writing {spool} {message.split(';')[0]}; it ended at 20" in status, status
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -150,7 +150,7 @@ def test_the_scheduler_s_word_ends_the_simulation_and_the_marker_outranks_it(tmp
     said[0] = JobEnd(EndKind.FAILED, "NODE_FAIL", 0, None)
     watch._ask()
     failed = watch.check()
-    assert failed is not None and not failed.ok and failed.words() == "failed"
+    assert failed is not None and not failed.ok and failed.words() == "its job failed"
     write_end(tmp_path, 0)
     assert watch.check() == SourceEnd(EndHow.EXITED, 0, (tmp_path / "ended.json").stat().st_mtime)
     watch.close()
@@ -242,6 +242,9 @@ def test_a_follower_ends_once_its_writer_s_heartbeat_stopped(tmp_path, capsys):
     assert f"the simulation writing {spool} ended (its heartbeat stopped; none for" in out
     final = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert final.step == ended[0]["step"] + 480 // 16 and f"done: {final.step} steps" in out
+    assert main(["status", str(run)]) == 0
+    status = capsys.readouterr().out
+    assert "done: the simulation ended (its heartbeat stopped at 20" in status and "eta" not in status
 
 
 def test_a_run_resumed_after_its_simulation_ended_trains_no_more(tmp_path, capsys):
@@ -260,3 +263,5 @@ def test_a_run_resumed_after_its_simulation_ended_trains_no_more(tmp_path, capsy
             f"nothing is left to train: checkpointed at step {final.step}") in out
     assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1]).step == final.step
     assert len(_source_ended(run)) == 1
+    assert main(["status", str(run)]) == 0
+    assert "done: the simulation ended (exit status 0 at 20" in capsys.readouterr().out

@@ -92,7 +92,7 @@ class EndKind(str, enum.Enum):
 class JobEnd:
     kind: EndKind
     state: str
-    """The scheduler's own word: ``CANCELLED``, ``TIMEOUT``, ``NODE_FAIL``, ``failed 37 (h_rt)``."""
+    """The scheduler's own word: ``CANCELLED``, ``TIMEOUT``, ``NODE_FAIL``, ``failed 37, h_rt``."""
     exit_status: int | None
     at: float | None
     """When the scheduler says the job ended (epoch seconds); None: it does not say."""
@@ -178,9 +178,9 @@ def sge_end(fields: Mapping[str, str]) -> JobEnd:
     if deleted_by not in ("NONE", ""):
         return JobEnd(EndKind.CANCELLED, f"deleted by {deleted_by}", status, at)
     if failed == "37":
-        return JobEnd(EndKind.TIME_LIMIT, "failed 37 (h_rt)", status, at)
+        return JobEnd(EndKind.TIME_LIMIT, "failed 37, h_rt", status, at)
     if failed == "100" and status == 137:
-        return JobEnd(EndKind.CANCELLED, "killed (qdel or kill -9: failed 100, exit_status 137)", status, at)
+        return JobEnd(EndKind.CANCELLED, "failed 100 with exit_status 137, a qdel or kill -9", status, at)
     if failed == "0" and status == 0:
         return JobEnd(EndKind.COMPLETED, "exit_status 0", 0, at)
     return JobEnd(EndKind.FAILED, f"failed {fields.get('failed', '?')}, exit_status {status}", status, at)

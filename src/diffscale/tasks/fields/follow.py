@@ -135,12 +135,12 @@ class SpoolBatcher(BufferBatcher):
                   "samples": self.buffer.size, "time": time.time()}
         failure = ""
         if not end.ok:
-            failure = f"{where} failed ({end.words()}) after {self.buffer.pushes} spool files"
+            failure = f"{where} failed ({said}) after {self.buffer.pushes} spool files"
         elif self.buffer.size < self.ready_at:
-            failure = (f"{where} ended ({end.words()}) after {self.buffer.size} samples in {self.buffer.pushes} "
+            failure = (f"{where} ended ({said}) after {self.buffer.size} samples in {self.buffer.pushes} "
                        f"spool files, fewer than the {self.ready_at} the buffer waits for")
         if failure:
-            self.feed.report(f"{where} ended ({said})", {**record, "ok": False})
+            self.feed.report(f"{where} ended ({said})", {**record, "ok": False, "error": failure})
             raise DataEnded(failure, ok=False)
         passes = math.ceil(self.buffer.size / self.global_batch)
         self._end_at = self.position.offset + passes

@@ -52,7 +52,7 @@ class EndHow(enum.IntEnum):
 
 _FROM_JOB = {EndKind.COMPLETED: EndHow.EXITED, EndKind.FAILED: EndHow.FAILED, EndKind.CANCELLED: EndHow.CANCELLED,
              EndKind.TIME_LIMIT: EndHow.TIME_LIMIT, EndKind.VANISHED: EndHow.VANISHED}
-_WORDS = {EndHow.CANCELLED: "cancelled", EndHow.TIME_LIMIT: "killed at its time limit", EndHow.FAILED: "failed",
+_WORDS = {EndHow.CANCELLED: "cancelled", EndHow.TIME_LIMIT: "killed at its time limit", EndHow.FAILED: "its job failed",
           EndHow.VANISHED: "gone from the scheduler without a record", EndHow.SILENT: "its heartbeat stopped"}
 
 
@@ -74,7 +74,7 @@ class SourceEnd:
         return self.how is not EndHow.FAILED
 
     def words(self) -> str:
-        """``exit status 3``, ``cancelled``, ``failed, exit status 1``."""
+        """``exit status 3``, ``cancelled``, ``its job failed, exit status 1``."""
         if self.how is EndHow.EXITED:
             return f"exit status {self.exit_status}"
         status = f", exit status {self.exit_status}" if self.how is EndHow.FAILED and self.exit_status else ""
