@@ -192,7 +192,6 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
                         time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch,
                         account=options.account or profile.account, qos=options.qos or part.qos)
     checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
-    continuation = _continuation(workload, n_segments, options)
     signal = options.signal
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
@@ -221,7 +220,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         torchrun_args=workload.torchrun_args(),
         python=workload.python,
         python_from_setup=python_note is not None,
-        continuation=continuation,
+        continuation=_continuation(workload, n_segments, options),
         script_file=script_file(profile.scheduler, f"{options.role + '-' if options.role else ''}{shape.label}"),
         max_restarts=options.max_restarts,
         signal=signal,
