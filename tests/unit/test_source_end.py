@@ -192,8 +192,9 @@ def test_a_heartbeat_that_stops_ends_the_simulation_and_a_scheduler_that_cannot_
     write_job_file(tmp_path / SPOOL_JOB_NAME, JobRef("slurm", "12"))
     asked = SourceWatch(tmp_path, ask=no_scheduler, clock=clock, watch_s=3600)
     assert asked.check() is None  # the heartbeat, seen for the first time
-    assert asked.notes == ["warning: cannot ask the scheduler about the simulation's SLURM job 12 (`scontrol` is not "
+    assert asked.news() == ["warning: cannot ask the scheduler about the simulation's SLURM job 12 (`scontrol` is not "
                            "on PATH here): its end marker and heartbeat tell when it ends"]
+    assert asked.news() == []  # said once
     clock.now += 121
     assert asked.check() is not None  # the heartbeat still tells
     asked.close()

@@ -106,9 +106,8 @@ class SpoolBatcher(BufferBatcher):
         if self.watch is not None and time.monotonic() >= self._next_poll and self.source_end is None:
             self._next_poll = time.monotonic() + POLL_S
             ended = self.watch.check()  # before listing: then the listing holds every file
-            for note in self.watch.notes:
+            for note in self.watch.news():
                 self.feed.report(note, {"kind": "spool", "note": note, "time": time.time()})
-            self.watch.notes.clear()
             mine = self._poll()
         chunks, ended = self._shared(mine, ended)
         for cond, x, times in chunks:

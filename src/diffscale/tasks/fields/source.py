@@ -94,8 +94,8 @@ class SourceWatch:
         self.ask = ask
         self.clock = clock
         self.watch_s = watch_s
-        self.notes: list[str] = []
-        """What the follower should say once (a scheduler that cannot be asked); it empties the list."""
+        self._notes: list[str] = []
+        """What the follower should say once (a scheduler that cannot be asked): ``news``."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,6 +128,12 @@ class SourceWatch:
                 return None  # not asked about this job yet
         return self._heartbeat()
 
+    def news(self) -> list[str]:
+        """What the follower should say, once each (the watching thread adds to it)."""
+        with self._lock:
+            notes, self._notes = self._notes, []
+        return notes
+
     def close(self) -> None:
         self._stop.set()
 
@@ -144,7 +150,7 @@ class SourceWatch:
         except NoAnswer as exc:
             with self._lock:
                 if not self._no_answer:
-                    self.notes.append(f"warning: cannot ask the scheduler about the simulation's {job} ({exc}): its "
+                    self._notes.append(f"warning: cannot ask the scheduler about the simulation's {job} ({exc}): its "
                                       "end marker and heartbeat tell when it ends")
                 self._no_answer = str(exc)
             return
