@@ -24,8 +24,17 @@ cd "$RUN_DIR" || exit 2
 echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 
 # Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load miniconda
 conda activate dp-$USER
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 
 # s_rt sends SIGUSR1 (and -notify SIGUSR2 at h_rt) to every process group of the job, on
 # every host. torchrun's workers run in sessions of their own, so torchrun must pass the
@@ -40,7 +49,7 @@ pids=()
 trap 'got_signal=1; echo "diffscale: got the time-limit warning: every rank checkpoints"' USR1 USR2
 
 # One host: torchrun starts one process per GPU and picks a free rendezvous port.
-python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
+"$job_python" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/config.yaml' --out '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' --resume auto &
 pids=($!)

@@ -33,6 +33,11 @@ MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_ADDR
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 
+# A stop from outside (scancel, the time limit: SIGTERM) is the scheduler's to tell: the trainer
+# asks it how this job ended (job.json in the spool names the job). The end marker below says
+# only how the command ended by itself.
+stopped=0
+trap 'stopped=1' TERM
 # One task per GPU, all started by srun (srun >= 22.05 needs --cpus-per-task again).
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=128 --cpus-per-task=1 ./icon.exe --namelist 'it'"'"'s $x.nml' &
 step_pid=$!
@@ -43,11 +48,13 @@ got_signal=0
 
 # The simulation has ended: its end marker tells the trainer following the spool to finish
 # with what it has read (or, after a failure, to stop with this status).
-printf '{"exit_status": %d}\n' "$rc" > '/scratch/it'"'"'s a "weird" $HOME `date` dir
+if [ "$stopped" -eq 0 ]; then
+    printf '{"exit_status": %d}\n' "$rc" > '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/spool $x/.ended.json.tmp' && mv -f '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/spool $x/.ended.json.tmp' '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/spool $x/ended.json' ||
-    echo "diffscale: could not write the spool's end marker: the trainer will wait" >&2
+        echo "diffscale: could not write the spool's end marker: the trainer will wait" >&2
+fi
 
 echo "diffscale: command exited with $rc"
 exit "$rc"

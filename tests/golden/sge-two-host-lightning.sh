@@ -25,7 +25,16 @@ echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 export PYTHONUNBUFFERED=1
 
 # Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load cuda/12.4
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0
 
@@ -45,14 +54,23 @@ MASTER_PORT=$((20000 + JOB_ID % 20000))
 # in the job's working directory but with neither this shell's variables nor, on some
 # sites, its argument quoting -- so the remote command line is only plain words.
 launcher=".diffscale-launch-$JOB_ID.sh"
-cat >"$launcher" <<'DIFFSCALE_LAUNCHER_fd5f8e19c20a'
+cat >"$launcher" <<'DIFFSCALE_LAUNCHER_cc20ecefa869'
 cd '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' || exit 2
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load cuda/12.4
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 export PYTHONUNBUFFERED=1
 export NCCL_SOCKET_IFNAME=eth0
-exec /opt/diffscale-venv/bin/python -m torch.distributed.run --nnodes=2 --node_rank="$1" --nproc_per_node=2 --master_addr="$2" --master_port="$3" --no-python python train.py --name 'it'"'"'s $x'
-DIFFSCALE_LAUNCHER_fd5f8e19c20a
+exec "$job_python" -m torch.distributed.run --nnodes=2 --node_rank="$1" --nproc_per_node=2 --master_addr="$2" --master_port="$3" --no-python python train.py --name 'it'"'"'s $x'
+DIFFSCALE_LAUNCHER_cc20ecefa869
 
 got_signal=0
 pids=()

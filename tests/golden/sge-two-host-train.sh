@@ -34,7 +34,16 @@ elif [ "$(readlink "$RUN_DIR/race.claim")" != 2x2 ]; then
 fi
 
 # Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load cuda/12.4
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0
 
@@ -58,19 +67,28 @@ MASTER_PORT=$((20000 + JOB_ID % 20000))
 # in the job's working directory but with neither this shell's variables nor, on some
 # sites, its argument quoting -- so the remote command line is only plain words.
 launcher=".diffscale-launch-$JOB_ID.sh"
-cat >"$launcher" <<'DIFFSCALE_LAUNCHER_d342c52be18e'
+cat >"$launcher" <<'DIFFSCALE_LAUNCHER_4cd7a5852991'
 cd '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' || exit 2
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load cuda/12.4
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 export NCCL_SOCKET_IFNAME=eth0
 export TORCHELASTIC_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
 export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=60
 export PET_SHUTDOWN_TIMEOUT=60
-exec /opt/diffscale-venv/bin/python -m torch.distributed.run --nnodes=2 --node_rank="$1" --nproc_per_node=2 --master_addr="$2" --master_port="$3" -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
+exec "$job_python" -m torch.distributed.run --nnodes=2 --node_rank="$1" --nproc_per_node=2 --master_addr="$2" --master_port="$3" -m diffscale train '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/config.yaml' --out '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two' --resume auto
-DIFFSCALE_LAUNCHER_d342c52be18e
+DIFFSCALE_LAUNCHER_4cd7a5852991
 
 got_signal=0
 pids=()

@@ -23,7 +23,16 @@ echo "diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})"
 export PYTHONUNBUFFERED=1
 
 # Set-up: the cluster profile's lines, then --setup's (module load, conda activate, ...)
+python_before="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
 module load cuda/12.4
+# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the
+# one the job was planned with.
+job_python=/opt/diffscale-venv/bin/python
+python_now="$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+if [ -n "$python_now" ] && [ "$python_now" != "$python_before" ]; then
+    job_python="$python_now"
+fi
+echo "diffscale: python $job_python"
 # Variables from the cluster profile (NCCL settings)
 export NCCL_SOCKET_IFNAME=eth0
 
@@ -32,7 +41,7 @@ got_signal=0
 pids=()
 
 # One host: torchrun starts one process per GPU and picks a free rendezvous port.
-/opt/diffscale-venv/bin/python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 --no-python python /opt/train.py --name '$(touch /tmp/pwned)' --seed=1 --out '/scratch/it'"'"'s a "weird" $HOME `date` sweep/runs/003' &
+"$job_python" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=1 --no-python python /opt/train.py --name '$(touch /tmp/pwned)' --seed=1 --out '/scratch/it'"'"'s a "weird" $HOME `date` sweep/runs/003' &
 pids=($!)
 
 # Wait for every launcher; the job fails when any fails.

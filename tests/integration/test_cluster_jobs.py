@@ -238,98 +238,9 @@ def test_sge_policy_run_on_two_slots_trains_and_evaluates(sge_profile, tmp_path)
     assert states[0]["state"] == "COMPLETED", log
     assert "world size 2" in log and "done: 12 steps" in log, log
     assert "export DIFFSCALE_SITE_SETUP=ran" in next(run_dir.glob("job-*.sge.sh")).read_text()
+    assert f"diffscale: python {sys.executable}\n" in log  # the set-up left `python` as it was: the planned one
     rc, report = ds("eval", str(run_dir), "--count", "4", "--json")
     assert rc == 0, report
     scores = json.loads(report.strip().splitlines()[-1])
     assert scores["task"] == "policy" and scores["step"] == 12 and scores["episodes"] == 4, scores
     assert 0.0 <= scores["success"] <= 1.0, scores
-
-
-# ----------------------------------------------------------------------------- coupled simulation + trainer
-
-# The simulation: three output steps of 80 cells into the spool its job names, a second apart.
-SIMULATION = r'''
-import os, time
-from diffscale.tasks.fields.data import FieldGenerator
-from diffscale.tasks.fields.spool import SpoolWriter
-writer, generator = SpoolWriter(os.environ["DIFFSCALE_SPOOL"]), FieldGenerator()
-for step in range(3):
-    cond, x = generator.sample(80, seed=step)
-    print("SIMULATION wrote", writer.write(cond.numpy(), x.numpy(), sim_time=600.0 * step).name, flush=True)
-    time.sleep(1)
-'''
-
-FIELD = ["--preset", "field-icon", "--set", "runtime.device=cpu", "--set", "model.hidden=32", "--set", "model.depth=1",
-         "--set", "model.embed_dim=16", "--set", "train.steps=20", "--set", "train.log_every=5",
-         "--set", "train.checkpoint_every=10", "--set", "train.sample_count=4", "--set", "train.sample_steps=2"]
-
-
-def test_slurm_coupled_simulation_and_trainer(slurm_profile, tmp_path):
-    # One job runs the simulation on CPU ranks and writes the spool; the trainer job, held until
-    # the simulation has started, follows it with diffscale train --data spool:DIR and checkpoints.
-    script = tmp_path / "simulation.py"
-    script.write_text(SIMULATION)
-    run_dir = hostile(tmp_path)
-    spool = run_dir / "spool"
-    rc, out = ds("submit", "--cluster", str(slurm_profile), "--couple", f"{spool}:240", "--sim-partition", "cpu",
-                 "--procs-per-node", "1", "--time", "00:10:00", "--out", str(run_dir), *FIELD,
-                 "--", sys.executable, str(script))
-    assert rc == 0, out
-    jobs_ = submissions(run_dir)[-1]["jobs"]
-    assert [j["role"] for j in jobs_] == ["simulation", "trainer"]
-    assert jobs_[1]["after"] == jobs_[0]["job_id"] and jobs_[0]["after"] is None
-    states = {s["job_id"]: s for s in wait_done(run_dir, timeout=600)}
-    sim_log = (run_dir / jobs_[0]["log"]).read_text()
-    rc, train_log = ds("logs", str(run_dir), "--job", jobs_[1]["job_id"])
-    assert [states[j["job_id"]]["state"] for j in jobs_] == ["COMPLETED", "COMPLETED"], sim_log + train_log
-    assert sim_log.count("SIMULATION wrote") == 3 and "job-simulation-1x1.slurm.sh" in {j["script"] for j in jobs_}
-    assert f"data spool {spool}" in train_log and "buffer full: 240 samples from 3 spool files" in train_log
-    from diffscale.runtime import checkpoint as ckpt
-
-    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
-    # The simulation ends a second after its last file; the trainer ends at its target or one pass over
-    # the final buffer (240 / 16 = 15 steps) after it read the end marker, whichever comes first.
-    ended = _events(run_dir, "source_ended")
-    assert state.step == (min(20, ended[0]["step"] + 15) if ended else 20), (ended, train_log)
-    assert f"done: {state.step} steps" in train_log
-    assert state.task["buffer_counters"].tolist() == [240, 240, 3, 3]
-    assert json.loads((spool / "ended.json").read_text()) == {"exit_status": 0}
-
-
-def _events(run_dir: Path, kind: str) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r.get("kind") == kind]
-
-
-@pytest.mark.parametrize("exit_status", [0, 3])
-def test_slurm_coupled_trainer_ends_with_its_simulation(slurm_profile, tmp_path, exit_status):
-    # A trainer whose step target the data would never reach: it ends once the simulation has
-    # ended (COMPLETED after one more pass over the final buffer) or, when the simulation fails,
-    # at once with the simulation's status named -- never waiting for data or requeueing.
-    script = tmp_path / "simulation.py"
-    script.write_text(SIMULATION + f"raise SystemExit({exit_status})\n")
-    run_dir = hostile(tmp_path)
-    spool = run_dir / "spool"
-    long = [*FIELD, "--set", "train.steps=1000000"]
-    rc, out = ds("submit", "--cluster", str(slurm_profile), "--couple", f"{spool}:240", "--sim-partition", "cpu",
-                 "--procs-per-node", "1", "--time", "00:10:00", "--no-chain", "--force", "--out", str(run_dir), *long,
-                 "--", sys.executable, str(script))
-    assert rc == 0, out
-    jobs_ = submissions(run_dir)[-1]["jobs"]
-    states = {s["job_id"]: s for s in wait_done(run_dir, timeout=600)}
-    sim_log = (run_dir / jobs_[0]["log"]).read_text()
-    rc, train_log = ds("logs", str(run_dir), "--job", jobs_[1]["job_id"])
-    assert json.loads((spool / "ended.json").read_text()) == {"exit_status": exit_status}, sim_log
-    from diffscale.runtime import checkpoint as ckpt
-
-    state = ckpt.load_checkpoint(ckpt.list_checkpoints(run_dir)[-1])
-    assert state.task["buffer_counters"].tolist() == [240, 240, 3, 3]
-    if exit_status == 0:
-        assert [states[j["job_id"]]["state"] for j in jobs_] == ["COMPLETED", "COMPLETED"], sim_log + train_log
-        ended = _events(run_dir, "source_ended")
-        assert len(ended) == 1 and state.step == ended[0]["step"] + 15, train_log
-        assert f"done: {state.step} steps" in train_log
-    else:
-        assert [states[j["job_id"]]["state"] for j in jobs_] == ["FAILED", "FAILED"], sim_log + train_log
-        assert f"error: the simulation writing {spool} failed (exit status 3) after 3 spool files" in train_log
-    assert "requeueing" not in train_log

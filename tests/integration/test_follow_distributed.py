@@ -69,3 +69,19 @@ def test_two_ranks_wait_together_and_train_on_the_rows_of_one_process(tmp_path):
     losses = [[json.loads(r)["loss"] for r in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in r]
               for run in (tmp_path / "ddp", tmp_path / "single")]
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+    # The simulation ends: both ranks learn it from rank 0 at their next agreement, train one more
+    # pass over the final buffer (240 samples / 16) together and end, checkpointed, with exit 0.
+    writer.end(0)
+    ended = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            "-m", "diffscale", "train", "--data", f"spool:{spool}:240", "--out", str(tmp_path / "ddp"),
+                            *ARGS, "--set", "train.batch_per_gpu=8", "--set", "train.steps=1000000",
+                            "--resume", "auto"], capture_output=True, text=True, env=_env(), timeout=600)
+    assert ended.returncode == 0, ended.stdout + ended.stderr
+    records = [json.loads(r) for r in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    source_ended = [r for r in records if r.get("kind") == "source_ended"]
+    assert len(source_ended) == 1 and source_ended[0]["ended"] == "exited", source_ended
+    final = ckpt.load_checkpoint(_newest(tmp_path / "ddp"))
+    assert final.step == source_ended[0]["step"] + 240 // 16
+    assert final.task["buffer_source_end"].tolist() == [0, 0, final.step]
+    assert ended.stdout.count(f"done: {final.step} steps") == 1, ended.stdout

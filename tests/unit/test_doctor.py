@@ -37,6 +37,12 @@ CASES = {
     "nan-loss.log": ("nan-loss", "NaN", "optim.grad_clip"),
     "divergence-restore.log": ("divergence-restore", "went back to step 300", "optim.lr"),
     "divergence-stop.log": ("divergence-stop", "the loss diverged at step 32 (the loss 1.95", "optim.lr"),
+    # a coupled trainer whose simulation ended too soon or failed
+    "simulation-too-short.log": ("simulation-too-short", "ended (cancelled) after 160 samples in 2 output steps, "
+                                 "fewer than the 3840", "--couple SPOOL_DIR:N (or --data spool:DIR:N) with N at "
+                                 "most 160"),
+    "simulation-failed.log": ("simulation-failed", "failed (exit status 3) after 52 output steps",
+                              "diffscale logs RUN_DIR --job SIMULATION_JOB_ID"),
     "nonfinite-skipped.jsonl": ("nonfinite-skipped", "5 optimizer steps", "optim.lr"),
     "data-bound.json": ("data-bound", "busy only 31% of the time and 58%", "--recipe fast"),
     # NCCL, the network, the GPUs
@@ -261,6 +267,17 @@ def test_a_time_limit_after_a_hang_is_its_consequence_with_no_advice_of_more_tim
     # without a hang, the time limit keeps its own advice
     alone = {f.rule: f for f in diagnose(gather(str(LOGS / "slurm-time-limit.log")))}
     assert "--requeue" in alone["slurm-time-limit"].fix
+
+
+def test_a_job_id_s_time_limit_comes_after_the_hang_that_caused_it():
+    """`doctor JOBID` reads scontrol's record (TIMEOUT) before the job's log (the hang): the
+    cause is still listed first, so 'fix the hang above' points at it."""
+    from diffscale.doctor.sources import Evidence
+
+    log = LOGS / "lightning-hang-one-member.log"
+    ev = Evidence(texts=[("scontrol show job 48214", "JobId=48214 JobState=TIMEOUT Reason=TimeLimit ExitCode=0:0"),
+                         (str(log), log.read_text())])
+    assert [f.rule for f in diagnose(ev)][:2] == ["lightning-rendezvous-hang", "slurm-time-limit"]
 
 
 def test_a_running_job_s_silent_log_is_diagnosed_as_a_hang(tmp_path):

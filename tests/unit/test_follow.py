@@ -24,6 +24,7 @@ from diffscale.runtime.signals import EXIT_REQUEUE
 from diffscale.tasks.fields.buffer import BufferPolicy, BufferSpec, ReplayBuffer
 from diffscale.tasks.fields.data import FieldGenerator
 from diffscale.tasks.fields.follow import SpoolBatcher
+from diffscale.tasks.fields.source import EndHow
 from diffscale.tasks.fields.spool import SpoolReader, SpoolWriter
 
 SMALL = ["--preset", "field-icon", "--device", "cpu"]
@@ -282,6 +283,9 @@ def test_a_failed_or_short_simulation_ends_the_waiting_follower_with_its_state(f
     assert err.startswith(f"error: the simulation writing {spool} ") and message in err, err
     assert err.count("\n") == 1
     assert ckpt.list_checkpoints(run)  # what it had is kept
+    assert main(["status", str(run)]) == 0
+    status = capsys.readouterr().out
+    assert f"stopped: the simulation writing {spool} {message.split(';')[0]}; it ended at 20" in status, status
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -298,7 +302,7 @@ def test_the_end_marker_read_before_the_listing_ends_the_stream_after_one_pass(w
                            Feed(world_size=world_size), on_ready=lambda: None)
     for _ in range(3):
         batcher.next_indices()
-    assert batcher.source_status is None and read_end(tmp_path) is None
+    assert batcher.source_end is None and read_end(tmp_path) is None
     _write(writer, range(3, 4))
     writer.end(0)
     batcher._next_poll = 0.0  # the next draw polls (the poll interval is a wall-clock rate limit)
@@ -309,7 +313,8 @@ def test_the_end_marker_read_before_the_listing_ends_the_stream_after_one_pass(w
             batcher.next_indices()
             drawn += 1
     assert drawn == 160 // 16  # one pass over the final buffer, then the end
-    assert ended.value.ok and batcher.source_status == 0 and buffer.pushes == 4
-    assert "has ended and its last spool file was trained on (4 files)" in str(ended.value)
+    assert ended.value.ok and batcher.source_end is not None and buffer.pushes == 4
+    assert (batcher.source_end.how, batcher.source_end.exit_status) == (EndHow.EXITED, 0)
+    assert "has ended (exit status 0) and its last spool file was trained on (4 files)" in str(ended.value)
     write_end(tmp_path, 5)
     assert read_end(tmp_path) == 5

@@ -212,7 +212,8 @@ def test_writer_processes_sharing_a_spool_lose_no_file(tmp_path):
         time.sleep(0.01)
     chunks += reader.poll()
     assert [w.returncode for w in writers] == [0] * ranks
-    assert sorted(p.name for p in spool.iterdir()) == [f"{n:010d}.npz" for n in range(ranks * steps)]  # no temp left
+    names = sorted(p.name for p in spool.iterdir())  # no temp left; the writers' heartbeat beside the files
+    assert names == [f"{n:010d}.npz" for n in range(ranks * steps)] + ["heartbeat.json"]
     assert reader.skipped == [] and [c.sequence for c in chunks] == list(range(ranks * steps))
     written = [(int(c.cond[0, 0]), int(c.x[0, 0])) for c in chunks]  # (rank, step) of each file, in file order
     assert sorted(written) == [(rank, step) for rank in range(ranks) for step in range(steps)]

@@ -42,8 +42,10 @@ def check_numbers(args: argparse.Namespace) -> None:
     check_job_flags(args)
     check_job_size(args.nodes, args.gpus_per_node, gpus=True)
     check_job_size(args.nodes, args.procs_per_node, gpus=False)
-    at_least(args.cpus_per_task, 1, "--cpus-per-task", "each rank needs at least 1 core")
-    at_most(args.cpus_per_task, MAX_CPUS_PER_TASK, "--cpus-per-task", "more cores per rank than any node has")
+    for flag in ("--cpus-per-task", "--sim-cpus-per-task"):
+        cpus = getattr(args, flag[2:].replace("-", "_"), None)
+        at_least(cpus, 1, flag, "each rank needs at least 1 core")
+        at_most(cpus, MAX_CPUS_PER_TASK, flag, "more cores per rank than any node has")
     if args.mem is not None and not (0 < args.mem <= MAX_MEM_GB and math.isfinite(args.mem)):
         raise UserError(f"--mem {args.mem:g} is out of range: host memory per node is a positive number of GB, "
                         f"at most {MAX_MEM_GB}", "pass e.g. --mem 64, or leave --mem out for the estimate")

@@ -36,10 +36,12 @@ def time_limit(plan: Plan, asked: bool) -> str:
     if t is None:
         return (f"none passed to the scheduler: partition '{part.name}''s default applies, which the profile does not "
                 "document (on a partition without a maximum the job may run unlimited); pass --time to set one")
-    if asked:
-        return f"{hms(t)} (--time)"
+    if plan.time_source == "--sim-time":
+        return f"{hms(t)} (--sim-time)"
     if plan.time_source:
         return f"{hms(t)}: {plan.time_source}"
+    if asked:
+        return f"{hms(t)} (--time)"
     if plan.estimate_s is None:
         return f"{hms(t)}: the partition's maximum (diffscale cannot estimate a user command's time; pass --time)"
     if part.max_time_s is not None and t == part.max_time_s:

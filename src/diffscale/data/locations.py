@@ -50,7 +50,10 @@ DEFAULT_CAPACITY = 3840
 
 
 SPOOL_END_NAME = "ended.json"
-"""A spool's end marker (data/spool.py): written once the simulation has ended, after its last file."""
+"""A spool's end marker (tasks/fields/spool.py): written once the simulation's command has ended by
+itself, after its last file."""
+SPOOL_JOB_NAME = "job.json"
+"""The scheduler job that runs a spool's simulation (``runtime/job_end.py`` writes and reads it)."""
 
 
 @dataclass(frozen=True)

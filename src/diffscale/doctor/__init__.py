@@ -53,19 +53,23 @@ TIME_LIMIT_RULES = frozenset({"slurm-time-limit", "sge-h-rt", "sacct-limit", "qa
 
 def _limits_after_a_hang(findings: list[Finding]) -> list[Finding]:
     """A time limit that ended a hung job is the hang's consequence, not a cause of its own:
-    more --time or a requeue would only hang again, so its advice is replaced by the hang's."""
+    more --time or a requeue would only hang again, so its advice is replaced by the hang's,
+    and the hang comes first, whichever source showed the limit first (scontrol's record of a
+    job id is read before its log)."""
     hangs = [f for f in findings if f.rule in HANG_RULES]
     if not hangs:
         return findings
     out = []
     for f in findings:
+        if f.rule in HANG_RULES:
+            continue
         if f.rule in TIME_LIMIT_RULES and (f.rule not in ("sacct-limit", "qacct-limit") or "time limit" in f.cause):
             f = dataclasses.replace(
                 f, title=f"{f.title} (a consequence of the hang)",
                 cause=f"the job hung ({hangs[0].title}) and sat idle until its time limit ended it",
                 fix="no more time and no requeue: they would hang the same way; fix the hang above")
         out.append(f)
-    return out
+    return hangs + out
 
 
 def finished_note(path: Path) -> str | None:

@@ -44,6 +44,25 @@ TEXT_RULES: tuple[TextRule, ...] = (
         "docs/decisions.md, \"The divergence guard\")",
     ),
     TextRule(
+        "simulation-too-short", "the simulation ended before the trainer's buffer was full",
+        (r"the simulation writing (?P<spool>.+?) ended \((?P<how>[^);]+)(?:;.*?)?\) after (?P<samples>\d+) samples "
+         r"in (?P<files>\d+) spool files, fewer than the (?P<need>\d+) the buffer waits for",),
+        "the simulation the trainer followed ended ({how}) after {samples} samples in {files} output steps, fewer "
+        "than the {need} its buffer waits for before it trains: the trainer had nothing to train on",
+        "let the simulation write more output steps before it ends (see its log for why it ended: a longer run, or "
+        "a longer --sim-time if its time limit ended it), or give the trainer a smaller buffer: --couple "
+        "SPOOL_DIR:N (or --data spool:DIR:N) with N at most {samples}",
+    ),
+    TextRule(
+        "simulation-failed", "the simulation the trainer followed failed",
+        (r"the simulation writing (?P<spool>.+?) failed \((?P<how>[^);]+)(?:;.*?)?\) after (?P<files>\d+) spool "
+         r"files",),
+        "the simulation writing {spool} failed ({how}) after {files} output steps; the trainer stopped with it, "
+        "checkpointed",
+        "read the simulation's log (diffscale logs RUN_DIR --job SIMULATION_JOB_ID; a failure it shows is listed "
+        "above), fix it and submit again: the trainer resumes from its checkpoint",
+    ),
+    TextRule(
         "nan-loss", "NaN loss",
         (r"\bloss[ =:]+nan\b", r"Loss is nan", r"loss is NaN"),
         "the loss became NaN",

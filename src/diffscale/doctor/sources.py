@@ -88,7 +88,7 @@ def slurm_job(job_id: str, ev: Evidence) -> bool:
         known = True
         ev.texts.append((f"scontrol show job {job_id}", shown))
         out = re.search(r"\bStdOut=(\S+)", shown)
-        if out and Path(out.group(1)).is_file():
+        if out and Path(out.group(1)).is_file() and not _already_read(Path(out.group(1)), ev):
             ev.texts.append((out.group(1), read_tail(Path(out.group(1)))))
     config = _command(["scontrol", "show", "config"])
     loc = re.search(r"^JobCompLoc\s*=\s*(\S+)", config or "", re.M)
@@ -102,6 +102,17 @@ def slurm_job(job_id: str, ev: Evidence) -> bool:
         known = True
         ev.texts.append((f"sacct -j {job_id}", "\n".join("|" + ln + "|" for ln in acct.splitlines())))
     return known
+
+
+def _already_read(path: Path, ev: Evidence) -> bool:
+    """Whether ``path`` is a file ``ev`` holds already (a run's log that scontrol names again)."""
+    def same(origin: str) -> bool:
+        try:
+            return Path(origin).is_file() and Path(origin).samefile(path)
+        except OSError:
+            return False
+
+    return any(same(origin) for origin, _ in ev.texts)
 
 
 def sge_job(job_id: str, ev: Evidence) -> bool:

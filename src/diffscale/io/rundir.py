@@ -108,6 +108,8 @@ class Progress:
     """The newest record's GPU fields (``gpu0_util_pct``, ...), empty without NVML."""
     restores: tuple[dict[str, Any], ...] = ()
     """The divergence guard's restores (``kind: divergence`` records), oldest first."""
+    source_ended: dict[str, Any] | None = None
+    """How the run's data source ended (a coupled simulation), where it has: its ``source_ended`` event."""
 
 
 def progress(run_dir: Path) -> Progress:
@@ -130,7 +132,8 @@ def progress(run_dir: Path) -> Progress:
                     samples_per_s=last.get("samples_per_s"), eta_s=last.get("eta_s"), logged_at=last.get("time"),
                     checkpoint=ckpts[-1] if ckpts else None, sample=newest_sample(run_dir),
                     gpus={k: v for k, v in last.items() if k.startswith("gpu") and isinstance(v, (int, float))},
-                    restores=tuple(e for e in events if e.get("kind") == "divergence"))
+                    restores=tuple(e for e in events if e.get("kind") == "divergence"),
+                    source_ended=next((e for e in reversed(events) if e.get("kind") == "source_ended"), None))
 
 
 def _ago(when: float, now: float) -> str:
@@ -164,7 +167,9 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         loss = f"loss {p.loss:.4f}, " if isinstance(p.loss, (int, float)) else ""
         rate = f"{p.samples_per_s:.0f} samples/s" if p.samples_per_s is not None else "rate unknown"
         lines.append(f"last logged {_ago(p.logged_at, now)}: {loss}{rate}")
-    if p.total_steps and p.step >= p.total_steps:
+    if p.source_ended is not None:
+        lines.append(source_ended(p.source_ended, p.step))
+    elif p.total_steps and p.step >= p.total_steps:
         lines.append("finished")
     elif p.eta_s is not None:
         lines.append(f"eta {duration(p.eta_s)} to the step that invocation stops at (as of the last record)")
@@ -187,6 +192,20 @@ def restores_line(restores: tuple[dict[str, Any], ...]) -> str:
     lr_text = f", learning rate now {lr:.2e}" if isinstance(lr, (int, float)) else ""
     return (f"divergence guard: diverged {times} and went back to a good state; last at step {last.get('step')}: "
             f"{last.get('why', '?')} (back to step {last.get('restored_step')}{lr_text})")
+
+
+def source_ended(event: dict[str, Any], step: int) -> str:
+    """The line of a run whose data source ended (metrics.jsonl's ``source_ended``): done once
+    the pass over the final buffer is trained, stopped where the source failed."""
+    when = event.get("at") if isinstance(event.get("at"), (int, float)) else event.get("time")
+    at = f" at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}" if isinstance(when, (int, float)) else ""
+    how = f"the simulation ended ({event.get('words') or 'exit status ' + str(event.get('exit_status'))}{at})"
+    if event.get("ok") is False:
+        return f"stopped: {event['error']}; it ended{at}" if event.get("error") else f"stopped: {how}"
+    end = int(event.get("step", 0)) + int(event.get("end_after_steps", 0))
+    if step >= end:
+        return f"done: {how}"
+    return f"{how}: training one more pass over its final buffer, to step {end}"
 
 
 def gpu_summary(fields: dict[str, Any]) -> str:

@@ -33,20 +33,39 @@ def test_the_trainers_time_limit_says_it_follows_the_simulation_and_when_each_jo
     argv = [*LEVANTE, "--couple", str(tmp_path / "spool"), "--out", str(tmp_path / "run")]
     assert main([*argv, str(config), "--", "./icon.exe"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # notes wrap
-    assert ("time limit (simulation 1x1): 08:00:00: the partition's maximum (diffscale cannot estimate a user "
-            "command's time; pass --time)") in out
+    assert ("time limit (simulation 1x1): 08:00:00: its partition's maximum (diffscale cannot estimate a "
+            "simulation's time; pass --sim-time)") in out
     assert ("time limit (trainer 1x1): 08:00:00: the simulation's wall time (its partition's maximum), so the trainer "
             "can follow it to the end") in out and "rounded up to 15 min" not in out
     assert ("note: the trainer stops once it has trained train.steps=100 steps (estimated 3 min of training), or once "
-            "the simulation has ended (up to its wall time, 08:00:00; its script then writes ended.json into the spool "
-            "with its exit status) and one more pass over the final buffer is trained; a failed simulation stops the "
-            "trainer with its status. What the simulation writes after train.steps is not trained on -- raise "
-            "train.steps to train for longer") in out
-    assert main([*argv, "--sim-time", "02:00:00", str(config), "--", "./icon.exe"]) == 0
+            "the simulation has ended, however it ends: when its command ends by itself, its script writes ended.json "
+            "into the spool with the exit status; a cancel, its time limit or a failed node the trainer learns from "
+            "SLURM, which it asks about the simulation's job while it trains. It then trains one more pass over the "
+            "final buffer and exits 0, or, after a failure (a non-zero exit status, a failed job) or with a buffer "
+            "that never filled, stops with an error naming it; a later job of the trainer trains no more.") in out
+    assert "up to its wall time" not in out
+    assert "100 steps -> ~3 min" in out  # the estimate in one unit wherever it appears
+    assert main([*argv, "--sim-time", "02:00:00", "--time", "01:00:00", str(config), "--", "./icon.exe"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "time limit (trainer 1x1): 02:00:00: the simulation's wall time (--sim-time)" in out
-    assert main([*argv, "--time", "01:00:00", str(config), "--", "./icon.exe"]) == 0  # the trainer's own
-    assert "time limit (trainer 1x1): 01:00:00 (--time)" in capsys.readouterr().out
+    assert "time limit (simulation 1x1): 02:00:00 (--sim-time)" in out
+    assert "time limit (trainer 1x1): 01:00:00 (--time)" in out  # the trainer's own
+    assert main([*argv, "--sim-time", "02:00:00", str(config), "--", "./icon.exe"]) == 0
+    assert "time limit (trainer 1x1): 02:00:00: the simulation's wall time (--sim-time)" in " ".join(
+        capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("chain, jobs, how", [
+    ([], 6, "then 4 more trainer segments, each held until the one before has ended"),
+    (["--no-chain"], 2, "which requeues itself at each time limit (--no-chain)"),
+])
+def test_plan_names_the_jobs_submit_sends(chain, jobs, how, tmp_path, capsys):
+    argv = [*LEVANTE, "--couple", str(tmp_path / "spool"), "--preset", "field-icon", "--set", "train.steps=20000000",
+            "--sim-time", "01:00:00", *chain, "--out", str(tmp_path / "run"), "--", "./icon.exe"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (f"note: submit sends {jobs} jobs: the simulation (job-simulation-1x1.slurm.sh), then the trainer "
+            "(job-trainer-1x1.slurm.sh) held until the simulation has started (--dependency=after:<simulation job>), "
+            f"{how}") in out
 
 
 def test_the_config_keeps_its_buffer_size_unless_couple_names_one(tmp_path, capsys):
@@ -61,8 +80,11 @@ def test_grid_engine_submits_the_trainer_on_its_own(tmp_path, capsys):
     assert main(["plan", "--cluster", str(FIXTURES / "sge-two-host.yaml"), "--couple", str(tmp_path / "spool"),
                  "--preset", "field-icon", "--sim-partition", "gpu", "--out", str(tmp_path / "run"),
                  "--", "./sim"]) == 0
-    out = capsys.readouterr().out
-    assert "Grid Engine cannot hold a job until another starts (-hold_jid waits for its end)" in out
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("note: submit sends 2 jobs: the simulation (job-simulation-1x1.sge.sh), then the trainer "
+            "(job-trainer-1x1.sge.sh) on its own (Grid Engine cannot hold a job until another starts: -hold_jid "
+            "waits for its end)") in out
+    assert "a failed node the trainer learns from Grid Engine" in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -70,6 +70,10 @@ def _cases():
     policy = DiffscaleRun(config=presets.get_preset("policy"), run_dir=RUN_DIR, python=PYTHON)
     cases.append(("bu-scc-policy", "bu-scc", Shape(1, 1), policy,
                   PlanOptions(account="myproject", setup=("module load miniconda", "conda activate dp-$USER"))))
+    # A lab's own script that puts its environment on PATH, no "activate" in the line: the job picks
+    # the `python` it finds afterwards.
+    cases.append(("uchicago-midway3-setup", "uchicago-midway3", Shape(1, 2), run,
+                  PlanOptions(account="myproject", setup=(". /project/lab/useenv.sh",))))
     cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
     cases.append(("sge-two-host-user", "sge-two-host", Shape(2, 2), user, PlanOptions()))
     return cases

@@ -193,20 +193,38 @@ def test_a_large_job_prints_its_first_and_last_node():
     assert small.shown_ranks() == list(small.ranks)
 
 
-@pytest.mark.parametrize("line, activates", [
-    ("conda activate dp", True), ("mamba activate /scratch/envs/dp", True), ("micromamba activate dp", True),
-    ("source /scratch/venv/bin/activate", True), (". ~/venvs/dp/bin/activate", True),
-    ("module load python/3.11", True), ("module load miniconda", True), ("ml load anaconda3/2024", True),
-    ("module load cuda/12.4", False), ("export NCCL_DEBUG=INFO", False), ("cd /scratch", False),
+@pytest.mark.parametrize("line, changes", [
+    ('export PATH="$ENV/bin:$PATH"', True), (". useenv.sh", True), ("source ./useenv.sh", True),
+    ("export NCCL_DEBUG=INFO", False), ("cd /tmp", False), ("true activate", False),
 ])
-def test_set_up_lines_that_choose_the_python(line, activates):
+def test_the_job_runs_the_python_its_set_up_lines_put_on_path(line, changes, tmp_path):
+    """The script's own lines, run by bash: a set-up line that changes which `python` the shell
+    finds -- whatever its words -- makes the job run that one; any other keeps the planned one."""
+    from diffscale.cluster.scripts.shellparts import python_choice
+
+    env_bin = tmp_path / "env" / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "python").write_text("#!/bin/sh\n")
+    (env_bin / "python").chmod(0o755)
+    (tmp_path / "useenv.sh").write_text(f'export PATH="{env_bin}:$PATH"\n')
+    lines = python_choice("/home/me/.venv/bin/python", (line,))
+    done = subprocess.run(["bash", "-c", "\n".join(lines)], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "ENV": str(tmp_path / "env")})
+    chosen = str(env_bin / "python") if changes else "/home/me/.venv/bin/python"
+    assert done.returncode == 0 and done.stdout == f"diffscale: python {chosen}\n", done.stderr
+
+
+def test_set_up_lines_make_the_job_check_its_python_and_the_plan_says_so():
     from diffscale.cluster.planning.plan import job_python
 
     run = DiffscaleRun(config=presets.get_preset("tiny"), run_dir="/runs/r", python="/home/me/.venv/bin/python")
-    chosen, note = job_python(run, (line,), asked=False)
-    assert chosen.python == ("python" if activates else "/home/me/.venv/bin/python")
-    assert (note is not None) == activates
-    assert job_python(run, (line,), asked=True)[0].python == "/home/me/.venv/bin/python"  # --python wins
+    assert job_python(run, (". useenv.sh",), asked=False) == (
+        "the job runs the `python` its set-up lines put on PATH, if they change which `python` the shell finds (conda "
+        "activate, a venv, a module, export PATH=...), else this host's /home/me/.venv/bin/python; the job checks "
+        "that itself and its log names the interpreter it runs ('diffscale: python ...'); pass --python PATH to "
+        "choose one")
+    assert job_python(run, (". useenv.sh",), asked=True) is None  # --python wins
+    assert job_python(run, (), asked=False) is None
 
 
 def test_conda_activate_runs_the_environment_s_python(tmp_path, capsys):
@@ -216,11 +234,10 @@ def test_conda_activate_runs_the_environment_s_python(tmp_path, capsys):
             "--setup", "module load miniconda", "--setup", "conda activate dp", "--out", str(tmp_path / "r")]
     assert main(base) == 0
     out = capsys.readouterr().out
-    assert "\npython -m torch.distributed.run --standalone" in out
-    assert " ".join(out.split()).count(
-        "note: the job runs `python` from the environment its set-up activates (conda activate dp), not this host's "
-        f"{sys.executable}; pass --python PATH to run another interpreter") == 1
+    assert '\n"$job_python" -m torch.distributed.run --standalone' in out
+    assert f"\njob_python={sys.executable}\n" in out
+    assert " ".join(out.split()).count("note: the job runs the `python` its set-up lines put on PATH") == 1
     assert main([*base, "--python", "/opt/envs/dp/bin/python"]) == 0
     out = capsys.readouterr().out
     assert "\n/opt/envs/dp/bin/python -m torch.distributed.run --standalone" in out
-    assert "from the environment" not in out
+    assert "job_python" not in out and "put on PATH" not in out

@@ -9,9 +9,7 @@ from diffscale.cluster.jobs import records as jobs
 from diffscale.cluster.jobs.records import JobRecord, JobState, Submission
 from diffscale.cluster.jobs.scheduler import (
     SLURM_FINAL,
-    parse_qacct,
     parse_qstat_xml,
-    parse_scontrol_line,
     sge_finished_state,
     sge_state_words,
     slurm_state,
@@ -24,6 +22,7 @@ from diffscale.cluster.scripts.timefmt import parse_duration, parse_time_limit
 from diffscale.cluster.tables import time_limit
 from diffscale.config import presets
 from diffscale.errors import UserError
+from diffscale.runtime.job_end import parse_qacct, parse_scontrol_line
 
 SCONTROL = ("JobId=7 JobName=ds-run-abc123 UserId=alice(1000) GroupId=alice(1000) JobState={state} Reason=None "
             "Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:15 NodeList=n1 TimeLimit=01:00:00")

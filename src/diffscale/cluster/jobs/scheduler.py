@@ -2,7 +2,8 @@
 
 Every command is an argument list run without a shell, so no user value is ever parsed
 by one. Scripts are submitted from the run directory (``cwd=``), which the job scripts'
-relative log paths rely on.
+relative log paths rely on. The records of ``scontrol show job`` and ``qacct`` are parsed by
+``runtime/job_end.py``, which a coupled trainer also uses to learn how its simulation's job ended.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from diffscale.cluster.jobs.records import JobState
 from diffscale.cluster.profiles.types import SchedulerKind
 from diffscale.cluster.scripts import sge, slurm
 from diffscale.errors import UserError
+from diffscale.runtime.job_end import parse_qacct, parse_scontrol_line
 
 
 def run(argv: Sequence[str], *, cwd: str | Path | None = None, check: bool = True,
@@ -134,14 +136,6 @@ def slurm_state(job_id: str, fields: dict[str, str]) -> JobState:
         bits.append(f"restarts {fields['Restarts']}")
     user = fields.get("UserId", "").split("(", 1)[0] or None  # UserId=alice(1000)
     return JobState(job_id, state, ", ".join(bits), active=not final, name=fields.get("JobName"), user=user)
-
-
-def parse_scontrol_line(line: str) -> dict[str, str]:
-    """``Key=Value Key=Value`` (``scontrol show ... -o``); values never contain '=' + space."""
-    fields: dict[str, str] = {}
-    for match in re.finditer(r"(\S+?)=(.*?)(?=\s+\S+?=|$)", line.strip()):
-        fields[match.group(1)] = match.group(2).strip()
-    return fields
 
 
 _SGE_PRIMARY = (("E", "ERROR"), ("d", "DELETING"), ("s", "SUSPENDED"), ("S", "SUSPENDED"), ("T", "SUSPENDED"),
@@ -263,19 +257,6 @@ def sge_finished_state(job_id: str, fields: dict[str, str]) -> JobState:
     else:
         state = "COMPLETED" if failed == "0" and exit_status == "0" else "FAILED"
     return JobState(job_id, state, detail, name=fields.get("jobname"), user=fields.get("owner"))
-
-
-def parse_qacct(text: str) -> dict[str, str]:
-    """The last record of ``qacct -j ID`` (a rescheduled job has one per run)."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if line.startswith("====="):
-            fields = {}
-            continue
-        parts = line.split(None, 1)
-        if len(parts) == 2:
-            fields[parts[0]] = parts[1].strip()
-    return fields
 
 
 def for_kind(kind: SchedulerKind) -> Scheduler:

@@ -1,7 +1,9 @@
 """Submit planned jobs: write the scripts into the run directory, submit each shape's
-chain of segments (each segment after the previous one), record everything in jobs.json.
-A coupled layout (``tied``) submits the simulation first and holds the trainer until the
-simulation has started, where the scheduler can."""
+chain of segments (each segment after the previous one; one job that requeues itself with
+--no-chain), record everything in jobs.json. A coupled layout (``tied``) submits the
+simulation first and holds the trainer until the simulation has started, where the scheduler
+can; the simulation's job id goes into its spool (``job.json``), where the trainer finds the
+job to ask the scheduler about, and an end marker of an earlier simulation is removed."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 from diffscale.cluster.jobs import records as jobs
 from diffscale.cluster.jobs.scheduler import Scheduler
 from diffscale.cluster.planning.plan import Plan
+from diffscale.data.locations import SPOOL_END_NAME, SPOOL_JOB_NAME
 from diffscale.errors import UserError
+from diffscale.runtime.job_end import JobRef, write_job_file
 
 
 def write_scripts(plans: list[Plan], run_dir: Path) -> list[Path]:
@@ -42,11 +46,16 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
 
     try:
         for plan, script in zip(plans, scripts, strict=True):
-            segments = max(len(plan.segments), 1)
+            segments = plan.job_count
             after = records[0].job_id if tied and records and scheduler.starts_after_start else None
             started = after is not None
+            spool = Path(plan.spec.end_marker_dir) if plan.spec.end_marker_dir else None
+            if spool is not None:  # a new simulation: an earlier one's end is not this one's
+                (spool / SPOOL_END_NAME).unlink(missing_ok=True)
             for k in range(1, segments + 1):
                 job_id = scheduler.submit(script, run_dir, after=after, started=started)
+                if spool is not None:
+                    write_job_file(spool / SPOOL_JOB_NAME, JobRef(scheduler.kind.value, job_id))
                 records.append(jobs.JobRecord(
                     job_id=job_id, name=plan.spec.job_name, shape=plan.shape.label, partition=plan.partition.name,
                     script=script.name, log=scheduler.log_path(plan.spec.job_name, job_id), segment=k,
@@ -60,3 +69,4 @@ def submit(plans: list[Plan], scheduler: Scheduler, run_dir: Path, *, cluster: s
                                        f"(`diffscale cancel {run_dir}` removes them)") from exc
         raise
     return record()
+

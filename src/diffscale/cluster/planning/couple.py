@@ -13,6 +13,11 @@ SLURM holds the trainer until the simulation has started (``--dependency=after:`
 GPU is allocated while the simulation still queues; from then on the trainer waits for the
 spool to fill, saying so in its log. Grid Engine cannot hold a job until another starts
 (``-hold_jid`` waits for its end), so there both jobs are submitted on their own.
+
+The trainer ends with the simulation, however it ends: the simulation's script writes the end
+marker when the command ends by itself, and ``submit`` writes the simulation's job id into the
+spool, so the trainer asks the scheduler how the job ended when it was cancelled, killed at its
+time limit or lost with its node (``tasks/fields/source.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-nodes", type=int, default=1, help="--couple: the simulation's nodes (default 1)")
     p.add_argument("--sim-procs-per-node", type=int, default=1,
                    help="--couple: simulation ranks per node, each started by srun (default 1)")
+    p.add_argument("--sim-cpus-per-task", type=int,
+                   help="--couple: CPU cores per simulation rank (default: the node's cores shared, at most 8)")
     p.add_argument("--sim-time", help="--couple: the simulation's wall time (default: its partition's maximum)")
 
 
@@ -104,7 +111,8 @@ def from_args(profile: ClusterProfile, args: argparse.Namespace, run_dir: Path, 
                    per_node_flag="--sim-procs-per-node")
     cfg, spool = trainer_config(args, config_file)
     sim = Shape(nodes=args.sim_nodes, ranks_per_node=args.sim_procs_per_node,
-                partition=_sim_partition(profile, args.sim_partition), time_s=sim_time_s, use_gpus=False)
+                partition=_sim_partition(profile, args.sim_partition), time_s=sim_time_s,
+                cpus_per_rank=args.sim_cpus_per_task, use_gpus=False)
     plans = coupled_plans(profile, cfg, spool, command, run_dir=str(run_dir), python=args.python or sys.executable,
                           sim=sim, trainer=trainer, options=options)
     return plans, cfg, f"simulation ({' '.join(command)}) -> spool {spool.directory} -> {plans[1].workload.title}"
@@ -129,26 +137,48 @@ def coupled_plans(profile: ClusterProfile, cfg: RunConfig, spool: SpoolSpec, com
             source = f"the trainer partition's maximum (the simulation's wall time is {hms(sim_time)})"
     train_plan = make_plan(profile, trainer, DiffscaleRun(config=cfg, run_dir=run_dir, python=python),
                            dataclasses.replace(options, role="trainer"))
-    tie = ("the trainer is submitted with --dependency=after:<simulation job>: it starts once the simulation has "
-           "started" if profile.scheduler is SchedulerKind.SLURM else
-           "Grid Engine cannot hold a job until another starts (-hold_jid waits for its end): the trainer is "
-           "submitted on its own")
-    sim_plan = dataclasses.replace(sim_plan, notes=sim_plan.notes + (
+    sim_plan = dataclasses.replace(sim_plan, time_source=_sim_time_source(sim, sim_plan), notes=sim_plan.notes + (
         f"the simulation writes its output steps to {spool.directory} (exported as ${SPOOL_ENV}) with "
-        "diffscale.online.SpoolWriter, or as numbered .npz files of the same format (data/spool.py)",))
+        "diffscale.online.SpoolWriter, or as numbered .npz files of the same format (tasks/fields/spool.py)",))
     train_plan = dataclasses.replace(train_plan, time_source=source, notes=train_plan.notes + (
-        f"{tie}; it trains once its buffer holds {spool.capacity} samples and says 'waiting for data' in its "
-        "log until then; the training-time estimate leaves that wait out",
-        _stops(cfg, train_plan.estimate_s, sim_plan.spec.time_s)))
+        _jobs(profile, sim_plan, train_plan),
+        f"it trains once its buffer holds {spool.capacity} samples and says 'waiting for data' in its log until "
+        "then; the training-time estimate leaves that wait out",
+        _stops(cfg, train_plan.estimate_s, profile.scheduler)))
     return [sim_plan, train_plan]
 
 
-def _stops(cfg: RunConfig, estimate_s: int | None, sim_time_s: int | None) -> str:
-    """When each job ends: the trainer after train.steps, or once the simulation has ended."""
+def _sim_time_source(sim: Shape, plan: Plan) -> str:
+    """Where the simulation's wall time came from (--time is the trainer's)."""
+    if sim.time_s is not None:
+        return "--sim-time"
+    return "its partition's maximum (diffscale cannot estimate a simulation's time; pass --sim-time)"
+
+
+def _jobs(profile: ClusterProfile, sim: Plan, trainer: Plan) -> str:
+    """The jobs ``submit`` sends, in order, and what holds each."""
+    slurm = profile.scheduler is SchedulerKind.SLURM
+    held = (" held until the simulation has started (--dependency=after:<simulation job>)" if slurm else
+            " on its own (Grid Engine cannot hold a job until another starts: -hold_jid waits for its end)")
+    more = trainer.job_count - 1
+    if more:
+        held += (f", then {more} more trainer segment{'s' if more > 1 else ''}, each held until the one before has "
+                 "ended")
+    elif trainer.segments:
+        held += ", which requeues itself at each time limit (--no-chain)"
+    return (f"submit sends {1 + trainer.job_count} jobs: the simulation ({sim.spec.script_file}), then the trainer "
+            f"({trainer.spec.script_file}){held}")
+
+
+def _stops(cfg: RunConfig, estimate_s: int | None, scheduler: SchedulerKind) -> str:
+    """When the trainer ends: after train.steps, or once the simulation has ended, however it ends."""
     took = f" (estimated {human(estimate_s)} of training)" if estimate_s else ""
-    writes = f"up to its wall time, {hms(sim_time_s)}" if sim_time_s else "until it ends"
+    asks = "SLURM" if scheduler is SchedulerKind.SLURM else "Grid Engine"
     return (f"the trainer stops once it has trained train.steps={cfg.train.steps} steps{took}, or once the "
-            f"simulation has ended ({writes}; its script then writes {SPOOL_END_NAME} into the spool with its exit "
-            "status) and one more pass over the final buffer is trained; a failed simulation stops the trainer with "
-            "its status. What the simulation writes after train.steps is not trained on -- raise train.steps to "
-            "train for longer")
+            "simulation has ended, however it ends: when its command ends by itself, its script writes "
+            f"{SPOOL_END_NAME} into the spool with the exit status; a cancel, its time limit or a failed node the "
+            f"trainer learns from {asks}, which it asks about the simulation's job while it trains. It then trains "
+            "one more pass over the final buffer and exits 0, or, after a failure (a non-zero exit status, a failed "
+            "job) or with a buffer that never filled, stops with an error naming it; a later job of the trainer "
+            "trains no more. What the simulation writes after train.steps is not trained on -- raise train.steps "
+            "to train for longer")

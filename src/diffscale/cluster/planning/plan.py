@@ -19,6 +19,7 @@ from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workl
 from diffscale.cluster.profiles.types import ClusterProfile, Partition, SchedulerKind
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec, RaceSpec, job_name
 from diffscale.cluster.scripts.launcher import Launcher
+from diffscale.cluster.scripts.timefmt import human
 from diffscale.cluster.scripts.values import check_spec
 
 SEGMENT_MARGIN_S = 600
@@ -48,8 +49,8 @@ class PlanOptions:
     """Shell lines the job runs before the command, after the profile's ``setup`` (``module
     load``, ``conda activate``: one user's environment on a shared profile)."""
     python_asked: bool = False
-    """True when the user chose the interpreter (--python): set-up lines that activate an
-    environment then do not replace it with that environment's ``python``."""
+    """True when the user chose the interpreter (--python): the job runs it, whatever ``python``
+    the set-up lines put on PATH."""
     end_marker_dir: str | None = None
     """A coupled simulation's spool: its script marks the spool ended when the command ends."""
     role: str = ""
@@ -115,6 +116,12 @@ class Plan:
         return [*rank_rows(spec, head), None, *rank_rows(spec, tail)]
 
     @property
+    def job_count(self) -> int:
+        """The jobs ``submit`` sends for this plan: one per segment of a chain, else one (which
+        requeues itself at each limit where the run is longer than one job may be)."""
+        return max(len(self.segments), 1) if self.spec.continuation is Continuation.CHAIN else 1
+
+    @property
     def ok(self) -> bool:
         return all(c.ok is not False for c in self.checks)
 
@@ -154,25 +161,18 @@ def _title(profile: ClusterProfile, part: Partition, shape: Shape, workload: Wor
         f"{('s' if gpu_ranks else 'es') if g > 1 else ''} per node = {shape.world_size} ranks; {workload.title}")
 
 
-ACTIVATES_PYTHON = re.compile(
-    r"\b(?:conda|mamba|micromamba)\s+activate\b|(?:^|[\s;&|])(?:source|\.)\s+\S*activate\b"
-    r"|\bpyenv\s+(?:activate|shell)\b|\bspack\s+(?:load|env\s+activate)\b"
-    r"|\b(?:module|ml)\s+(?:load|add)\s+.*\b(?:python|anaconda|miniconda|miniforge|mambaforge|conda|pytorch)",
-    re.IGNORECASE)
-"""A set-up line that changes which ``python`` a job finds (conda/mamba activate, a venv's
-activate, a Python module): the job's interpreter is then that environment's."""
-
-
-def job_python(workload: Workload, setup: tuple[str, ...], asked: bool) -> tuple[Workload, str | None]:
-    """(the workload with the interpreter the job runs, a note saying why) -- the interpreter
-    of the environment the set-up lines activate, unless --python chose one: the path of the
-    host that plans the job would bypass that environment."""
-    activating = [line for line in setup if ACTIVATES_PYTHON.search(line)]
-    if asked or not activating or workload.python == "python":
-        return workload, None
-    note = (f"the job runs `python` from the environment its set-up activates ({activating[-1]}), not this "
-            f"host's {workload.python}; pass --python PATH to run another interpreter")
-    return replace(workload, python="python"), note
+def job_python(workload: Workload, setup: tuple[str, ...], asked: bool) -> str | None:
+    """The note of a job whose script picks its interpreter after the set-up lines, or None where
+    the plan's interpreter is the job's (--python chose it, or no set-up line runs). A set-up line
+    may put another environment's ``python`` on PATH -- conda activate, a venv, a module, ``.
+    useenv.sh``, ``export PATH=...`` -- whose packages the job needs; no word in the line tells
+    that reliably, so the script asks the shell which ``python`` it finds before and after them."""
+    if asked or not setup or workload.python == "python":
+        return None
+    return (f"the job runs the `python` its set-up lines put on PATH, if they change which `python` the shell finds "
+            f"(conda activate, a venv, a module, export PATH=...), else this host's {workload.python}; the job "
+            "checks that itself and its log names the interpreter it runs ('diffscale: python ...'); pass "
+            "--python PATH to choose one")
 
 
 def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options: PlanOptions = PlanOptions()) -> Plan:
@@ -180,7 +180,7 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
     g = shape.ranks_per_node
     gpu_ranks = part.has_gpus and shape.use_gpus
     cpus = shape.cpus_per_rank or _default_cpus(part, g)
-    workload, python_note = job_python(workload, profile.setup + options.setup, options.python_asked)
+    python_note = job_python(workload, profile.setup + options.setup, options.python_asked)
     notes: list[str] = list(workload.notes) + ([python_note] if python_note else [])
     estimate_s, mem_gb = _estimate(part, shape, workload, cpus, gpu_ranks, notes)
     time_s, lead, segments = _wall_time(part, shape, workload, options, estimate_s, notes)
@@ -192,7 +192,6 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
                         time_s=time_s, time_asked=shape.time_s is not None, global_batch=options.global_batch,
                         account=options.account or profile.account, qos=options.qos or part.qos)
     checks = preflight.run_all(profile, part, resolved, workload, estimate_s, n_segments)
-    continuation = _continuation(workload, n_segments, options)
     signal = options.signal
     if signal == "auto":
         signal = "USR2" if isinstance(workload, DiffscaleRun) else None
@@ -220,7 +219,8 @@ def make_plan(profile: ClusterProfile, shape: Shape, workload: Workload, options
         argv=workload.argv(),
         torchrun_args=workload.torchrun_args(),
         python=workload.python,
-        continuation=continuation,
+        python_from_setup=python_note is not None,
+        continuation=_continuation(workload, n_segments, options),
         script_file=script_file(profile.scheduler, f"{options.role + '-' if options.role else ''}{shape.label}"),
         max_restarts=options.max_restarts,
         signal=signal,
@@ -276,7 +276,7 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
         rate = estimates.samples_per_s_per_rank(cfg, part.gpu_type, cpus, gpu_ranks)
         estimate_s = estimates.train_seconds(cfg, shape.world_size, rate.value)
         notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
-                     f"{cfg.train.steps} steps -> ~{estimate_s / 3600:.1f} h")
+                     f"{cfg.train.steps} steps -> ~{human(estimate_s)}")
         if mem is None:
             data_bytes, workers = _data_in_host_memory(part, shape, workload, cpus, gpu_ranks)
             request = estimates.host_memory_request(shape.ranks_per_node, data_bytes, part.mem_per_node_gb, workers,

@@ -16,9 +16,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypedDict
 
-from diffscale.cluster.jobs.scheduler import parse_scontrol_line
 from diffscale.cluster.profiles.types import ClusterProfile, GpuRequest, GpuScope, Partition, SchedulerKind, SgeSettings
 from diffscale.cluster.scripts.timefmt import parse_duration
+from diffscale.runtime.job_end import parse_scontrol_line
 
 Runner = Callable[[Sequence[str]], str]
 

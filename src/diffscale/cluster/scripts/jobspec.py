@@ -68,6 +68,9 @@ class JobSpec:
     """What follows torchrun's options (Grid Engine: one torchrun per host starts the ranks)."""
     python: str = "python3"
     """Interpreter that runs torch.distributed.run on Grid Engine hosts."""
+    python_from_setup: bool = False
+    """The set-up lines may change which ``python`` the shell finds: the script then runs that one
+    instead of ``python`` (see ``shellparts.python_choice``)."""
     continuation: Continuation = Continuation.REQUEUE
     max_restarts: int = 20
     signal: str | None = "USR2"
@@ -80,10 +83,11 @@ class JobSpec:
     script_file: str = ""
     """File name of this script in the run directory (Grid Engine continuations submit it again)."""
     launcher: Launcher = Launcher.PLAIN
-    end_marker_dir: str | None = None
-    """A coupled simulation's spool directory: once the command has ended the script writes the
-    end marker there (``ended.json`` with its exit status), which ends the trainer following it."""
     """LIGHTNING: the SLURM script leaves the rendezvous to Lightning's SLURMEnvironment."""
+    end_marker_dir: str | None = None
+    """A coupled simulation's spool directory: once the command has ended by itself the script
+    writes the end marker there (``ended.json`` with its exit status), which ends the trainer
+    following it."""
 
     @property
     def world_size(self) -> int:

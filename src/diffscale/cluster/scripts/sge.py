@@ -31,7 +31,18 @@ from diffscale.cluster.jobs.records import CONTINUATIONS
 from diffscale.cluster.profiles.types import GpuScope
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, end_marker, header, preamble, q, wait_for, words
+from diffscale.cluster.scripts.shellparts import (
+    REQUEUE_NOTE,
+    end_marker,
+    header,
+    outside_stop,
+    preamble,
+    python_choice,
+    python_word,
+    q,
+    wait_for,
+    words,
+)
 from diffscale.cluster.scripts.timefmt import hms
 from diffscale.runtime.signals import EXIT_REQUEUE
 
@@ -104,7 +115,7 @@ def render(spec: JobSpec) -> str:
     lines += directives(spec)
     greeting = "echo \"diffscale: job $JOB_ID on $(hostname) (restarted: ${RESTARTED:-0})\""
     lines += preamble(spec.run_dir, greeting, spec.race, "qdel", spec.setup, spec.env, claim_snippet,
-                      spec.command_env)
+                      spec.command_env, python=spec.python if spec.python_from_setup else None)
     lines += [""]
     signal_env: list[tuple[str, str]] = []
     if spec.signal:
@@ -139,7 +150,8 @@ def render(spec: JobSpec) -> str:
             "trap 'got_signal=1; echo \"diffscale: got the time-limit warning: every rank checkpoints\"' "
             f"{' '.join(_trapped(spec))}",
         ]
-    lines += ["", *start, "", "# Wait for every launcher; the job fails when any fails.", "rc=0",
+    lines += ["", *outside_stop(spec.end_marker_dir), *start, "",
+              "# Wait for every launcher; the job fails when any fails.", "rc=0",
               "for pid in \"${pids[@]}\"; do", *["    " + w for w in wait_for("pid", "one")],
               "    if [ \"$one\" -ne 0 ] && [ \"$rc\" -eq 0 ]; then rc=$one; fi", "done"]
     lines += ["", *end_marker(spec.end_marker_dir), *_exit_handling(spec)]
@@ -149,7 +161,8 @@ def render(spec: JobSpec) -> str:
 def _start_one_host(spec: JobSpec) -> list[str]:
     return [
         "# One host: torchrun starts one process per GPU and picks a free rendezvous port.",
-        f"{q(spec.python)} -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node={spec.ranks_per_node} "
+        f"{python_word(spec.python, spec.python_from_setup)} -m torch.distributed.run --standalone --nnodes=1 "
+        f"--nproc_per_node={spec.ranks_per_node} "
         f"{words(spec.torchrun_args)} &",
         "pids=($!)",
     ]
@@ -159,9 +172,10 @@ def _start_per_host(spec: JobSpec, signal_env: list[tuple[str, str]]) -> tuple[l
     """The hosts from PE_HOSTFILE and a launcher file (set-up lines), then one torchrun per host."""
     launcher = "\n".join([
         f"cd {q(spec.run_dir)} || exit 2",
-        *spec.setup,
+        *python_choice(spec.python if spec.python_from_setup else None, spec.setup),
         *(f"export {k}={q(v)}" for k, v in list(spec.command_env) + list(spec.env) + signal_env),
-        f"exec {q(spec.python)} -m torch.distributed.run --nnodes={spec.nodes} --node_rank=\"$1\" "
+        f"exec {python_word(spec.python, spec.python_from_setup)} -m torch.distributed.run --nnodes={spec.nodes} "
+        "--node_rank=\"$1\" "
         f"--nproc_per_node={spec.ranks_per_node} --master_addr=\"$2\" --master_port=\"$3\" {words(spec.torchrun_args)}",
     ])
     eof = "DIFFSCALE_LAUNCHER_" + hashlib.sha1(launcher.encode("utf-8", "surrogateescape")).hexdigest()[:12]

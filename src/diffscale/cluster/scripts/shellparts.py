@@ -88,12 +88,44 @@ def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
     return lines
 
 
+PYTHON_VAR = "job_python"
+"""The script variable holding the interpreter a job picked after its set-up (``python_choice``)."""
+_WHICH_PYTHON = "$(command -v python 2>/dev/null || command -v python3 2>/dev/null || true)"
+
+
+def python_choice(planned: str | None, setup: Iterable[str]) -> list[str]:
+    """The set-up lines, around them the shell asked which ``python`` it finds, and ``$job_python``
+    set to the one the lines put on PATH if they changed it (conda activate, a venv, a module,
+    export PATH=...), else to ``planned``; the log names it. Without ``planned``: the lines alone."""
+    lines = list(setup)
+    if planned is None:
+        return lines
+    return [
+        f"python_before=\"{_WHICH_PYTHON}\"",
+        *lines,
+        "# The interpreter: the `python` the set-up lines above put on PATH if they changed it, else the",
+        "# one the job was planned with.",
+        f"{PYTHON_VAR}={q(planned)}",
+        f"python_now=\"{_WHICH_PYTHON}\"",
+        "if [ -n \"$python_now\" ] && [ \"$python_now\" != \"$python_before\" ]; then",
+        f"    {PYTHON_VAR}=\"$python_now\"",
+        "fi",
+        f"echo \"diffscale: python ${PYTHON_VAR}\"",
+    ]
+
+
+def python_word(spec_python: str, chosen: bool) -> str:
+    """How a script names the interpreter: ``"$job_python"`` where it picks one, else the path quoted."""
+    return f"\"${PYTHON_VAR}\"" if chosen else q(spec_python)
+
+
 def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command: str, setup: Iterable[str],
              env: Iterable[tuple[str, str]], claim: Callable[[str, tuple[str, ...], str], str],
-             command_env: Iterable[tuple[str, str]] = ()) -> list[str]:
+             command_env: Iterable[tuple[str, str]] = (), python: str | None = None) -> list[str]:
     """The lines every job script starts with after its directives: strict mode, the run
     directory, a greeting, the race claim (when racing), the command's variables and the
-    site set-up (whose env may override them)."""
+    site set-up (whose env may override them). ``python``: the planned interpreter, where the
+    script picks the one its set-up puts on PATH (``python_choice``)."""
     lines = [
         "",
         "# No `set -e`: the script inspects the training's exit code itself.",
@@ -107,16 +139,31 @@ def preamble(run_dir: str, greeting: str, race: RaceSpec | None, cancel_command:
     own = command_exports(command_env)
     if own:
         lines += [""] + own
-    site = site_setup(setup, env)
+    site = site_setup(python_choice(python, setup), env)
     if site:
         lines += [""] + site
     return lines
 
 
+def outside_stop(directory: str | None) -> list[str]:
+    """Before a coupled simulation's command starts: note a stop from outside, so the end marker
+    says only how the command ended by itself."""
+    if directory is None:
+        return []
+    return [
+        "# A stop from outside (scancel, the time limit: SIGTERM) is the scheduler's to tell: the trainer",
+        "# asks it how this job ended (job.json in the spool names the job). The end marker below says",
+        "# only how the command ended by itself.",
+        "stopped=0",
+        "trap 'stopped=1' TERM",
+    ]
+
+
 def end_marker(directory: str | None) -> list[str]:
-    """Lines that write a spool's end marker (data/spool.py, ``ended.json``) with the command's
-    exit status ``$rc``, atomically: the trainer following the spool then ends once it has read
-    the files before it."""
+    """Lines that write a spool's end marker (tasks/fields/spool.py, ``ended.json``) with the
+    command's exit status ``$rc``, atomically, unless the job was stopped from outside
+    (``outside_stop``): the trainer following the spool then ends once it has read the files
+    before it."""
     if directory is None:
         return []
     final = q(f"{directory.rstrip('/')}/{SPOOL_END_NAME}")
@@ -124,7 +171,9 @@ def end_marker(directory: str | None) -> list[str]:
     return [
         "# The simulation has ended: its end marker tells the trainer following the spool to finish",
         "# with what it has read (or, after a failure, to stop with this status).",
-        f"printf '{{\"exit_status\": %d}}\\n' \"$rc\" > {tmp} && mv -f {tmp} {final} ||",
-        "    echo \"diffscale: could not write the spool's end marker: the trainer will wait\" >&2",
+        "if [ \"$stopped\" -eq 0 ]; then",
+        f"    printf '{{\"exit_status\": %d}}\\n' \"$rc\" > {tmp} && mv -f {tmp} {final} ||",
+        "        echo \"diffscale: could not write the spool's end marker: the trainer will wait\" >&2",
+        "fi",
         "",
     ]

@@ -19,7 +19,16 @@ from diffscale.cluster.jobs.race import claim_snippet
 from diffscale.cluster.profiles.types import GpuRequest
 from diffscale.cluster.scripts.jobspec import Continuation, JobSpec
 from diffscale.cluster.scripts.launcher import Launcher
-from diffscale.cluster.scripts.shellparts import REQUEUE_NOTE, end_marker, header, preamble, wait_for, words
+from diffscale.cluster.scripts.shellparts import (
+    REQUEUE_NOTE,
+    end_marker,
+    header,
+    outside_stop,
+    preamble,
+    python_word,
+    wait_for,
+    words,
+)
 from diffscale.cluster.scripts.timefmt import hms
 from diffscale.runtime.signals import EXIT_REQUEUE
 
@@ -59,11 +68,14 @@ def render(spec: JobSpec) -> str:
     lines = header(spec.title, "Submit it from the run directory (diffscale submit does): logs/ is relative to it.")
     lines += directives(spec)
     greeting = "echo \"diffscale: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST\""
+    # srun starts the interpreter itself only for a diffscale run (a user's command names its own)
+    chosen = spec.python_from_setup and bool(spec.argv) and spec.argv[0] == spec.python
     lines += preamble(spec.run_dir, greeting, spec.race, "scancel --name=", spec.setup, spec.env, claim_snippet,
-                      spec.command_env)
+                      spec.command_env, python=spec.python if chosen else None)
     lines += ["", *_rendezvous(spec)]
+    command = f"{python_word(spec.python, True)} {words(spec.argv[1:])}" if chosen else words(spec.argv)
     step = (f"srun --kill-on-bad-exit=1 --nodes={spec.nodes} --ntasks-per-node={spec.ranks_per_node} "
-            f"--cpus-per-task={spec.cpus_per_rank} {words(spec.argv)} &")
+            f"--cpus-per-task={spec.cpus_per_rank} {command} &")
     lines.append("")
     if spec.signal:
         lines += [
@@ -78,6 +90,7 @@ def render(spec: JobSpec) -> str:
             "}",
             f"trap forward_signal {spec.signal}",
         ]
+    lines += outside_stop(spec.end_marker_dir)
     lines += [
         "# One task per GPU, all started by srun (srun >= 22.05 needs --cpus-per-task again).",
         step,

@@ -90,6 +90,9 @@ class ReplayBuffer:
         """Chunks ever added (a simulation's output steps)."""
         self.cursor = 0
         """Where the feeding source continues (a spool's next file number), kept with the contents."""
+        self.source_end: tuple[int, int, int] | None = None
+        """Once the feeding source has ended well: (how, exit status or -1, the batch count at which
+        training on it ends), kept so that a resumed run does not train on it again."""
         self.rng = torch.Generator().manual_seed(seed)  # the reservoir's choices (CPU: same on every device)
 
     def add(self, cond: torch.Tensor, x: torch.Tensor, sim_time: torch.Tensor) -> None:
@@ -147,6 +150,7 @@ class ReplayBuffer:
                 "buffer_time": self.sim_time[: self.size].clone(),
                 "buffer_counters": torch.tensor([self.size, self.seen, self.pushes, self.cursor], dtype=torch.int64),
                 "buffer_head": torch.tensor([self.head], dtype=torch.int64),
+                "buffer_source_end": torch.tensor(self.source_end or (-1, -1, -1), dtype=torch.int64),
                 "buffer_rng": self.rng.get_state()}
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -173,6 +177,9 @@ class ReplayBuffer:
         self.size, self.seen, self.pushes, self.cursor = size, seen, pushes, cursor
         self.head = head % self.spec.capacity if size == self.spec.capacity else size
         self.rng.set_state(tensors["buffer_rng"])
+        ended = tensors.get("buffer_source_end")  # absent in checkpoints from before it was kept
+        how, status, end_at = (int(v) for v in ended.tolist()) if ended is not None else (-1, -1, -1)
+        self.source_end = (how, status, end_at) if how >= 0 else None
 
 
 class BufferBatcher:

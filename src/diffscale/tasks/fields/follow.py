@@ -13,12 +13,15 @@ the buffer is first full, as ``OnlineTrainer`` does.
   a shared file system shows a new file to one node before another. The ranks agree every
   ``SHARE_EVERY`` batches (one small broadcast, a host synchronisation) and at every poll
   while waiting.
-* The end: rank 0 looks for the simulation's end marker (``ended.json``, data/spool.py) before
-  each listing, so once it is there the listing holds every file the simulation wrote. A
-  failed simulation (non-zero status), or one that ended before the buffer filled, ends the run
-  with an error naming it; after a successful one the run trains one more pass over the final
-  buffer (its size in samples, drawn as batches) and ends, checkpointed, however far its
-  ``train.steps`` target is -- no requeue waits for data that will never come.
+* The end: rank 0 learns that the simulation ended from its end marker, the scheduler's word on
+  its job or its stopped heartbeat (``source.py``) before each listing, so the listing then holds
+  every file the simulation wrote. A failed simulation (a non-zero status, a job that failed), or
+  one that ended before the buffer filled, ends the run with an error naming it; after any other
+  end (its command's exit 0, a cancel, its time limit, a heartbeat that stopped) the run trains
+  one more pass over the final buffer (its size in samples, drawn as batches) and ends,
+  checkpointed, however far its ``train.steps`` target is -- no requeue waits for data that will
+  never come. The end is kept in the checkpoint, so a requeued or chained job of the run trains
+  no more.
 * Resume: the buffer's contents, counters and the spool cursor are task state and the batch
   position is checkpointed, so a resumed run reads on from the first file it had not read.
 """
@@ -34,7 +37,8 @@ import torch
 from diffscale.data.device_loader import DataPosition
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.tasks.fields.buffer import BufferBatcher, ReplayBuffer
-from diffscale.tasks.fields.spool import SpoolChunk, SpoolReader, read_end
+from diffscale.tasks.fields.source import EndHow, SourceEnd, SourceWatch
+from diffscale.tasks.fields.spool import SpoolChunk, SpoolReader
 
 POLL_S = 1.0
 """Least time between two listings of the spool directory."""
@@ -42,8 +46,8 @@ SHARE_EVERY = 100
 """With several ranks: batches between two agreements on new data."""
 REPORT_EVERY_S = 60.0
 """While waiting, the log says so again after this long even when nothing arrived."""
-_RUNNING = -(2**62)
-"""The end status rank 0 shares while the simulation has not ended."""
+_RUNNING = -1
+"""The ``EndHow`` rank 0 shares while the simulation has not ended."""
 Chunk = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 """One spool file's (cond, x, sim_time) rows."""
 
@@ -64,35 +68,52 @@ class SpoolBatcher(BufferBatcher):
         self._next_poll = 0.0
         self._said_ready = False
         self.dropped_rows = 0
-        self.source_status: int | None = None
-        """The simulation's exit status once its end marker was read; None while it runs."""
+        self.watch = SourceWatch(reader.directory) if feed.rank == 0 else None
+        self.source_end: SourceEnd | None = None
+        """How the simulation ended, once it has; None while it runs."""
         self._end_at: int | None = None
         """The batch count at which the run ends, once the simulation has ended."""
+        self._ended_before = buffer.source_end is not None
+        if buffer.source_end is not None:  # a resumed run whose simulation had ended: it ends where it did
+            how, status, self._end_at = buffer.source_end
+            self.source_end = SourceEnd(EndHow(how), status if status >= 0 else None)
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
 
     def next_indices(self, out: torch.Tensor | None = None) -> torch.Tensor:
         if self.feed.world_size == 1 or self.position.offset % SHARE_EVERY == 0:
             self.ingest()
         if self._end_at is not None and self.position.offset >= self._end_at:
-            raise DataEnded(f"the simulation writing {self.reader.directory} has ended and its last spool file was "
-                            f"trained on ({self.buffer.pushes} files)", ok=True)
+            where = f"the simulation writing {self.reader.directory}"
+            if self._ended_before:
+                raise DataEnded(f"{where} had already ended ({self._words()}) and its final buffer was trained on: "
+                                "nothing is left to train", ok=True)
+            raise DataEnded(f"{where} has ended ({self._words()}) and its last spool file was trained on "
+                            f"({self.buffer.pushes} files)", ok=True)
         if self.buffer.size < self.ready_at:
             self._wait()
         return super().next_indices(out)
 
+    def _words(self) -> str:
+        return self.source_end.words() if self.source_end is not None else "?"
+
     def ingest(self) -> None:
         """Add what rank 0 found in the spool (if its poll is due) to the buffer of every rank."""
         mine: list[SpoolChunk] = []
-        status = _RUNNING
-        if self.feed.rank == 0 and time.monotonic() >= self._next_poll and self.source_status is None:
+        ended: SourceEnd | None = None
+        if self.watch is not None and time.monotonic() >= self._next_poll and self.source_end is None:
             self._next_poll = time.monotonic() + POLL_S
-            ended = read_end(self.reader.directory)  # before listing: then the listing holds every file
-            status = _RUNNING if ended is None else ended
+            ended = self.watch.check()  # before listing: then the listing holds every file
+            for note in self.watch.news():
+                self.feed.report(note, {"kind": "spool", "note": note, "time": time.time()})
             mine = self._poll()
-        chunks, status = self._shared(mine, status)
+        chunks, ended = self._shared(mine, ended)
         for cond, x, times in chunks:
             self.buffer.add(cond, x, times)
-        if status != _RUNNING:
-            self._source_ended(status)
+        if ended is not None:
+            self._source_ended(ended)
         if self.buffer.size >= self.ready_at:
             if not self._said_ready:
                 self._said_ready = True
@@ -102,22 +123,30 @@ class SpoolBatcher(BufferBatcher):
                                   "time": time.time()})
             self.on_ready()
 
-    def _source_ended(self, status: int) -> None:
-        """The simulation's end marker was read, with every file before it: end the run now (a
-        failure, or a buffer it never filled), or after one more pass over the buffer."""
-        self.source_status = status
+    def _source_ended(self, end: SourceEnd) -> None:
+        """The simulation ended, and every file it wrote was read: end the run now (a failure, or
+        a buffer it never filled), or after one more pass over the buffer."""
+        self.source_end = end
         where = f"the simulation writing {self.reader.directory}"
-        if status != 0:
-            raise DataEnded(f"{where} failed (exit status {status}) after {self.buffer.pushes} spool files", ok=False)
-        if self.buffer.size < self.ready_at:
-            raise DataEnded(f"{where} ended (exit status 0) after {self.buffer.size} samples in {self.buffer.pushes} "
-                            f"spool files, fewer than the {self.ready_at} the buffer waits for", ok=False)
+        said = f"{end.words()}; {end.detail}" if end.detail else end.words()
+        record = {"kind": "source_ended", "ended": end.how.name.lower(), "words": end.words(),
+                  "exit_status": end.exit_status, "ok": end.ok, "at": end.at, "files": self.buffer.pushes,
+                  "samples": self.buffer.size, "time": time.time()}
+        failure = ""
+        if not end.ok:
+            failure = f"{where} failed ({said}) after {self.buffer.pushes} spool files"
+        elif self.buffer.size < self.ready_at:
+            failure = (f"{where} ended ({said}) after {self.buffer.size} samples in {self.buffer.pushes} "
+                       f"spool files, fewer than the {self.ready_at} the buffer waits for")
+        if failure:
+            self.feed.report(f"{where} ended ({said})", {**record, "ok": False, "error": failure})
+            raise DataEnded(failure, ok=False)
         passes = math.ceil(self.buffer.size / self.global_batch)
         self._end_at = self.position.offset + passes
-        self.feed.report(f"{where} ended (exit status 0) after {self.buffer.pushes} spool files: training "
+        self.buffer.source_end = (int(end.how), _status(end), self._end_at)
+        self.feed.report(f"{where} ended ({said}) after {self.buffer.pushes} spool files: training "
                          f"{passes} more steps (one pass over the final buffer of {self.buffer.size} samples), then "
-                         "ending", {"kind": "source_ended", "exit_status": status, "files": self.buffer.pushes,
-                                    "end_after_steps": passes, "time": time.time()})
+                         "ending", {**record, "end_after_steps": passes})
 
     def _poll(self) -> list[SpoolChunk]:
         skipped = len(self.reader.skipped)
@@ -132,17 +161,20 @@ class SpoolBatcher(BufferBatcher):
                              {"kind": "spool", "dropped_rows": self.dropped_rows, "time": time.time()})
         return [c for c in chunks if len(c.cond)]  # a file of only NaN rows adds nothing
 
-    def _shared(self, chunks: list[SpoolChunk], status: int) -> tuple[list[Chunk], int]:
-        """Rank 0's chunks and end status on every rank, and its spool cursor in the buffer (checkpointed)."""
+    def _shared(self, chunks: list[SpoolChunk], ended: SourceEnd | None) -> tuple[list[Chunk], SourceEnd | None]:
+        """Rank 0's chunks and the simulation's end on every rank, and its spool cursor in the buffer (checkpointed)."""
         if self.feed.world_size == 1:
             self.buffer.cursor = self.reader.next
-            return [(c.cond, c.x, c.sim_time) for c in chunks], status
+            return [(c.cond, c.x, c.sim_time) for c in chunks], ended
         share = self.feed.share
-        header = share(torch.tensor([len(chunks), self.reader.next, status], dtype=torch.int64))
-        count, self.buffer.cursor, status = (int(v) for v in header.tolist())
+        how, status = (_RUNNING, -1) if ended is None else (int(ended.how), _status(ended))
+        header = share(torch.tensor([len(chunks), self.reader.next, how, status], dtype=torch.int64))
+        count, self.buffer.cursor, how, status = (int(v) for v in header.tolist())
         self.reader.next = self.buffer.cursor
+        if ended is None and how != _RUNNING:  # another rank's view of rank 0's end: without its details
+            ended = SourceEnd(EndHow(how), status if status >= 0 else None)
         if count == 0:
-            return [], status
+            return [], ended
         lengths = share(torch.tensor([len(c.cond) for c in chunks] or [0] * count, dtype=torch.int64))
         rows, x_shape = int(lengths.sum()), tuple(self.buffer.x.shape[1:])
         if chunks:
@@ -153,7 +185,7 @@ class SpoolBatcher(BufferBatcher):
             times = torch.empty(rows, dtype=torch.float64)
         cond, x, times = share(cond), share(x), share(times)
         splits = lengths.tolist()
-        return list(zip(cond.split(splits), x.split(splits), times.split(splits), strict=True)), status
+        return list(zip(cond.split(splits), x.split(splits), times.split(splits), strict=True)), ended
 
     def _wait(self) -> None:
         """Poll until the buffer holds ``ready_at`` samples; say so, and stop when asked."""
@@ -169,3 +201,8 @@ class SpoolBatcher(BufferBatcher):
                 raise StopWaiting(f"while waiting for data (buffer {self.buffer.size}/{self.ready_at} samples)")
             time.sleep(max(0.0, self._next_poll - time.monotonic()))
             self.ingest()
+
+
+def _status(end: SourceEnd) -> int:
+    """The exit status as the ranks share it and a checkpoint keeps it: -1 where none is known."""
+    return -1 if end.exit_status is None else end.exit_status

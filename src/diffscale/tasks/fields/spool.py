@@ -26,11 +26,18 @@ and skipped like a misfit once a later file exists or it has stayed unreadable t
 
 * the end: once the simulation is done, ``ended.json`` (``{"exit_status": N}``) appears in the
   directory, written after its last spool file (a coupled simulation's job script writes it when
-  the command ends, with the command's exit status; ``SpoolWriter.end`` writes it too). A reader
-  that finds it before listing the directory has then seen every file the simulation wrote.
+  the command ends by itself, with the command's exit status; ``SpoolWriter.end`` writes it too).
+  A reader that finds it before listing the directory has then seen every file the simulation wrote.
+* who writes: ``job.json`` (``{"scheduler": "slurm", "job_id": "123"}``) names the scheduler job
+  that runs the simulation (``diffscale submit --couple`` writes it at submission, a
+  ``SpoolWriter`` inside a SLURM or Grid Engine job writes its own), so a follower can ask the
+  scheduler how the job ended when it was cancelled or killed before it could write the marker;
+  a ``SpoolWriter`` outside a scheduler instead rewrites ``heartbeat.json`` (``{"time": T,
+  "every_s": S, "stale_after_s": L}``) every S seconds while its process lives, and a follower
+  that sees it unchanged for L seconds takes the simulation as ended (``source.py``).
 
 ``diffscale train --data spool:DIR[:N]`` follows a spool into a FIFO buffer of the newest N
-samples (``SpoolSpec``; the trainer is ``data/follow.py``).
+samples (``SpoolSpec``; the trainer is ``follow.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ import json
 import os
 import re
 import secrets
+import socket
+import threading
 import time
 import zipfile
 from dataclasses import dataclass, field
@@ -47,8 +56,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from diffscale.data.locations import SPOOL_END_NAME
+from diffscale.data.locations import SPOOL_END_NAME, SPOOL_JOB_NAME
 from diffscale.errors import UserError
+from diffscale.runtime.job_end import current_job, read_job_file, write_job_file
 from diffscale.tasks.fields.buffer import MisfitArrays, as_chunk
 
 NAME = re.compile(r"^(\d{10})\.npz$")
@@ -57,6 +67,12 @@ ZIP_MAGIC = b"PK\x03\x04"
 END_NAME = SPOOL_END_NAME
 UNREADABLE_GRACE_S = 60.0
 """How long the newest file may stay unreadable (still being written) before it is skipped."""
+HEARTBEAT_NAME = "heartbeat.json"
+HEARTBEAT_S = 10.0
+"""How often a writer outside a scheduler rewrites its heartbeat."""
+STALE_BEATS = 12
+"""Heartbeats a follower waits for in vain before it takes the writer as gone: long enough for a
+simulation that holds Python's lock through a long computation (the heartbeat is a thread)."""
 
 
 def _sequence(path: Path) -> int:
@@ -71,11 +87,34 @@ class SpoolWriter:
     (processes, nodes) may share the directory: each file takes the next number no other writer
     has taken (see the module docstring)."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, heartbeat_s: float | None = HEARTBEAT_S) -> None:
+        """``heartbeat_s``: how often a writer outside a scheduler job says it lives (None: never)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.next = self._after_newest()
         self._token = secrets.token_hex(6)  # with the pid: a temporary name no other writer uses
+        self._stop = threading.Event()
+        job = current_job()
+        if job is not None:  # the scheduler tells a follower how this job ends
+            if read_job_file(self.directory / SPOOL_JOB_NAME) != job:
+                write_job_file(self.directory / SPOOL_JOB_NAME, job)
+        elif heartbeat_s:
+            self._beat(heartbeat_s)
+            threading.Thread(target=self._beating, args=(heartbeat_s,), name="spool-heartbeat", daemon=True).start()
+
+    def _beating(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                self._beat(every_s)
+            except OSError:  # a full or vanished disk: the writes will say so; a follower waits
+                pass
+
+    def _beat(self, every_s: float) -> None:
+        beat = {"time": time.time(), "every_s": every_s, "stale_after_s": STALE_BEATS * every_s,
+                "host": socket.gethostname(), "pid": os.getpid()}
+        tmp = self.directory / f".{HEARTBEAT_NAME}.{os.getpid()}-{self._token}.tmp"
+        tmp.write_text(json.dumps(beat) + "\n")
+        os.replace(tmp, self.directory / HEARTBEAT_NAME)
 
     def _after_newest(self) -> int:
         existing = [_sequence(p) for p in self.directory.iterdir() if NAME.match(p.name)]
@@ -118,6 +157,7 @@ class SpoolWriter:
     def end(self, exit_status: int = 0) -> Path:
         """Mark the spool as complete: the trainer following it stops once it has read every
         file written before this (the job script of a coupled simulation does it for you)."""
+        self._stop.set()
         return write_end(self.directory, exit_status)
 
 
