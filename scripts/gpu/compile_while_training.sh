@@ -9,7 +9,7 @@
 # not Python's. Writes $OUT/compile_while_training.json, $OUT/summary.txt and each job's log.
 # Usage (repository root):
 #   OUT=DIR bash scripts/gpu/compile_while_training.sh
-# Settings (environment): PRESETS (small medium), WINDOWS (3: steady windows a job logs), JOB_LIMIT_S
+# Settings (environment): PRESETS (small medium), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
 # (240), BUDGET_S (530: the whole call's limit), WORK (/tmp/diffscale-compile-while-training),
 # SMOKE=1 (the one-level micro UNet compiled on a CPU: a dry run in a few minutes; its figures mean nothing).
 # Not in this call (it does not fit beside cold starts of small and medium): the time to the plain
@@ -18,7 +18,7 @@ set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
 WORK=${WORK:-/tmp/diffscale-compile-while-training}
 PRESETS=${PRESETS:-small medium}
-WINDOWS=${WINDOWS:-3}
+WINDOWS=${WINDOWS:-5}
 JOB_LIMIT_S=${JOB_LIMIT_S:-240}
 BUDGET_S=${BUDGET_S:-530}
 source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings

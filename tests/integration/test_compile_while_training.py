@@ -67,18 +67,18 @@ def _checkpoint_steps(run: Path) -> list[int]:
     return [ckpt.step_of(p) for p in ckpt.list_checkpoints(run)]
 
 
-def _stopped_when(cmd: list[str], run: Path, seen: Callable[[], bool], out: Path,
+def _stopped_when(cmd: list[str], seen: Callable[[subprocess.Popen], bool], out: Path,
                   env: dict[str, str]) -> tuple[int, str]:
-    """Run ``cmd`` until ``seen()``, then send the scheduler's stop signal; its exit code and output
-    once it has checkpointed and ended."""
+    """Run ``cmd`` until ``seen(its process)``, then send the scheduler's stop signal; its exit code
+    and output once it has checkpointed and ended."""
     with out.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + 840  # a guard against a hang, not a measurement
-            while proc.poll() is None and not seen() and time.monotonic() < deadline:
+            while proc.poll() is None and not seen(proc) and time.monotonic() < deadline:
                 time.sleep(0.5)
             assert proc.poll() is None, out.read_text()  # still training: the run has not ended by itself
-            assert seen(), f"not seen in time:\n{out.read_text()[-4000:]}"
+            assert seen(proc), f"not seen in time:\n{out.read_text()[-4000:]}"
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=120)
         finally:
@@ -93,13 +93,13 @@ def switched(tmp_path_factory) -> tuple[Path, str]:
     once it has written two checkpoints on the compiled side."""
     run = tmp_path_factory.mktemp("switch") / "run"
 
-    def two_compiled_checkpoints() -> bool:
+    def two_compiled_checkpoints(_: subprocess.Popen) -> bool:
         compiled = _kinds(run, "compiled")
         return bool(compiled) and len([s for s in _checkpoint_steps(run) if s > compiled[0]["step"]]) >= 2
 
     cmd = [sys.executable, "-m", "diffscale", "train", "--device", "cpu", "--out", str(run),
            *micro_args(*ONE_LEVEL, *COMPILED, steps=STEPS)]
-    code, out = _stopped_when(cmd, run, two_compiled_checkpoints, run.parent / "out.txt", _env())
+    code, out = _stopped_when(cmd, two_compiled_checkpoints, run.parent / "out.txt", _env())
     assert code == EXIT_REQUEUE and "stop requested (SIGTERM)" in out
     return run, out
 
@@ -121,7 +121,7 @@ def test_a_compiled_run_trains_eager_until_its_background_compile_is_built_then_
     assert speed["same_step_every_rank"] is True and speed["samples_per_s"] > 0
     # the log says what runs
     assert "| eager while compiling, then compiled |" in out
-    assert f"(its log: {run / 'background-compile.log'})" in out
+    assert f", its log in {run / 'background-compile.log'}; every rank switches to the compiled step" in out
     assert "first step of this job (step 1) " in out and "s after it started: eager while compiling" in out
     assert f"compiling from its kernels at step {switch}\n" in out
     assert f"compiled from step {switch}: the switch took" in out
@@ -197,7 +197,7 @@ def test_two_torchrun_ranks_switch_at_the_same_step(switched, tmp_path):
     run = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "diffscale",
            "train", "--device", "cpu", "--out", str(run), *micro_args(*ONE_LEVEL, *COMPILED, steps=STEPS)]
-    code, out = _stopped_when(cmd, run, lambda: bool(_kinds(run, "compiled_speed")), tmp_path / "out.txt",
+    code, out = _stopped_when(cmd, lambda _: bool(_kinds(run, "compiled_speed")), tmp_path / "out.txt",
                               _env(TORCHINDUCTOR_CACHE_DIR=str(kernels)))
     assert code != 0 and "stop requested (SIGTERM)" in out  # torchrun reports its workers' exit 85 as a failure
     compiled, speed = _kinds(run, "compiled"), _kinds(run, "compiled_speed")
@@ -208,6 +208,33 @@ def test_two_torchrun_ranks_switch_at_the_same_step(switched, tmp_path):
     assert out.count("compiled from step") == 2  # rank 0 says it, once and in the speed line
     assert not (run / "background-compile-node1.log").exists()  # one node: one background compile
     assert "compiled: forward and backward built in" in (run / "background-compile.log").read_text()
+
+
+def test_a_background_compile_that_fails_leaves_the_compile_to_the_training_process(switched, tmp_path):
+    """Its process killed (as the kernel's OOM killer would): the run goes on eager, says so at the next
+    logged step and compiles by itself, from the kernels the module's first run left."""
+    import psutil
+
+    run = tmp_path / "run"
+    killed: list[int] = []
+
+    def background_killed_then_compiled(trainer: subprocess.Popen) -> bool:
+        if not killed:
+            for child in psutil.Process(trainer.pid).children():
+                if "diffscale.training.background_compile" in " ".join(child.cmdline()):
+                    child.kill()
+                    killed.append(child.pid)
+            return False
+        return bool(_kinds(run, "compiled"))
+
+    cmd = [sys.executable, "-m", "diffscale", "train", "--device", "cpu", "--out", str(run),
+           *micro_args(*ONE_LEVEL, *COMPILED, steps=STEPS)]
+    code, out = _stopped_when(cmd, background_killed_then_compiled, tmp_path / "out.txt", _env())
+    assert code == EXIT_REQUEUE and killed
+    switch = _kinds(run, "compiled")[0]["step"]
+    assert (f"warning: the background compile failed (its log: {run}/background-compile*.log): the training "
+            f"process compiles the step itself now, at step {switch}") in out
+    assert f"compiled from step {switch}: the switch took" in out
 
 
 def test_a_run_with_compile_off_stays_eager_and_starts_no_background_compile(tmp_path, capsys):

@@ -35,14 +35,14 @@ Say = Callable[[str], None]
 
 def start_note(kernels: Path, log: Path | None) -> str:
     """What a run that trains while compiling says before its first step."""
-    where = f" (its log: {log})" if log is not None else ""
+    where = f", its log in {log}" if log is not None else ""
     if holds_files(kernels):
         ahead = f"from the kernels cached by an earlier job in {kernels}"
     else:
         ahead = (f"for the first time (minutes on a GPU; the kernels are kept in {kernels}, so later jobs of "
                  "this network switch sooner)")
-    return (f"eager while compiling: training starts now on eager steps while a background process compiles the "
-            f"step {ahead}{where}; all ranks switch to the compiled step at a logged step once it is built")
+    return (f"eager while compiling: training starts now on eager steps; a background process compiles the step "
+            f"{ahead}{where}; every rank switches to the compiled step at a logged step once it is built")
 
 
 class CompileSwitch:
