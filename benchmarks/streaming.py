@@ -78,7 +78,9 @@ def run_one(preset: str, resident: str, args: argparse.Namespace, images: Path) 
     command = [sys.executable, "-m", "diffscale", "train", "--preset", preset, "--data", f"imagefolder:{images}",
                "--out", str(out), "--set", f"data.resident={resident}", "--set", f"train.steps={args.steps}",
                "--set", f"train.log_every={args.log_every}", "--set", "train.checkpoint_every=1000000",
-               "--set", "train.sample_count=4", "--set", "train.sample_steps=2"]
+               "--set", "train.sample_count=4", "--set", "train.sample_steps=2",
+               # compiled before the first step, as the figures were measured: the steady speed of a short run
+               "--set", "runtime.compile_while_training=off"]
     if args.workers is not None:
         command += ["--set", f"data.workers={args.workers}"]
     for item in args.set:

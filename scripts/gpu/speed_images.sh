@@ -116,9 +116,9 @@ for name in $PARTS; do
       part startup "${STARTUP_LIMIT_S:-300}" env -u TORCHINDUCTOR_CACHE_DIR -u TRITON_CACHE_DIR -u DIFFSCALE_CACHE_DIR \
         "$PY" -m benchmarks.startup "${P[@]}" "${STARTUP_ARGS[@]}" --work "$WORK/startup" \
         --json "$OUT/startup/startup.jsonl"
-      cp "$WORK/startup/cache/kernels"/*/traced-network-{discarded,retraced}.txt "$OUT/startup/" 2>/dev/null
+      cp "$WORK/startup/cache/kernels"/*/*/traced-network-{discarded,retraced}.txt "$OUT/startup/" 2>/dev/null
       FIRST=$(echo $STARTUP_PRESETS | cut -d' ' -f1)
-      KERNELS=$(ls -d "$WORK/startup/cache/kernels"/*/ 2>/dev/null | head -1)
+      KERNELS=$(ls -d "$WORK/startup/cache/kernels"/*/*/ 2>/dev/null | head -1)
       if [ -n "$KERNELS" ]; then
         export TORCHINDUCTOR_CACHE_DIR="$KERNELS" DIFFSCALE_CACHE_DIR="$WORK/startup/cache"
         unset TRITON_CACHE_DIR  # the startup jobs' Triton kernels are in Triton's default cache

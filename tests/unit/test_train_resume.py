@@ -159,34 +159,44 @@ def test_the_wait_for_compilation_is_announced_first_time_or_cached(tmp_path):
 
 def test_runs_of_one_network_share_its_compiled_kernels_unless_the_user_chose_a_cache(tmp_path, monkeypatch):
     from diffscale import config as C
+    from diffscale.io.kernels import build_name
     from diffscale.runtime import user_env
     from diffscale.training.build import run_compile_cache
 
     def config(*overrides: str) -> C.RunConfig:
         return C.resolve_config(C.ConfigSources(preset="tiny", overrides=list(overrides)))
 
+    def kernels_of(run: str, cfg: C.RunConfig, world_size: int = 1, device: str = "NVIDIA H200") -> Path:
+        return run_compile_cache(tmp_path / run, cfg, world_size, device)
+
     monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
     # torch writes its node-local default into the variable once anything asks for its cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_someone")
     monkeypatch.setattr(user_env, "USER_COMPILE_CACHE", None)
-    kernels = run_compile_cache(tmp_path / "first", config(), 1)
-    assert kernels.parent == (tmp_path / "cache" / "kernels").resolve()
+    kernels = kernels_of("first", config())
+    # one folder per GPU kind and torch release, then per compiled graph
+    assert kernels.parent.parent == (tmp_path / "cache" / "kernels").resolve()
+    assert kernels.parent.name == build_name("NVIDIA H200", torch.__version__)
+    assert kernels.name == config().graph_key(1)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(kernels)
     # another run of the same network (another learning rate and seed): the same kernels
-    assert run_compile_cache(tmp_path / "second", config("optim.lr=5e-4", "train.seed=3"), 1) == kernels
-    # cuDNN's algorithm search is chosen at run time, outside the graph
-    assert run_compile_cache(tmp_path / "second", config("runtime.cudnn_benchmark=off"), 1) == kernels
-    # what changes the compiled graph gets a folder of its own
-    assert run_compile_cache(tmp_path / "second", config("train.batch_per_gpu=32"), 1) != kernels
-    assert run_compile_cache(tmp_path / "second", config("runtime.layout_opt=off"), 1) != kernels
-    assert run_compile_cache(tmp_path / "second", config(), 2) != kernels
+    assert kernels_of("second", config("optim.lr=5e-4", "train.seed=3")) == kernels
+    # cuDNN's algorithm search is chosen at run time, outside the graph; so is training while compiling
+    assert kernels_of("second", config("runtime.cudnn_benchmark=off")) == kernels
+    assert kernels_of("second", config("runtime.compile_while_training=off")) == kernels
+    # what changes the compiled graph gets a folder of its own, and so does another GPU kind
+    assert kernels_of("second", config("train.batch_per_gpu=32")) != kernels
+    assert kernels_of("second", config("runtime.layout_opt=off")) != kernels
+    assert kernels_of("second", config(), 2) != kernels
+    a100 = kernels_of("second", config(), device="NVIDIA A100-SXM4-80GB")
+    assert a100.name == kernels.name and a100.parent.name.startswith("nvidia-a100-sxm4-80gb-torch-")
     # a run that kept kernels of its own keeps using them when it resumes
     own = tmp_path / "older" / "cache" / "inductor"
     (own / "fxgraph").mkdir(parents=True)
-    assert run_compile_cache(tmp_path / "older", config(), 1) == own.resolve()
+    assert kernels_of("older", config()) == own.resolve()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/scratch/me/inductor")
     monkeypatch.setattr(user_env, "USER_COMPILE_CACHE", "/scratch/me/inductor")  # set before diffscale started
-    assert run_compile_cache(tmp_path / "first", config(), 1) == Path("/scratch/me/inductor")
+    assert kernels_of("first", config()) == Path("/scratch/me/inductor")
 
 
 # A job in a process of its own (dynamo's state is per process), printing dynamo's counters at the end.
@@ -231,7 +241,7 @@ def test_a_resumed_job_installs_the_traced_network_instead_of_tracing_it(tmp_pat
                            "runtime.compile_cache=on", "train.checkpoint_every=2", "train.log_every=1", steps=4)
     _, first = _compiled_job(straight, *one_level)
     assert first["frames"]["ok"] == 1 and first["dynamo_cache"] == {"dynamo_cache_miss": 1}
-    entries = list((tmp_path / "cache" / "kernels").glob("*/dynamo/*/entry"))
+    entries = list((tmp_path / "cache" / "kernels").glob("*/*/dynamo/*/entry"))
     assert len(entries) == 1 and entries[0].stat().st_size > 0
     # runtime.generated_bytecode: the output code's bytecode beside the kernels, read (not written
     # again) by the resumed job

@@ -109,7 +109,7 @@ def _workload(args: argparse.Namespace) -> tuple[Workload, Path, RunConfig | Non
             preset=args.preset, config_file=None if args.preset else target[0], data=args.data,
             overrides=args.overrides or [])))
         run_dir = folder_target(args.out or f"runs/{cfg.preset}-{_stamp()}", "--out").absolute()
-        return diffscale_run(cfg, str(run_dir), args.python or sys.executable), run_dir, cfg
+        return diffscale_run(cfg, str(run_dir), args.python or sys.executable, kernel_cache=True), run_dir, cfg
     if not target:
         raise UserError("nothing to run", "give a config (CONFIG.yaml), --preset NAME, or a command after `--`")
     for flag, given in (("--set", args.overrides), ("--data", args.data)):

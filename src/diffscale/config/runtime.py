@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from diffscale.config.choices import Attention, CompileMode, Device, Precision, Recipe, Toggle
 from diffscale.config.errors import fail as _fail
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode", "compile_while_training"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -24,6 +24,18 @@ class RuntimeConfig:
     """``fast`` (default) or ``plain`` (the common recipe, for benchmarks)."""
     compile: Toggle = Toggle.AUTO
     """torch.compile the network (``auto``: on CUDA only)."""
+    compile_while_training: Toggle = Toggle.AUTO
+    """``diffscale train``: a compiled run's first steps run eager (bf16 autocast, fused AdamW, the
+    data on the device: everything of the fast recipe that needs no compiler) while a background
+    process builds the same step compiled into the kernel cache; once it has, every rank compiles
+    from that cache at the same logged step and trains on compiled (the log says ``eager while
+    compiling``, then ``compiled from step N``; metrics.jsonl a ``compiled`` and a ``compiled_speed``
+    record; the process's output ``RUN_DIR/background-compile.log``). A cold first step waited
+    minutes for inductor before. ``auto``: on for compiled training on CUDA whose data does not
+    arrive over time (a spool); ``on``: wherever the run compiles (the CPU too); ``off``: compile
+    before the first step, as bench, the online trainer and sampling do. No effect where
+    ``runtime.compile`` is off. Not part of the compiled graph (docs/decisions.md, "Training while
+    the step compiles")."""
     compile_mode: CompileMode = CompileMode.AUTO
     """torch.compile mode when compiling: ``auto`` (CUDA graphs where a step can replay as one,
     see docs/benchmarks.md, "Defaults and why"), ``default``, ``reduce-overhead`` or ``max-autotune-no-cudagraphs``."""

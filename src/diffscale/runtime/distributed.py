@@ -342,3 +342,17 @@ def init_distributed(info: LaunchInfo, device: torch.device, *, join_timeout_s: 
     return ctx
 
 
+def alone_as_rank_zero(info: LaunchInfo, device: torch.device) -> DistContext:
+    """Rank 0 of ``info.world_size`` ranks in a process group of this process alone: a process that
+    builds one rank's step of a distributed run by itself (a background compile) wraps the network
+    in DDP as every rank does, and its collectives return at once. Only what one rank's step calls
+    is meant to run in it (``all_mean`` would divide by the run's world size, ``gather_rows`` fail)."""
+    ctx = DistContext(info=info, device=device)
+    if info.world_size == 1:
+        return ctx
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    bind: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **bind)
+    ctx.backend = backend
+    ctx._initialised = True
+    return ctx

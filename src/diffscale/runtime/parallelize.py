@@ -38,6 +38,14 @@ def parallelize(net: torch.nn.Module, *, cfg: RunConfig, ctx: DistContext, polic
         model = wrap_ddp(net, ctx, cfg, policy, recorded=whole_steps)
     if not policy.compile:
         return model
+    return compile_network(model, cfg=cfg, policy=policy, say=say, whole_steps=whole_steps, cache=cache)
+
+
+def compile_network(model: torch.nn.Module, *, cfg: RunConfig, policy: DevicePolicy, say: Callable[[str], None],
+                    whole_steps: bool = False, cache: CompileCache | None = None) -> torch.nn.Module:
+    """``model`` (the network, or its DDP wrapper) compiled as training runs it: ``parallelize``'s
+    second half, also called on its own by a run that trained eager until its kernels were built
+    (``runtime.compile_while_training``)."""
     # ddp_graph_split off: the all-reduces follow one whole backward
     torch._dynamo.config.optimize_ddp = ddp_graph_split(cfg.runtime.ddp_graph_split, whole_steps)
     mode = CompileMode.DEFAULT if whole_steps and cfg.runtime.compile_mode == CompileMode.AUTO else \

@@ -21,7 +21,6 @@ from diffscale.config import RunConfig
 from diffscale.data.feed import DataEnded, Feed, StopWaiting
 from diffscale.data.locations import with_absolute_path
 from diffscale.errors import UserError
-from diffscale.runtime.compile_cache import CompileCache
 from diffscale.runtime.device import (
     DevicePolicy,
     mps_gap,
@@ -32,12 +31,14 @@ from diffscale.runtime.parallelize import trains_in_cuda_graphs
 from diffscale.runtime.runlock import RunLock
 from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import count_parameters
-from diffscale.training.build import build_run, join
+from diffscale.training.background_compile import BackgroundCompile, compiles_while_training
+from diffscale.training.build import Run, build_run, join, run_compile_cache
 from diffscale.training.previews import evaluate, preview
 from diffscale.training.recovery import Recovery
 from diffscale.training.resume import RunDirLock, start_or_resume
 from diffscale.training.state import RunState
 from diffscale.training.step import StepRunner
+from diffscale.training.switch import CompileSwitch, start_note
 from diffscale.training.telemetry import Telemetry, ThroughputMeter, open_telemetry, seconds_since_process_start
 
 
@@ -61,11 +62,13 @@ class TrainOutcome:
         return EXIT_REQUEUE if self.stopped_by else 0
 
 
-def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str, whole_steps: bool) -> str:
+def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str, whole_steps: bool,
+            eager_first: bool = False) -> str:
     mem = f", {policy.memory_bytes / 2**30:.0f} GiB" if policy.memory_bytes else ""
     eff = cfg.effective_batch(ctx.world_size)
     graphs = " (CUDA graphs)" if policy.compile and trains_in_cuda_graphs(cfg, policy) and not whole_steps else ""
-    compiled = " | compiled" + graphs if policy.compile else ""
+    compiled = (" | eager while compiling, then compiled" if eager_first else " | compiled") + graphs \
+        if policy.compile else ""
     if whole_steps:
         compiled += " | each step one CUDA graph"
     if policy.flex_min_rows is not None:
@@ -120,28 +123,35 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     cfg = start.cfg  # a resume on another world size may change train.grad_accum
     target = cfg.train.steps
     stop_at = min(target, max_steps) if max_steps else target
-
-    opened: list[Telemetry] = []  # metrics.jsonl, TensorBoard: once the run passed its checks
+    eager_first = compiles_while_training(cfg, policy)
+    kernels = run_compile_cache(run_dir, cfg, ctx.world_size, policy.name) if eager_first else None
+    opened = _Opened()  # metrics.jsonl, TensorBoard and the background compile: once the run passed its checks
 
     def announce(run_state: RunState, whole_steps: bool) -> None:
-        say(_banner(policy, ctx, cfg, count_parameters(run_state.net), run_state.task.describe_data(), whole_steps))
+        if kernels is not None and ctx.local_rank == 0:  # it imports and builds while this process goes on
+            opened.background = BackgroundCompile.start(cfg, run_dir, ctx, kernels)
+        say(_banner(policy, ctx, cfg, count_parameters(run_state.net), run_state.task.describe_data(), whole_steps,
+                    eager_first))
+        if kernels is not None:
+            say(start_note(kernels, opened.background.log if opened.background is not None else None))
         if cfg.optim.warmup_steps > target:  # a short trial run of a long config: say why lr stays low
             say(f"note: optim.warmup_steps {cfg.optim.warmup_steps} > train.steps {target}: the learning rate "
                 f"rises linearly the whole run and never reaches optim.lr {cfg.optim.lr:g} (lower "
                 "optim.warmup_steps to reach it)")
-        opened.append(open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
-                                     start_step=run_state.step, console=console))
+        opened.telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
+                                          start_step=run_state.step, console=console)
 
     try:  # closes metrics.jsonl also when the run is refused before its first step
         with build_run(cfg, run_dir, ctx, policy, console=console, say=say, checkpoint=start.checkpoint,
-                       prepare=start.prepare, compile_cache=True, announce=announce,
-                       feed=lambda run_state: _feed(run_state, opened[0], stop, say)) as run:
-            run_state, telemetry = run.state, opened[0]
+                       prepare=start.prepare, compile_cache=True, announce=announce, eager_first=eager_first,
+                       feed=lambda run_state: _feed(run_state, opened.opened(), stop, say)) as run:
+            run_state, telemetry = run.state, opened.opened()
             if policy.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(policy.device)
             meter = ThroughputMeter()
-            stopped_by, samples = _loop(run_state, run.runner, telemetry, stop, stop_at, say, run.compile_cache,
-                                        meter)
+            opened.switch = CompileSwitch(run, opened.background, telemetry, say)
+            stopped_by, samples = _loop(run, telemetry, stop, stop_at, say, meter, opened.switch)
+            opened.switch.finish()  # before the last preview, whose sampling network may compile
             if stopped_by is None:
                 samples += preview(run_state, ctx, run_dir, f"step{run_state.step:08d}", say, telemetry)
                 if run_state.step >= target or run_state.data_ended:
@@ -151,10 +161,30 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             if meter.summary():
                 say(meter.summary())
     finally:
-        for telemetry in opened:
-            telemetry.close()
+        opened.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
                         data_ended=run_state.data_ended)
+
+
+@dataclass
+class _Opened:
+    """What a run opens once it passed its checks (a refused run writes nothing), closed at its end."""
+
+    telemetry: Telemetry | None = None
+    background: BackgroundCompile | None = None
+    switch: CompileSwitch | None = None
+
+    def opened(self) -> Telemetry:
+        assert self.telemetry is not None, "opened by build_run's announce, before the run's data is drawn"
+        return self.telemetry
+
+    def close(self) -> None:
+        if self.switch is not None:
+            self.switch.finish()
+        elif self.background is not None:  # refused before its first step
+            self.background.stop()
+        if self.telemetry is not None:
+            self.telemetry.close()
 
 
 def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -> Feed:
@@ -170,11 +200,13 @@ def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -
                 stopping=lambda: ctx.any_true(stop.requested))
 
 
-def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: StopFlag, stop_at: int,
-          say: Say, traced: CompileCache, meter: ThroughputMeter) -> tuple[str | None, list[Path]]:
+def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say, meter: ThroughputMeter,
+          switch: CompileSwitch) -> tuple[str | None, list[Path]]:
     """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
-    and the preview files written on the way. After the first step the traced network is cached
-    (``runtime.compile_cache``): forward and backward have compiled by then."""
+    and the preview files written on the way. After the first compiled step the traced network
+    is cached (``runtime.compile_cache``): forward and backward have compiled by then. A run that
+    trains while compiling switches to the compiled step at a logged step (``switch``)."""
+    run_state, runner = run.state, run.runner
     t, ctx = run_state.cfg.train, run_state.ctx
     clock = _Clock(run_state.step, stop_at)
     recovery = Recovery(run_state, runner, telemetry, say)
@@ -189,9 +221,10 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
             _data_ended(run_state, runner, ended, say)
             return None, samples
         if first_step and run_state.policy.compile:
-            _first_step_note(run_state, telemetry, say)
+            _first_step_note(run_state, telemetry, say, eager=run.eager)
         first_step = False
-        traced.save_once()
+        switch.after_step()
+        run.compile_cache.save_once()
         meter.add(runner.effective)
         if run_state.step % t.log_every == 0 or run_state.step == stop_at:
             record = _metrics(run_state, runner, meter, lr, clock)
@@ -200,6 +233,7 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
                 continue
             if ctx.any_true(stop.requested):
                 return _stop(run_state, runner, stop, f"at step {run_state.step}", say), samples
+            switch.at_log_step(record)
         if run_state.step % t.checkpoint_every == 0 or run_state.step == stop_at:
             run_state.save(runner.batcher)
         if t.sample_every and run_state.step % t.sample_every == 0 and run_state.step != stop_at:
@@ -209,13 +243,15 @@ def _loop(run_state: RunState, runner: StepRunner, telemetry: Telemetry, stop: S
     return None, samples
 
 
-def _first_step_note(run_state: RunState, telemetry: Telemetry, say: Say) -> None:
+def _first_step_note(run_state: RunState, telemetry: Telemetry, say: Say, *, eager: bool) -> None:
     """After a compiled job's first step: how long the job waited for it, from its process's start
-    (imports, data, the compile), on the console and in metrics.jsonl (``kind`` first_step)."""
+    (imports, data, the compile unless it trains ``eager`` while compiling), on the console and in
+    metrics.jsonl (``kind`` first_step)."""
     waited = seconds_since_process_start()
-    say(f"first step of this job (step {run_state.step}) {waited:.1f} s after it started: compiled")
+    how = "eager while compiling" if eager else "compiled"
+    say(f"first step of this job (step {run_state.step}) {waited:.1f} s after it started: {how}")
     telemetry.event({"kind": "first_step", "step": run_state.step, "since_start_s": round(waited, 2),
-                     "time": time.time()})
+                     "eager": eager, "time": time.time()})
 
 
 def _data_ended(run_state: RunState, runner: StepRunner, ended: DataEnded, say: Say) -> None:

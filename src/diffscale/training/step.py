@@ -14,6 +14,7 @@ import torch
 from diffscale.config import LrScaling, LrSchedule, RunConfig
 from diffscale.data.device_loader import micro_slice
 from diffscale.data.feed import Batcher
+from diffscale.runtime.device import on_side_stream, recording_stream
 from diffscale.runtime.distributed import DistContext
 from diffscale.runtime.parallelize import trains_in_cuda_graphs
 from diffscale.tasks.base import into
@@ -63,7 +64,9 @@ class StepRunner:
     stay on the device until ``drain_metrics`` reads them.
     """
 
-    def __init__(self, run_state: RunState, model: torch.nn.Module, batcher: Batcher) -> None:
+    def __init__(self, run_state: RunState, model: torch.nn.Module, batcher: Batcher, *, eager: bool = False) -> None:
+        """``eager``: ``model`` is the network not yet compiled in a run that compiles
+        (``runtime.compile_while_training``): plain steps until ``use_compiled``."""
         self.run_state = run_state
         self.model = model
         self.batcher = batcher
@@ -78,9 +81,29 @@ class StepRunner:
         cfg = run_state.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(run_state.ctx.world_size)
-        self.whole = WholeStepGraph(run_state, self._whole_step) if records_whole_steps(run_state) else None
+        self.whole: WholeStepGraph | None = None
         """Steps recorded as one CUDA graph each (``runtime.step_graph``), or None: eager steps."""
-        self.graphs = self.whole is None and trains_in_cuda_graphs(cfg, run_state.policy)
+        self.graphs = False
+        # Eager steps before whole steps are recorded under DDP run where the recording's own eager
+        # steps run: DDP was built on that stream for the recording (step_graph.py).
+        self._side = eager and run_state.ctx.distributed and records_whole_steps(run_state)
+        if not eager:
+            self.use_compiled(model)
+
+    def _stream(self) -> contextlib.AbstractContextManager[None]:
+        if not self._side:
+            return contextlib.nullcontext()
+        return on_side_stream(recording_stream(self.run_state.device))
+
+    def use_compiled(self, model: torch.nn.Module) -> None:
+        """Step ``model`` from the next step on: the network as ``parallelize`` made it. A run that
+        stepped eager until its kernels were built switches here; its whole steps (where recorded)
+        start recording then, after their own eager steps."""
+        run_state = self.run_state
+        self.model = model
+        self.whole = WholeStepGraph(run_state, self._whole_step) if records_whole_steps(run_state) else None
+        self.graphs = self.whole is None and trains_in_cuda_graphs(run_state.cfg, run_state.policy)
+        self._side = False
 
     def step(self) -> float:
         """Run one optimizer step; returns its learning rate."""
@@ -101,8 +124,9 @@ class StepRunner:
         else:
             if self.graphs:  # a new step: the last step's graph outputs (loss, gradients) are consumed
                 torch.compiler.cudagraph_mark_step_begin()
-            self._update(batch, rate)
-            tr.opt.zero_grad(set_to_none=True)
+            with self._stream():
+                self._update(batch, rate)
+                tr.opt.zero_grad(set_to_none=True)
         self._steps += 1
         tr.step += 1
         return lr

@@ -23,6 +23,7 @@ from diffscale.cluster.profiles.loading import available, load_profile
 from diffscale.cluster.scripts.jobspec import RaceSpec, job_name
 from diffscale.config import merge, presets
 from diffscale.data.locations import SpoolSpec
+from diffscale.io.kernels import KernelCache
 
 from cluster_fixtures import RECORDED_AT, fixture_profile, probe_file, recorded_start
 
@@ -30,6 +31,7 @@ GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 # Fixed, hostile run directory: golden files must not depend on the machine.
 RUN_DIR = "/scratch/it's a \"weird\" $HOME `date` dir\nline two"
 PYTHON = "/opt/diffscale-venv/bin/python"
+KERNELS = "/home/it's \"me\" $USER/.cache/diffscale/kernels"
 BUNDLED = ("bu-scc", "purdue-gilbreth", "uchicago-midway3", "dkrz-levante", "nyu-torch")
 
 
@@ -76,6 +78,9 @@ def _cases():
                   PlanOptions(account="myproject", setup=(". /project/lab/useenv.sh",))))
     cases.append(("slurm-test-cpu-user", "slurm-test", Shape(2, 1), user, PlanOptions(signal="USR1")))
     cases.append(("sge-two-host-user", "sge-two-host", Shape(2, 2), user, PlanOptions()))
+    # `diffscale plan` tells a training job where the kernel cache it looked in is (a hostile path too)
+    cached = DiffscaleRun(config=xl, run_dir=RUN_DIR, python=PYTHON, kernels=KernelCache(KERNELS))
+    cases.append(("nyu-torch-train-kernel-cache", "nyu-torch", Shape(1, 2, partition="h200"), cached, PlanOptions()))
     return cases
 
 

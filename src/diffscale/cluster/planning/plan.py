@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from diffscale.cluster.planning import data_checks, estimates, preflight
+from diffscale.cluster.planning import data_checks, estimates, kernel_start, preflight
 from diffscale.cluster.planning.check import Check, Resolved
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand, Workload
@@ -277,6 +277,8 @@ def _estimate(part: Partition, shape: Shape, workload: Workload, cpus: int, gpu_
         estimate_s = estimates.train_seconds(cfg, shape.world_size, rate.value)
         notes.append(f"training time {rate.source}: ~{rate.value:,.0f} samples/s per rank, "
                      f"{cfg.train.steps} steps -> ~{human(estimate_s)}")
+        start = kernel_start.start_note(workload, part.gpu_type, shape.world_size) if gpu_ranks else None
+        notes += [start] if start else []
         if mem is None:
             data_bytes, workers = _data_in_host_memory(part, shape, workload, cpus, gpu_ranks)
             request = estimates.host_memory_request(shape.ranks_per_node, data_bytes, part.mem_per_node_gb, workers,

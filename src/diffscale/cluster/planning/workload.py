@@ -16,6 +16,7 @@ from diffscale.cluster.planning.usage import RankUsage
 from diffscale.cluster.scripts.launcher import Launcher
 from diffscale.config import RunConfig
 from diffscale.errors import UserError
+from diffscale.io.kernels import KernelCache
 
 if TYPE_CHECKING:
     from diffscale.data.placement import DataSize
@@ -45,6 +46,9 @@ class DiffscaleRun:
     """Where the network sizes that ``config`` leaves to the data came from, for the plan's notes."""
     data_size: DataSize | None = None
     """Items and decoded bytes of an image run's data, read here cheaply (None: not readable here)."""
+    kernels: KernelCache | None = None
+    """The user's kernel cache as this host sees it: the job is told where it is (``DIFFSCALE_CACHE_DIR``)
+    and the plan says whether the job starts warm or cold (None: not looked at)."""
 
     @property
     def config_path(self) -> str:
@@ -63,7 +67,8 @@ class DiffscaleRun:
 
     @property
     def job_env(self) -> Env:
-        return ()  # diffscale's console flushes every line itself
+        # diffscale's console flushes every line itself; the cache the plan looked in is the job's
+        return (("DIFFSCALE_CACHE_DIR", str(PurePosixPath(self.kernels.root).parent)),) if self.kernels else ()
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -89,10 +94,11 @@ def job_config(cfg: RunConfig) -> RunConfig:
     return with_absolute_path(cfg)
 
 
-def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
+def diffscale_run(cfg: RunConfig, run_dir: str, python: str, *, kernel_cache: bool = False) -> DiffscaleRun:
     """The job training ``cfg`` (a ``job_config``): with the bytes of an npz it loads whole, whether
     its data path exists on this host, and for the estimates the network sizes that ``cfg`` leaves
-    to the data (the config the job writes keeps them following the data)."""
+    to the data (the config the job writes keeps them following the data). ``kernel_cache``: with
+    the user's kernel cache as this host sees it (a sweep's elements keep the sweep's own)."""
     from diffscale.cluster.planning.estimates import with_data_sizes
     from diffscale.data.locations import local_path
 
@@ -108,7 +114,8 @@ def diffscale_run(cfg: RunConfig, run_dir: str, python: str) -> DiffscaleRun:
 
         size = data_size(cfg)
     return DiffscaleRun(config=sized, run_dir=run_dir, python=python, data_bytes=data_bytes,
-                        data_found=None if where is None else where.exists(), sizes_note=note, data_size=size)
+                        data_found=None if where is None else where.exists(), sizes_note=note, data_size=size,
+                        kernels=KernelCache.read() if kernel_cache else None)
 
 
 @dataclass(frozen=True)

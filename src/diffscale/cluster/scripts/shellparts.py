@@ -74,11 +74,16 @@ def command_exports(command_env: Iterable[tuple[str, str]]) -> list[str]:
     env = list(command_env)
     unbuffered = [(k, v) for k, v in env if k == "PYTHONUNBUFFERED"]
     kernels = [(k, v) for k, v in env if k == "TORCHINDUCTOR_CACHE_DIR"]
-    own = [(k, v) for k, v in env if k not in ("PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR")]
+    cache = [(k, v) for k, v in env if k == "DIFFSCALE_CACHE_DIR"]
+    own = [(k, v) for k, v in env if k not in ("PYTHONUNBUFFERED", "TORCHINDUCTOR_CACHE_DIR", "DIFFSCALE_CACHE_DIR")]
     lines = []
     if unbuffered:
         lines += ["# For the command: a job log is a file, which Python block-buffers; unbuffered, what it",
                   "# prints appears in the log as it happens.", *exports(unbuffered)]
+    if cache:
+        lines += ["# For the command: diffscale's cache, where `diffscale plan` looked. Compiled kernels live in its",
+                  "# kernels/GPU-KIND-torch-VERSION/GRAPH-KEY/: the next job on any node that mounts it starts warm.",
+                  *exports(cache)]
     if kernels:
         lines += ["# For the command: the sweep's kernel cache, shared by its runs that compile the same graph.",
                   *exports(kernels)]

@@ -1,0 +1,111 @@
+"""Where compiled kernels live (one folder per GPU kind, torch release and graph), which runs train
+while their step compiles (``runtime.compile_while_training``), and what ``diffscale plan`` says of
+a job's start: warm where the kernel cache holds its network's kernels, cold otherwise. The runs
+themselves: tests/integration/test_compile_while_training.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+import pytest
+import torch
+
+from diffscale.config import ConfigSources, resolve_config
+from diffscale.io.kernels import KernelCache, build_name, torch_part
+from diffscale.runtime.device import resolve_policy
+
+
+def test_kernel_folders_are_named_by_gpu_kind_and_torch_release_and_listed_without_torch(tmp_path):
+    assert build_name("NVIDIA H200", "2.11.0+cu130") == "nvidia-h200-torch-2.11.0-cu130"
+    assert build_name("NVIDIA A100-SXM4-80GB", "2.11.0+cu130").startswith("nvidia-a100-sxm4-80gb-torch-")
+    assert build_name("CPU", "2.13.0+cpu") == "cpu-torch-2.13.0-cpu"
+    assert build_name("NVIDIA H200", "2.11.0+cu130").endswith(torch_part("2.11.0+cu130"))
+    root = tmp_path / "kernels"
+    for build, graph, filled in (("nvidia-h200-torch-2.11.0-cu130", "aaaa", True),
+                                 ("nvidia-a100-sxm4-80gb-torch-2.11.0-cu130", "aaaa", True),
+                                 ("nvidia-h200-torch-2.11.0-cu130", "bbbb", False),  # an empty folder: cold
+                                 ("nvidia-l40s-torch-2.11.0-cu130", "cccc", True)):
+        (root / build / graph).mkdir(parents=True)
+        if filled:
+            (root / build / graph / "fxgraph").mkdir()
+    cache = KernelCache.read(root)
+    assert cache.root == str(root) and cache.torch_version  # read from the installed package's metadata
+    assert set(cache.compiled) == {("nvidia-h200-torch-2.11.0-cu130", "aaaa"),
+                                   ("nvidia-a100-sxm4-80gb-torch-2.11.0-cu130", "aaaa"),
+                                   ("nvidia-l40s-torch-2.11.0-cu130", "cccc")}
+    # a partition's GPU type (as the cluster profiles write it) picks its GPU kind's folders
+    assert cache.builds_of("aaaa", "H200") == ["nvidia-h200-torch-2.11.0-cu130"]
+    assert cache.builds_of("aaaa", "A100-80GB") == ["nvidia-a100-sxm4-80gb-torch-2.11.0-cu130"]
+    assert cache.builds_of("aaaa", "L40S") == [] and cache.builds_of("bbbb", "H200") == []
+    assert cache.builds_of("cccc", "L40") == []  # another model of GPU
+    assert len(cache.builds_of("aaaa", "any (compute capability >= 7.0)")) == 2  # kind unknown: any
+    assert KernelCache.read(tmp_path / "none").compiled == ()
+
+
+def _policy(device: str, **runtime: str):
+    cfg = resolve_config(ConfigSources(preset="tiny", overrides=[f"runtime.{k}={v}" for k, v in runtime.items()]))
+    # the policy of a CUDA run without a GPU: resolve it on the CPU, then name the device
+    cpu = resolve_policy(cfg.runtime, torch.device("cpu"))
+    compiled = cpu.compile if device == "cpu" else runtime.get("compile", "auto") != "off"
+    return cfg, dataclasses.replace(cpu, device=torch.device(device), compile=compiled)
+
+
+@pytest.mark.parametrize("device, runtime, expected", [
+    ("cuda", {}, True),  # auto: compiled CUDA training
+    ("cuda", {"compile_while_training": "off"}, False),
+    ("cuda", {"compile": "off", "compile_while_training": "on"}, False),  # nothing compiles: eager throughout
+    ("cpu", {}, False),  # the CPU does not compile unless asked
+    ("cpu", {"compile": "on"}, False),  # auto: CUDA only
+    ("cpu", {"compile": "on", "compile_while_training": "on"}, True),
+    ("cpu", {"compile": "off", "compile_while_training": "on"}, False),
+])
+def test_which_runs_train_while_their_step_compiles(device, runtime, expected):
+    from diffscale.training.background_compile import compiles_while_training
+
+    cfg, policy = _policy(device, **runtime)
+    assert compiles_while_training(cfg, policy) is expected
+
+
+def test_a_run_following_a_spool_compiles_before_its_first_step_unless_asked():
+    """A spool's data arrives over time: a background process would wait for it as the run does."""
+    from diffscale.training.background_compile import compiles_while_training
+
+    cfg, policy = _policy("cuda")
+    cfg.data.source = "spool:/scratch/run/spool:3840"
+    assert not compiles_while_training(cfg, policy)
+    cfg.runtime.compile_while_training = cfg.runtime.compile_while_training.ON
+    assert compiles_while_training(cfg, policy)
+
+
+def test_plan_says_whether_a_job_starts_warm_or_cold_and_tells_the_job_where_the_cache_is(tmp_path, cli):
+    """`diffscale plan` (no torch) on a cluster whose home holds the user's cache: cold until the cache
+    holds this network's kernels for the partition's GPU kind and this torch release; the script
+    exports the cache it looked in."""
+    from importlib import metadata
+
+    cache = tmp_path / "it's cache"
+    env = {"DIFFSCALE_CACHE_DIR": str(cache)}
+
+    def plan(*extra: str) -> str:
+        done = cli("plan", "--cluster", "nyu-torch", "--partition", "h200", "--gpus-per-node", "1", "--preset", "small",
+                   "--account", "lab", "--out", str(tmp_path / "run"), *extra, env={**env, "COLUMNS": "400"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        return " ".join(done.stdout.split())  # the notes wrap
+
+    out = plan()
+    assert f"export DIFFSCALE_CACHE_DIR={shlex.quote(str(cache))}" in out and "Compiled kernels live in its" in out
+    key = resolve_config(ConfigSources(preset="small")).graph_key(1)
+    assert (f"kernel cache: cold -- no kernels of this network (graph {key}) for H200 and torch "
+            f"{metadata.version('torch')} in {cache / 'kernels'}: the job trains eager while a background process "
+            "compiles them, then switches (runtime.compile_while_training)") in out
+    assert "compiles them before its first step (minutes)" in plan("--set", "runtime.compile_while_training=off")
+    h200 = cache / "kernels" / build_name("NVIDIA H200", metadata.version("torch")) / key
+    (h200 / "fxgraph").mkdir(parents=True)
+    assert (f"kernel cache: warm -- {cache / 'kernels'}/{h200.parent.name}/{key} holds this network's kernels for "
+            "H200 and torch") in plan()
+    # the L40S partition's GPUs have none yet
+    done = cli("plan", "--cluster", "nyu-torch", "--partition", "l40s", "--gpus-per-node", "1", "--preset", "small",
+               "--account", "lab", "--out", str(tmp_path / "run"), env={**env, "COLUMNS": "400"})
+    assert f"kernel cache: cold -- no kernels of this network (graph {key}) for L40S" in " ".join(done.stdout.split())
+    assert "kernel cache:" not in plan("--set", "runtime.compile=off")
