@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ "${DIFFSCALE_CHECKS:-1}" != 0 ]; then
-  echo "+ ruff check src tests" >&2
-  .venv/bin/python -m ruff check src tests
+  echo "+ ruff check src tests benchmarks" >&2
+  .venv/bin/python -m ruff check src tests benchmarks
   echo "+ mypy (src/diffscale; settings in pyproject.toml)" >&2
   .venv/bin/python -m mypy
 fi

@@ -1,0 +1,1 @@
+"""Research measurements outside the package: each a ``python -m benchmarks.NAME`` module."""
