@@ -20,6 +20,9 @@ applies to every run. The run's seed is ``train.seed``; ``--steps`` sets ``train
 preset's own), ``--seconds`` stops each run that long after it started (it checkpoints and exits
 85, and is judged on what it logged). The collapse criterion is benchmarks/suite/collapse.py's.
 
+``--plain SECONDS`` also measures time to quality on each image set: the plain recipe against the
+defaults, each trained SECONDS (benchmarks/suite/plain.py, by the time-to-quality benchmark).
+
 Writes ``DIR/suite.json`` (provenance: date, host, GPUs, commit, command; the criterion; every
 run; the summary) and ``DIR/suite.md`` (the tables), and prints the tables. A run whose
 ``result.json`` is already in its folder is reused, so a call cut short continues where it stopped.
@@ -33,14 +36,16 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import yaml
 
-from benchmarks.suite import report
+from benchmarks.suite import plain, report
 from benchmarks.suite.collapse import Criterion, judge, read_metrics
 from benchmarks.suite.launch import RunSpec, Slots, run_all
+from benchmarks.suite.plain import PlainSpec, run_plain
 from benchmarks.suite.sets import chosen
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import UserError
@@ -69,14 +74,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (default 1)")
     parser.add_argument("--no-eval", action="store_true", help="skip diffscale eval (no quality score)")
     parser.add_argument("--eval-count", type=int, help="diffscale eval --count: samples, members or rollouts")
+    parser.add_argument("--plain", type=float, metavar="SECONDS",
+                        help="also time to quality on each image set: the plain recipe against the defaults, "
+                             "SECONDS of training each (benchmarks' quality_time)")
     parser.add_argument("--jump", type=float, default=Criterion.jump, help="collapse criterion: the jump factor")
     parser.add_argument("--stay", type=float, default=Criterion.stay, help="collapse criterion: the stay factor")
     args = parser.parse_args(argv)
     for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
         if value < 1:
             parser.error(f"{flag} must be at least 1")
-    if args.steps < 0 or (args.seconds is not None and args.seconds <= 0):
-        parser.error("--steps must be 0 or more and --seconds more than 0")
+    if args.steps < 0 or any(v is not None and v <= 0 for v in (args.seconds, args.plain)):
+        parser.error("--steps must be 0 or more, --seconds and --plain more than 0")
     if not 1 < args.stay <= args.jump:
         parser.error("the criterion needs 1 < --stay <= --jump")
     return args
@@ -139,7 +147,7 @@ def plan(args: argparse.Namespace, data_dir: Path) -> list[RunSpec]:
     return specs
 
 
-def finish(criterion: Criterion):
+def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
     """The record of a run from its outcome, its metrics.jsonl and its config.yaml."""
 
     def record(spec: RunSpec, outcome: dict) -> dict:
@@ -171,9 +179,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def plain_specs(args: argparse.Namespace, specs: list[RunSpec]) -> list[PlainSpec]:
+    """With ``--plain``: one time-to-quality comparison per image preset and set of the plan."""
+    if args.plain is None:
+        return []
+    pairs = dict.fromkeys((s.preset, s.set_name, s.data) for s in specs if s.task == "images")
+    if not pairs:
+        raise UserError("--plain measures time to quality of image presets, and no image preset is chosen",
+                        "add an image preset (tiny, small, medium, large, xl), or leave --plain out")
+    return [PlainSpec(p, name, data, args.out / "plain" / f"{p}-{name}") for p, name, data in pairs]
+
+
 def _main(args: argparse.Namespace, command: str) -> int:
     data_dir = args.data_dir or args.out / "data"
     specs = plan(args, data_dir)
+    comparisons = plain_specs(args, specs)
     for entry in chosen(list(dict.fromkeys(s.set_name for s in specs))):
         print(f"[suite] {entry.name}: npz:{entry.ensure(data_dir, args.count)}", flush=True)
     gpus = gpu_slots(args.gpus)
@@ -181,14 +201,21 @@ def _main(args: argparse.Namespace, command: str) -> int:
     criterion = Criterion(jump=args.jump, stay=args.stay)
     where = f"GPUs {', '.join(gpus)}" if gpus else f"the CPU ({slots.cores} cores)"
     print(f"[suite] {len(specs)} runs, {slots.count} at a time on {where}", flush=True)
-    records = run_all(specs, slots, finish(criterion), lambda text: print(f"[suite] {text}", flush=True),
-                      budget_s=args.seconds, evaluate=not args.no_eval, eval_count=args.eval_count)
+
+    def say(text: str) -> None:
+        print(f"[suite] {text}", flush=True)
+
+    records = run_all(specs, slots, finish(criterion), say, budget_s=args.seconds, evaluate=not args.no_eval,
+                      eval_count=args.eval_count)
+    rows = run_plain(comparisons, slots, args.plain, args.set, args.eval_count, say) if comparisons else []
     summary = report.summarize(records)
     about = report.provenance(command)
     write_text(args.out / "suite.json", json.dumps({"about": about, "criterion": asdict(criterion), "runs": records,
-                                                    "summary": summary}, indent=1))
+                                                    "summary": summary, "plain": rows}, indent=1))
     text = (f"Suite benchmark, {about['date_utc']} UTC, {', '.join(about['devices'])}, commit {about['commit']}:\n"
             f"`{command}`\n\n{report.table(records)}\n{report.summary_table(summary)}")
+    if rows:
+        text += f"\nTime to quality against the plain recipe, {args.plain:g} s each:\n\n{plain.table(rows)}"
     write_text(args.out / "suite.md", text)
     print(text, flush=True)
     return 0

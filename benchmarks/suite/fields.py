@@ -21,8 +21,9 @@ import numpy as np
 from scipy.stats import norm
 
 
-def _hex_conditions(rng: np.random.Generator, n: int) -> np.ndarray:
-    """(n, 7): a cell and its six neighbours, exponentially correlated over their centres."""
+def _hex_conditions(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Conditions (n, 7): a cell and its six neighbours, exponentially correlated over their
+    centres; and the neighbours' unit directions (6, 2)."""
     angles = np.arange(6) * np.pi / 3
     points = np.concatenate([np.zeros((1, 2)), np.stack([np.cos(angles), np.sin(angles)], axis=1)])
     distance = np.linalg.norm(points[:, None] - points[None], axis=-1)

@@ -23,6 +23,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 GRACE_S = 300
 """After the budget's stop request, the seconds a run has to write its checkpoint before it is killed."""
@@ -82,7 +86,7 @@ class Slots:
         return env
 
 
-def _run(command: list[str], env: dict[str, str], log: Path, budget_s: float | None) -> tuple[int, float, str]:
+def run_logged(command: list[str], env: dict[str, str], log: Path, budget_s: float | None) -> tuple[int, float, str]:
     """Run ``command`` with its output appended to ``log``; at ``budget_s`` ask it to stop
     (SIGTERM: diffscale checkpoints and exits 85). Returns (exit code, seconds, stdout's last line)."""
     start = time.perf_counter()
@@ -128,10 +132,10 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     log = spec.run_dir.with_name(spec.run_dir.name + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    code, seconds, _ = _run(spec.train_command(), env, log, budget_s)
+    code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s)
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
     if evaluate and code in (0, 85):
-        eval_code, eval_s, last = _run(spec.eval_command(eval_count), env, log, None)
+        eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
         done["eval_s"] = round(eval_s, 1)
         try:
             done["eval"] = json.loads(last) if eval_code == 0 else None
@@ -142,30 +146,40 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     return done
 
 
-def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict], dict],
-            say: Callable[[str], None], **options: object) -> list[dict]:
-    """Every spec trained and evaluated (``train_and_eval(..., **options)``), ``slots.count`` at a
-    time; ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
-    ``result.json`` in its folder. Records come back in the order of ``specs``."""
+def in_slots(items: list[T], slots: Slots, work: Callable[[T, dict[str, str], str], R]) -> list[R]:
+    """``work(item, env, where)`` for every item, ``slots.count`` at a time, each given a free slot's
+    environment and ``where`` it runs (`` on GPU N``, or empty on a CPU); results in ``items``' order."""
     free: queue.Queue[int] = queue.Queue()
     for slot in range(slots.count):
         free.put(slot)
 
-    def one(spec: RunSpec) -> dict:
+    def one(item: T) -> R:
+        slot = free.get()
+        try:
+            return work(item, slots.env(slot), f" on GPU {slots.gpus[slot]}" if slots.gpus else "")
+        finally:
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=slots.count) as pool:
+        return list(pool.map(one, items))
+
+
+def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict], dict],
+            say: Callable[[str], None], **options: object) -> list[dict]:
+    """Every spec trained and evaluated (``train_and_eval(..., **options)``) in slots;
+    ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
+    ``result.json`` in its folder. Records come back in the order of ``specs``."""
+
+    def one(spec: RunSpec, env: dict[str, str], where: str) -> dict:
         kept = spec.run_dir / "result.json"
         if kept.is_file():
             say(f"{spec.label}: kept from an earlier call ({kept})")
             return json.loads(kept.read_text())
-        slot = free.get()
-        try:
-            say(f"{spec.label}: training{f' on GPU {slots.gpus[slot]}' if slots.gpus else ''}")
-            record = finish(spec, train_and_eval(spec, slots.env(slot), **options))  # type: ignore[arg-type]
-        finally:
-            free.put(slot)
+        say(f"{spec.label}: training{where}")
+        record = finish(spec, train_and_eval(spec, env, **options))  # type: ignore[arg-type]
         kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
         kept.write_text(json.dumps(record, indent=1))
         say(f"{spec.label}: {record['summary']}")
         return record
 
-    with ThreadPoolExecutor(max_workers=slots.count) as pool:
-        return list(pool.map(one, specs))
+    return in_slots(specs, slots, one)

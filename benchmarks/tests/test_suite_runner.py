@@ -58,6 +58,14 @@ def test_two_image_sets_train_evaluate_and_report_then_a_second_call_reuses_them
     assert again.count("kept from an earlier call") == 2 and "training" not in again
     assert json.loads((out / "suite.json").read_text())["runs"] == runs
 
+    # time to quality against the plain recipe on one of them, beside its kept run
+    assert defaults.main([*argv[:3], "strokes", *argv[5:], "--plain", "2"]) == 0
+    plain = json.loads((out / "suite.json").read_text())["plain"]
+    assert [(r["preset"], r["set"], r["run"], r["reference"]) for r in plain] == [("tiny", "strokes", "fast", "plain")]
+    assert plain[0]["plain_final_fd"] > 0 and plain[0]["final_fd"] > 0 and plain[0]["plain_seconds"] >= 2
+    assert (out / "plain" / "tiny-strokes" / "quality_time.json").is_file()
+    assert "Time to quality against the plain recipe, 2 s each:" in (out / "suite.md").read_text()
+
 
 def test_field_and_policy_sets_are_scored_on_held_out_pairs_and_in_their_environment(tmp_path):
     out = tmp_path / "out"
@@ -112,14 +120,22 @@ def test_the_seconds_budget_asks_a_run_to_stop(tmp_path):
     import signal
     import sys
 
-    from benchmarks.suite.launch import _run
+    from benchmarks.suite.launch import run_logged
 
     child = ("import signal, sys, time\n"
              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(85))\n"
              "print('ready', flush=True)\n"
              "time.sleep(60)\n")
-    code, _, last = _run([sys.executable, "-c", child], {}, tmp_path / "log", budget_s=3)
+    code, _, last = run_logged([sys.executable, "-c", child], {}, tmp_path / "log", budget_s=3)
     # 85 once the handler is in; SIGTERM's own exit if a very busy machine started it later than 3 s
     assert code in (85, -signal.SIGTERM)
     assert (tmp_path / "log").read_text().startswith(f"$ {sys.executable} -c import signal")
     assert last in ("ready", "")
+
+
+def test_plain_needs_an_image_preset(tmp_path, capsys):
+    assert defaults.main(["--preset", "field-icon", "--plain", "5", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("error: --plain measures time to quality of image presets, and no image preset "
+                                       "is chosen -- add an image preset (tiny, small, medium, large, xl), or leave "
+                                       "--plain out\n")
+    assert not (tmp_path / "out").exists()
