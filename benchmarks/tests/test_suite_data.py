@@ -70,11 +70,14 @@ def test_an_image_set_written_in_chunks_is_the_one_in_memory_and_diffscale_reads
     assert SETS["strokes"].ensure(tmp_path, count, seed=1) == path and path.stat().st_mtime_ns == mtime  # kept
 
 
-def test_a_colour_set_loads_with_three_channels(tmp_path):
-    from diffscale.tasks.images.sources import load_images
+@pytest.mark.parametrize("name", list(GENERATORS))
+def test_every_image_set_loads_at_a_presets_resolution_with_its_channels_and_labels(tmp_path, name):
+    from diffscale.tasks.images.sources import load_images, load_labels
 
-    path = SETS["colour"].ensure(tmp_path, 8)
-    assert load_images(f"npz:{path}", 16).shape == (8, 3, 16, 16)
+    path = SETS[name].ensure(tmp_path, 8)
+    assert load_images(f"npz:{path}", 16).shape == (8, GENERATORS[name][2], 16, 16)
+    found = load_labels(f"npz:{path}", 8)
+    assert found is not None and len(found[0]) == 8
 
 
 def test_fronts_are_bimodal_and_conserve_the_coarse_value(tmp_path):
