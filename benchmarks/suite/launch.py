@@ -1,0 +1,185 @@
+"""Training and evaluating suite runs as ``diffscale`` subprocesses, several side by side.
+
+Each slot runs one process at a time: on GPUs a slot is one GPU (``CUDA_VISIBLE_DEVICES``), on a
+CPU a share of the cores (``OMP_NUM_THREADS``). A run is ``diffscale train`` into its own folder,
+then ``diffscale eval RUN --json``; its output goes to a log beside the run folder. A run whose
+record (``result.json``) is already in its folder is not trained again, so a benchmark cut short
+continues where it stopped; a folder without one (a run killed midway) is trained afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+GRACE_S = 300
+"""After the budget's stop request, the seconds a run has to write its checkpoint before it is killed."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the benchmark and how to evaluate it."""
+
+    preset: str
+    set_name: str
+    task: str
+    variant: str
+    seed: int
+    data: str
+    """The ``--data`` spec."""
+    overrides: tuple[str, ...]
+    """Every ``--set`` of the run: the set's, the call's, the variant's, the seed and step count."""
+    eval_args: tuple[str, ...]
+    run_dir: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.preset}/{self.set_name}/{self.variant}/seed{self.seed}"
+
+    def train_command(self) -> list[str]:
+        sets = [arg for item in self.overrides for arg in ("--set", item)]
+        return [sys.executable, "-m", "diffscale", "train", "--preset", self.preset, "--data", self.data,
+                "--out", str(self.run_dir), *sets]
+
+    def eval_command(self, count: int | None) -> list[str]:
+        return [sys.executable, "-m", "diffscale", "eval", str(self.run_dir), "--json", *self.eval_args,
+                *(["--count", str(count)] if count else [])]
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Where processes run: ``gpus`` (one slot each) or, with none, ``jobs`` CPU slots sharing
+    ``cores``."""
+
+    gpus: tuple[str, ...] = ()
+    jobs: int = 1
+    cores: int = 1
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus) or self.jobs
+
+    def env(self, slot: int) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)  # each run is a single process of its own
+        # a CPU slot hides the GPUs: a run there must not pick one up by itself
+        env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot] if self.gpus else ""
+        if not self.gpus:
+            env.setdefault("OMP_NUM_THREADS", str(max(1, self.cores // self.jobs)))
+        return env
+
+
+def run_logged(command: list[str], env: dict[str, str], log: Path, budget_s: float | None) -> tuple[int, float, str]:
+    """Run ``command`` with its output appended to ``log``; at ``budget_s`` ask it to stop
+    (SIGTERM: diffscale checkpoints and exits 85). Returns (exit code, seconds, stdout's last line)."""
+    start = time.perf_counter()
+    last = ""
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=out, text=True) as process:
+            assert process.stdout is not None
+            try:
+                with _stop_at(process, budget_s):
+                    for line in process.stdout:
+                        out.write(line)
+                        last = line.strip() or last
+                    process.wait()
+            except BaseException:
+                process.kill()
+                raise
+    return process.returncode, time.perf_counter() - start, last
+
+
+@contextlib.contextmanager
+def _stop_at(process: subprocess.Popen, seconds: float | None) -> Iterator[None]:
+    """SIGTERM to ``process`` after ``seconds`` (None: never), SIGKILL ``GRACE_S`` later, unless it ended."""
+    timers = [] if seconds is None else [threading.Timer(seconds, process.send_signal, (signal.SIGTERM,)),
+                                         threading.Timer(seconds + GRACE_S, process.kill)]
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        for timer in timers:
+            timer.cancel()
+
+
+def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None, evaluate: bool,
+                   eval_count: int | None) -> dict:
+    """Train ``spec`` (afresh: an unfinished folder is removed), evaluate it when it trained to an
+    end; returns what happened (exit codes, seconds, the eval's JSON record or its failure)."""
+    if spec.run_dir.exists():
+        shutil.rmtree(spec.run_dir)
+    log = spec.run_dir.with_name(spec.run_dir.name + ".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s)
+    done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
+    if evaluate and code in (0, 85):
+        eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
+        done["eval_s"] = round(eval_s, 1)
+        try:
+            done["eval"] = json.loads(last) if eval_code == 0 else None
+        except json.JSONDecodeError:
+            done["eval"] = None
+        if done["eval"] is None:
+            done["eval_error"] = f"diffscale eval exited {eval_code} (see {log})"
+    return done
+
+
+def in_slots(items: list[T], slots: Slots, work: Callable[[T, dict[str, str], str], R]) -> list[R]:
+    """``work(item, env, where)`` for every item, ``slots.count`` at a time, each given a free slot's
+    environment and ``where`` it runs (`` on GPU N``, or empty on a CPU); results in ``items``' order."""
+    free: queue.Queue[int] = queue.Queue()
+    for slot in range(slots.count):
+        free.put(slot)
+
+    def one(item: T) -> R:
+        slot = free.get()
+        try:
+            return work(item, slots.env(slot), f" on GPU {slots.gpus[slot]}" if slots.gpus else "")
+        finally:
+            free.put(slot)
+
+    with ThreadPoolExecutor(max_workers=slots.count) as pool:
+        return list(pool.map(one, items))
+
+
+def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict], dict],
+            say: Callable[[str], None], **options: object) -> list[dict]:
+    """Every spec trained and evaluated (``train_and_eval(..., **options)``) in slots;
+    ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
+    ``result.json`` in its folder. Records come back in the order of ``specs``."""
+
+    def one(spec: RunSpec, env: dict[str, str], where: str) -> dict:
+        kept = spec.run_dir / "result.json"
+        if kept.is_file():
+            say(f"{spec.label}: kept from an earlier call ({kept})")
+            return json.loads(kept.read_text())
+        say(f"{spec.label}: training{where}")
+        record = finish(spec, train_and_eval(spec, env, **options))  # type: ignore[arg-type]
+        kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
+        kept.write_text(json.dumps(record, indent=1))
+        say(f"{spec.label}: {record['summary']}")
+        return record
+
+    return in_slots(specs, slots, one)

@@ -1,0 +1,141 @@
+"""The benchmark runner end to end: real ``diffscale train`` and ``eval`` subprocesses of micro
+configs on a CPU, their records, tables and provenance; a run's record from its files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.suite import defaults
+from benchmarks.suite.collapse import Criterion
+from benchmarks.suite.launch import RunSpec
+
+# tests/helpers.py's micro image config (a 2-level UNet on 8 px: a step takes milliseconds)
+MICRO = ["model.sample_size=8", "model.block_out_channels=[8,16]", "model.attention=[false,true]",
+         "model.layers_per_block=1", "model.norm_num_groups=8", "train.batch_per_gpu=8", "train.checkpoint_every=4",
+         "train.sample_count=4", "train.sample_steps=3"]
+
+
+def _sets(items: list[str]) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Feature networks and rendered data go to this test's folder, not the user's cache."""
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_two_image_sets_train_evaluate_and_report_then_a_second_call_reuses_them(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--preset", "tiny", "--sets", "strokes", "colour", "--seeds", "1", "--steps", "8", "--log-every", "2",
+            "--count", "40", "--eval-count", "16", "--out", str(out), "--gpus", "none", "--jobs", "2",
+            *_sets(MICRO), "--variant", "short", "optim.warmup_steps=3"]
+    assert defaults.main(argv) == 0
+    printed = capsys.readouterr().out
+    suite = json.loads((out / "suite.json").read_text())
+    about = suite["about"]
+    assert about["command"].startswith("python -m benchmarks.suite.defaults --preset tiny")
+    assert about["date_utc"] and about["host"] and about["devices"] and about["commit"]
+    assert suite["criterion"] == {"jump": 2.0, "stay": 1.5, "window": 5, "min_records": 3}
+    runs = suite["runs"]
+    assert [(r["set"], r["variant"], r["seed"]) for r in runs] == [("strokes", "short", 0), ("colour", "short", 0)]
+    for run in runs:
+        assert run["exit_code"] == 0 and run["steps_reached"] == 8 and run["warmup_steps"] == 3
+        assert run["collapsed"] is False and run["restores"] == 0 and run["final_loss"] > 0
+        assert run["quality"] == run["eval"]["fd"] and run["quality"] > 0 and run["eval"]["count"] == 16
+        assert "optim.warmup_steps=3" in run["overrides"] and run["overrides"][-1] == "train.seed=0"
+        assert (tmp_path / "out" / "runs" / "tiny" / run["set"] / "short" / "seed0" / "result.json").is_file()
+    assert [(s["set"], s["runs"], s["collapsed"]) for s in suite["summary"]] == [("strokes", 1, 0), ("colour", 1, 0)]
+    table = (out / "suite.md").read_text()
+    assert "| tiny | strokes | short | 0 | 0 | 8 | no | 0 |" in table and "0 of 2 runs collapsed; 0 restores." in table
+    assert table.split("\n", 2)[2] in printed
+
+    assert defaults.main(argv) == 0  # nothing trained again
+    again = capsys.readouterr().out
+    assert again.count("kept from an earlier call") == 2 and "training" not in again
+    assert json.loads((out / "suite.json").read_text())["runs"] == runs
+
+    # time to quality against the plain recipe on one of them, beside its kept run
+    assert defaults.main([*argv[:3], "strokes", *argv[5:], "--plain", "2"]) == 0
+    plain = json.loads((out / "suite.json").read_text())["plain"]
+    assert [(r["preset"], r["set"], r["run"], r["reference"]) for r in plain] == [("tiny", "strokes", "fast", "plain")]
+    assert plain[0]["plain_final_fd"] > 0 and plain[0]["final_fd"] > 0 and plain[0]["plain_seconds"] >= 2
+    assert (out / "plain" / "tiny-strokes" / "quality_time.json").is_file()
+    assert "Time to quality against the plain recipe, 2 s each:" in (out / "suite.md").read_text()
+
+
+def test_field_and_policy_sets_are_scored_on_held_out_pairs_and_in_their_environment(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--preset", "field-icon", "--preset", "policy-tiny", "--sets", "rain", "routes", "--seeds", "1",
+            "--steps", "6", "--log-every", "2", "--count", "20", "--eval-count", "3", "--out", str(out),
+            "--gpus", "none", "--set", "optim.warmup_steps=2", "--set", "train.checkpoint_every=6"]
+    assert defaults.main(argv) == 0
+    field, policy = json.loads((out / "suite.json").read_text())["runs"]
+    assert (field["preset"], field["set"], policy["preset"], policy["set"]) == ("field-icon", "rain", "policy-tiny",
+                                                                               "routes")
+    assert field["eval"]["held_out"] == 1 and field["eval"]["data"].endswith("fields-rain-n20-seed0-heldout.npz")
+    assert field["quality"] == field["eval"]["crps"] > 0 and "model.coarse_index=-1" in field["overrides"]
+    assert policy["eval"]["env"] == "reach2d-routes" and policy["eval"]["episodes"] == 3
+    assert policy["quality"] == policy["eval"]["success"] and 0 <= policy["quality"] <= 1
+
+
+def test_a_record_counts_restores_and_judges_the_curve_from_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("optim:\n  warmup_steps: 20\n")
+    losses = [1.0, 0.5, 0.3, 0.2, 0.2, 0.2, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]
+    lines = [{"step": 10 * (i + 1), "loss": loss, "nonfinite_skipped": 0} for i, loss in enumerate(losses)]
+    lines.insert(8, {"kind": "divergence", "step": 80})
+    lines.insert(10, {"kind": "divergence", "step": 100})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    spec = RunSpec("tiny", "flat", "images", "on", 1, "npz:x.npz", ("train.seed=1",), (), run_dir)
+    record = defaults.finish(Criterion())(spec, {"exit_code": 0, "train_s": 1.0, "log": "x.log", "eval": None})
+    assert record["restores"] == 2 and record["collapsed"] is True and record["step"] == 90
+    assert record["quality"] is None and record["steps_reached"] == 120 and record["warmup_steps"] == 20
+    assert record["summary"].startswith("COLLAPSED: loss rose to 3.5x its running minimum")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--set", "optim.lrr=1"], "error: unknown config key 'optim.lrr'"),
+    (["--variant", "a=b"], "error: --variant label 'a=b' is not a new name -- start each --variant with its own "
+                           "label, then its overrides: --variant off KEY=VALUE"),
+    (["--variant", "low", "optim.lr"], "error: --variant low: 'optim.lr' is not KEY=VALUE -- e.g. --variant low "
+                                       "optim.lr=5e-4"),
+    (["--sets", "rain"], "error: preset tiny trains images, and none of the chosen sets holds images data -- pick "
+                         "images sets with --sets, or leave --sets out for all of them"),
+])
+def test_bad_arguments_end_in_one_line_before_anything_trains(tmp_path, capsys, extra, message):
+    assert defaults.main(["--preset", "tiny", "--out", str(tmp_path / "out"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_seconds_budget_asks_a_run_to_stop(tmp_path):
+    """A process that would sleep a minute gets SIGTERM at the budget; one that handles it (as
+    diffscale train does: checkpoint, exit 85) exits with its own code."""
+    import signal
+    import sys
+
+    from benchmarks.suite.launch import run_logged
+
+    child = ("import signal, sys, time\n"
+             "signal.signal(signal.SIGTERM, lambda *_: sys.exit(85))\n"
+             "print('ready', flush=True)\n"
+             "time.sleep(60)\n")
+    code, _, last = run_logged([sys.executable, "-c", child], {}, tmp_path / "log", budget_s=3)
+    # 85 once the handler is in; SIGTERM's own exit if a very busy machine started it later than 3 s
+    assert code in (85, -signal.SIGTERM)
+    assert (tmp_path / "log").read_text().startswith(f"$ {sys.executable} -c import signal")
+    assert last in ("ready", "")
+
+
+def test_plain_needs_an_image_preset(tmp_path, capsys):
+    assert defaults.main(["--preset", "field-icon", "--plain", "5", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == ("error: --plain measures time to quality of image presets, and no image preset "
+                                       "is chosen -- add an image preset (tiny, small, medium, large, xl), or leave "
+                                       "--plain out\n")
+    assert not (tmp_path / "out").exists()
