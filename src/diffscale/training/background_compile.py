@@ -136,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-rank", type=int, default=0, help="whose GPU on this node")
     parser.add_argument("--world-size", type=int, default=1, help="the run's world size")
     args = parser.parse_args(argv)
-    with contextlib.suppress(OSError):  # the training process's steps go first; its compile workers inherit this
-        os.nice(10)
     _end_with(os.getppid())
     for name in ("SIGINT", "SIGUSR1", "SIGUSR2"):  # a terminal's ^C, a scheduler's time-limit warning
         if hasattr(signal, name):
