@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from diffscale.cluster.flags import add_job_arguments
 from diffscale.errors import UserError
 from diffscale.io.paths import file_target, folder_target
+from diffscale.io.trainer import LOG_NAME, local_log
 
 if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.jobs.records import JobState, Submission
@@ -58,8 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale train or submit")
     p.set_defaults(func=cmd_status)
 
-    p = verb(subparsers, "logs", "print the log of a run's job(s)", "diffscale logs runs/xl -n 50")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit")
+    p = verb(subparsers, "logs", "print a run's job log (trained here: its train.log)", "diffscale logs runs/xl -n 50")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit or train")
     p.add_argument("--job", help="job id (default: the latest job that has a log)")
     p.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
     p.set_defaults(func=cmd_logs)
@@ -316,6 +317,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.lines < 0:
         raise UserError(f"-n {args.lines} is out of range: the number of last lines is 0 (all) or more",
                         "pass e.g. -n 50, or leave -n out for the whole log")
+    if not jobs.path(Path(args.run_dir)).is_file() and (Path(args.run_dir) / LOG_NAME).is_file():  # trained here
+        sys.stdout.write(local_log(Path(args.run_dir), args.job, args.lines))
+        return 0
     sub = jobs.latest(args.run_dir)
     candidates = [j for j in sub.jobs if args.job in (None, j.job_id)]
     if not candidates:

@@ -18,7 +18,7 @@ import torch
 
 from diffscale.errors import UserError
 from diffscale.io.paths import check_export_dir, give_default_modes, refused
-from diffscale.runtime.checkpoint import process_alive
+from diffscale.runtime.runlock import process_alive
 
 if TYPE_CHECKING:
     from diffscale.tasks.base import Task

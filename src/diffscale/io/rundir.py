@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.trainer import Trainer, TrainerState, read_trainer, trainer_line
 
 _CHECKPOINT = re.compile(r"step_(\d+)$")
 _SAMPLE_GRID = re.compile(r"step(\d+)\.png$")
@@ -108,6 +109,12 @@ class Progress:
     """The newest record's GPU fields (``gpu0_util_pct``, ...), empty without NVML."""
     restores: tuple[dict[str, Any], ...] = ()
     """The divergence guard's restores (``kind: divergence`` records), oldest first."""
+    trainer: Trainer | None = None
+    """The process that trains (or trained) here, as RUN_DIR/trainer.json records it."""
+    submitted: bool = False
+    """Whether the run was submitted to a scheduler (RUN_DIR/jobs.json): its job table says where it is."""
+    evals: tuple[dict[str, Any], ...] = ()
+    """The evaluations (``kind: eval`` records), oldest first."""
 
 
 def progress(run_dir: Path) -> Progress:
@@ -130,7 +137,9 @@ def progress(run_dir: Path) -> Progress:
                     samples_per_s=last.get("samples_per_s"), eta_s=last.get("eta_s"), logged_at=last.get("time"),
                     checkpoint=ckpts[-1] if ckpts else None, sample=newest_sample(run_dir),
                     gpus={k: v for k, v in last.items() if k.startswith("gpu") and isinstance(v, (int, float))},
-                    restores=tuple(e for e in events if e.get("kind") == "divergence"))
+                    restores=tuple(e for e in events if e.get("kind") == "divergence"),
+                    trainer=read_trainer(run_dir), submitted=(run_dir / "jobs.json").is_file(),
+                    evals=tuple(e for e in events if e.get("kind") == "eval"))
 
 
 def _ago(when: float, now: float) -> str:
@@ -164,10 +173,13 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         loss = f"loss {p.loss:.4f}, " if isinstance(p.loss, (int, float)) else ""
         rate = f"{p.samples_per_s:.0f} samples/s" if p.samples_per_s is not None else "rate unknown"
         lines.append(f"last logged {_ago(p.logged_at, now)}: {loss}{rate}")
+    state = p.trainer.state() if p.trainer is not None else None
     if p.total_steps and p.step >= p.total_steps:
         lines.append("finished")
-    elif p.eta_s is not None:
+    elif p.eta_s is not None and state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE):
         lines.append(f"eta {duration(p.eta_s)} to the step that invocation stops at (as of the last record)")
+    if p.trainer is not None and not (state is TrainerState.ELSEWHERE and p.submitted):
+        lines.append(trainer_line(p.run_dir, p.trainer, lambda when: _ago(when, now), p.logged_at))
     if p.restores:
         lines.append(restores_line(p.restores))
     if p.gpus:

@@ -33,6 +33,7 @@ from diffscale.runtime.runlock import RunLock
 from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import count_parameters
 from diffscale.training.build import build_run, join
+from diffscale.training.console_log import logged_console, stderr_into
 from diffscale.training.previews import evaluate, preview
 from diffscale.training.recovery import Recovery
 from diffscale.training.resume import RunDirLock, start_or_resume
@@ -59,6 +60,16 @@ class TrainOutcome:
     @property
     def exit_code(self) -> int:
         return EXIT_REQUEUE if self.stopped_by else 0
+
+    def summary(self) -> str:
+        """How the invocation ended, one line (RUN_DIR/trainer.json, ``status``)."""
+        if self.stopped_by:
+            return f"stopped by {self.stopped_by} at step {self.step} of {self.target}"
+        if self.data_ended:
+            return f"ended at step {self.step}: {self.data_ended}"
+        if self.step >= self.target:
+            return f"finished at step {self.step}"
+        return f"stopped at step {self.step} of {self.target} (--max-steps)"
 
 
 def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str, whole_steps: bool) -> str:
@@ -90,24 +101,34 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
 
     The run dir is locked while it trains (``RUN_DIR/train.lock``): another live trainer there is
     refused. ``force``: take a lock held on another host (whose trainer has ended)."""
-    console = console or Console(soft_wrap=True)
+    console = logged_console(console)  # RUN_DIR/train.log once the run dir is ours
+    run_log = console.run_log
     run_dir = Path(run_dir)
     cfg = with_absolute_path(cfg)  # the run's config.yaml then resumes it from any directory
-    ctx, policy = join(cfg, console)
-    stop = StopFlag().install()
-    lock = RunDirLock(RunLock(run_dir) if ctx.is_main else None, force)  # ranks share the run dir: one lock
-    try:
-        return _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console, stop=stop,
-                    lock=lock)
-    except NotImplementedError as exc:
-        gap = mps_gap(exc, policy.device)
-        if gap is None:
+    with stderr_into(run_log):
+        ctx, policy = join(cfg, console)
+        stop = StopFlag().install()
+        lock = RunDirLock(RunLock(run_dir) if ctx.is_main else None, force,  # ranks share the run dir: one lock
+                          on_taken=lambda: run_log.attach(run_dir))
+        try:
+            outcome = _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console,
+                           stop=stop, lock=lock)
+            run_log.end(outcome.summary())
+            return outcome
+        except NotImplementedError as exc:
+            gap = mps_gap(exc, policy.device)
+            run_log.failed(gap or exc)
+            if gap is None:
+                raise
+            raise gap from exc
+        except BaseException as exc:
+            run_log.failed(exc)
             raise
-        raise gap from exc
-    finally:
-        lock.release()
-        stop.restore()
-        ctx.shutdown()
+        finally:
+            run_log.close()
+            lock.release()
+            stop.restore()
+            ctx.shutdown()
 
 
 def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,

@@ -22,14 +22,18 @@ Say = Callable[[str], None]
 
 @dataclass
 class RunDirLock:
-    """Rank 0's run-dir lock (None on the other ranks), and whether to take a foreign host's."""
+    """Rank 0's run-dir lock (None on the other ranks), whether to take a foreign host's, and what
+    to do once it is held (open the run's console log)."""
 
     lock: RunLock | None
     force: bool
+    on_taken: Callable[[], None] | None = None
 
     def take(self, say: Callable[[str], None]) -> None:
         if self.lock is not None and not self.lock.held:
             self.lock.acquire(force=self.force, say=say)
+            if self.on_taken is not None:
+                self.on_taken()
 
     def release(self) -> None:
         if self.lock is not None:

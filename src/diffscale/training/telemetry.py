@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -29,6 +28,7 @@ from rich.progress import (
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 from diffscale.io.rundir import gpu_summary
+from diffscale.training.console_log import LoggedConsole
 
 if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broken)
     from torch.utils.tensorboard import SummaryWriter
@@ -114,7 +114,7 @@ class Telemetry:
         if not enabled:
             return
         self._open(start_step)
-        if self.console.is_terminal and sys.stdout.isatty():
+        if self.console.is_terminal and self.console.file.isatty():
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
@@ -159,13 +159,16 @@ class Telemetry:
             info += f"  restores {record['restores']}"
         if gpus:
             info += f"  {gpu_summary(gpus)}"
+        wait = f"  data wait {record['data_wait_share']:.0%}" if "data_wait_share" in record else ""
+        line = (f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
+                f"eta {record.get('eta_s', 0):.0f}s{wait}")
         if self._progress is not None:
             assert self._task is not None  # added with the progress bar
             self._progress.update(self._task, completed=record["step"], info=info)
+            if isinstance(self.console, LoggedConsole):  # the bar is redrawn in place: the log gets the line
+                self.console.run_log.print(line, highlight=False)
         else:
-            wait = f"  data wait {record['data_wait_share']:.0%}" if "data_wait_share" in record else ""
-            self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  "
-                               f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s{wait}", highlight=False)
+            self.console.print(line, highlight=False)
 
     def images(self, paths: list[Path], step: int) -> None:
         """Preview grids (PNG) into TensorBoard's Images tab (``samples/NAME``) and the trackers."""
