@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.scores import eval_records, headline, summary
 from diffscale.io.trainer import Trainer, TrainerState, read_trainer, trainer_line
 
 _CHECKPOINT = re.compile(r"step_(\d+)$")
@@ -182,6 +183,9 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         lines.append(trainer_line(p.run_dir, p.trainer, lambda when: _ago(when, now), p.logged_at))
     if p.restores:
         lines.append(restores_line(p.restores))
+    scored = eval_records(p.evals)
+    if scored:
+        lines.append(f"eval at step {scored[-1].get('step')}: {summary(scored[-1])}")
     if p.gpus:
         lines.append("gpus: " + gpu_summary(p.gpus))
     ckpt = f"{p.checkpoint.name} ({_ago(p.checkpoint.stat().st_mtime, now)})" if p.checkpoint else "none yet"
@@ -189,6 +193,26 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
     sample = f"{p.sample} ({_ago(p.sample.stat().st_mtime, now)})" if p.sample else "none yet"
     lines.append(f"last sample: {sample}")
     return lines
+
+
+def as_dict(p: Progress) -> dict[str, Any]:
+    """What ``status --json`` prints of a run's progress: the numbers of :func:`describe`'s lines
+    (``eta_s`` None where the trainer is not running), the trainer and the newest evaluation."""
+    state = p.trainer.state() if p.trainer is not None else None
+    running = state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE)
+    trainer = None
+    if p.trainer is not None:
+        trainer = {"state": state.value if state else None, "host": p.trainer.host, "pid": p.trainer.pid,
+                   "since": p.trainer.since, "ended": p.trainer.ended, "outcome": p.trainer.outcome}
+    scored = eval_records(p.evals)
+    newest = scored[-1] if scored else None
+    return {"run_dir": str(p.run_dir), "step": p.step, "total_steps": p.total_steps,
+            "finished": bool(p.total_steps and p.step >= p.total_steps), "loss": p.loss,
+            "samples_per_s": p.samples_per_s, "logged_at": p.logged_at, "eta_s": p.eta_s if running else None,
+            "checkpoint": p.checkpoint.name if p.checkpoint else None, "sample": str(p.sample) if p.sample else None,
+            "gpus": p.gpus, "restores": len(p.restores), "trainer": trainer,
+            "eval": None if newest is None else {"step": newest.get("step"), **headline(newest),
+                                                 **{k: v for k, v in newest.items() if k.startswith("reference_")}}}
 
 
 def restores_line(restores: tuple[dict[str, Any], ...]) -> str:

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
+from diffscale.io.scores import sort_key
+from diffscale.io.tables import Column, print_table, terminal_width
 from diffscale.studies.definition import SEED_AXES
+from diffscale.studies.scores import sort_by, with_scores
 from diffscale.studies.state import ElementRecord, read_elements
 
 RUNS_CSV = "collect-runs.csv"
@@ -63,7 +66,7 @@ def summarise(rows: list[ElementRecord], metric: str) -> tuple[list[str], list[l
     groups: dict[tuple[str, ...], list[tuple[float, float]]] = {}
     for row in rows:
         found = metric_values(Path(row.run_dir), metric)
-        final, best = (found[-1], min(found)) if found else (None, None)
+        final, best = (found[-1], min(found, key=lambda v: sort_key(metric, v))) if found else (None, None)
         per_run.append([str(row.index), *(row.values[a] for a in axes), _fmt(final), _fmt(best), str(len(found))])
         key = tuple(row.values[a] for a in varied)
         groups.setdefault(key, [])
@@ -110,29 +113,54 @@ def plot(path: Path, varied: list[str], per_group: list[list[str]], metric: str)
     return True
 
 
-def collect(sweep_dir: Path, *, metric: str = "loss") -> list[str]:
-    """Write the CSVs and the plot; return the lines to print (the summary table and the files)."""
+def collect(sweep_dir: Path, *, metric: str = "loss", sort: str | None = None, as_json: bool = False) -> list[str]:
+    """Write the CSVs and the plot; return the lines to print (the summary table, a column per
+    evaluation score, sorted by ``sort`` where given, and the files; ``as_json``: one JSON line of
+    the summary rows instead)."""
     from rich.console import Console
-    from rich.table import Table
 
     rows = read_elements(sweep_dir)
     axes, per_run, per_group = summarise(rows, metric)
-    if not any(r[-1] != "0" for r in per_run):
+    varied = [a for a in axes if a not in SEED_AXES]
+    scores, per_run, per_group = with_scores(rows, varied, per_run, per_group)
+    if not any(r[len(axes) + 3] != "0" for r in per_run):
         raise UserError(f"no element of {sweep_dir} has logged {metric} yet",
                         f"check `diffscale sweep status {sweep_dir}`, or pass --metric NAME of metrics.jsonl")
-    varied = [a for a in axes if a not in SEED_AXES]
-    write_text(sweep_dir / RUNS_CSV, _csv(["element", *axes, f"final_{metric}", f"best_{metric}", "records"],
+    write_text(sweep_dir / RUNS_CSV, _csv(["element", *axes, f"final_{metric}", f"best_{metric}", "records", *scores],
                                             per_run))
     header = [*varied, "seeds", f"final_{metric}_mean", f"final_{metric}_sd", f"best_{metric}_mean",
-              f"best_{metric}_sd"]
+              f"best_{metric}_sd", *(f"{n}_{part}" for n in scores for part in ("mean", "sd"))]
+    if sort:
+        per_group = sort_by(header, per_group, f"{sort}_mean" if f"{sort}_mean" in header else sort)
     write_text(sweep_dir / SUMMARY_CSV, _csv(header, per_group))
-    table = Table(title=f"sweep {sweep_dir.name}: {metric}, mean ± sd over seeds")
-    for col in header:
-        table.add_column(col)
-    for g in per_group:
-        table.add_row(*g)
-    out = io.StringIO()
-    Console(file=out, width=200, highlight=False).print(table)
     drawn = plot(sweep_dir / PLOT, varied, per_group, metric)
+    if as_json:
+        return [json.dumps([{h: _value(h, v, varied) for h, v in zip(header, g, strict=True)} for g in per_group])]
+    title = f"sweep {sweep_dir.name}: mean ± sd over seeds" + (f", best {sort} first" if sort else "")
+    columns = [*(Column(a, 0, wrap=False) for a in varied), Column("seeds", 4, wrap=False, justify="right"),
+               Column(f"final {metric}", 1, justify="right"), Column(f"best {metric}", 3, justify="right"),
+               *(Column(n, 0 if n == sort else 2, justify="right") for n in scores)]
+    shown = []
+    for g in per_group:
+        pairs = g[len(varied) + 1:]
+        shown.append([*g[:len(varied) + 1], *(_pm(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))])
+    out = io.StringIO()
+    print_table(title, columns, shown, Console(file=out, width=terminal_width(), highlight=False))
     files = [sweep_dir / RUNS_CSV, sweep_dir / SUMMARY_CSV, *([sweep_dir / PLOT] if drawn else [])]
     return [*out.getvalue().rstrip().splitlines(), *(f"wrote {f}" for f in files)]
+
+
+def _value(column: str, text: str, varied: list[str]) -> str | float | None:
+    """A summary cell for JSON: a number where it is one (an axis keeps its text)."""
+    if column in varied:
+        return text
+    if not text:
+        return None
+    return int(text) if column == "seeds" else float(text)
+
+
+def _pm(mean: str, spread: str) -> str:
+    """``0.512 ± 0.03``; the mean alone where the spread is 0 (one seed)."""
+    if not mean:
+        return ""
+    return mean if spread in ("", "0") else f"{mean} ± {spread}"

@@ -1,7 +1,7 @@
 """``sweep report``: one self-contained HTML page comparing a sweep's runs: their curves overlaid
-(loss, throughput, and quality numbers where evaluation logged them), coloured by the value of the
-first varied axis, and the table of final numbers with the mean and spread over seeds. Plots are
-inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
+(loss, throughput, and each evaluation score where evaluation logged them), coloured by the value
+of the first varied axis, and the table of final numbers and newest scores with the mean and
+spread over seeds. Plots are inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.io.atomic import write_text
+from diffscale.io.scores import headline, score_of
 from diffscale.report.plots import png_data_uri
 from diffscale.studies.collect import summarise
 from diffscale.studies.definition import SEED_AXES
+from diffscale.studies.scores import with_scores
 from diffscale.studies.state import ElementRecord, read_elements, read_states
 
 STYLE = """
@@ -54,8 +56,13 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 def _fields(records: dict[int, list[dict[str, Any]]]) -> list[tuple[str, str, bool]]:
     present = {k for rows in records.values() for r in rows for k, v in r.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    quality = sorted(k for k in present if k.startswith(("eval_", "fid", "crps", "success")))
-    return [c for c in CURVES if c[0] in present] + [(k, k, False) for k in quality]
+    quality = list(headline({k: 0.0 for k in present}))  # the evaluation scores, in their table's order
+    return [c for c in CURVES if c[0] in present] + [(k, _titled(k), False) for k in quality]
+
+
+def _titled(name: str) -> str:
+    score = score_of(name)
+    return f"{name} ({score.better.value} is better)" if score is not None else name
 
 
 def _overlay(field: str, title: str, log_y: bool, rows: list[ElementRecord], axis: str | None,
@@ -97,10 +104,12 @@ def render(sweep_dir: Path, metric: str = "loss") -> str:
     records = {r.index: _records(Path(r.run_dir)) for r in rows}
     axes, per_run, per_group = summarise(rows, metric)
     varied = [a for a in axes if a not in SEED_AXES]
+    scores, per_run, per_group = with_scores(rows, varied, per_run, per_group)
     colour_axis = next((a for a in varied if len({r.values[a] for r in rows}) > 1), None)
     plots = "".join(_overlay(f, t, log, rows, colour_axis, records) for f, t, log in _fields(records))
-    summary = _table([*varied, "seeds", f"final {metric} mean", "sd", f"best {metric} mean", "sd"], per_group)
-    runs = _table(["#", *axes, f"final {metric}", f"best {metric}", "records", "state"],
+    summary = _table([*varied, "seeds", f"final {metric} mean", "sd", f"best {metric} mean", "sd",
+                      *(f"{n} {part}" for n in scores for part in ("mean", "sd"))], per_group)
+    runs = _table(["#", *axes, f"final {metric}", f"best {metric}", "records", *scores, "state"],
                   [[*r, states[int(r[0])].state if int(r[0]) in states else "?"] for r in per_run])
     made = datetime.datetime.now().isoformat(timespec="seconds")
     body = (f'<section id="curves"><h2>Curves</h2><div class="plots">{plots or "<p class=muted>no records yet</p>"}'

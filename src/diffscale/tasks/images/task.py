@@ -29,6 +29,7 @@ from diffscale.tasks.base import (
     no_given_data,
 )
 from diffscale.tasks.images.classes import balanced_labels, grid_labels, pick_classes, spread, training_classes
+from diffscale.tasks.images.data_features import DataFeatures
 from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
@@ -81,7 +82,7 @@ class ImageTask:
                 self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
         self._stream: StreamingBatcher | None = None
         self._featurizer: Featurizer | None = None
-        self._real_features: torch.Tensor | None = None
+        self._data_features: DataFeatures | None = None
         self._known: list[int] = []
         """The classes of the data (set by ``prepare_quality``); empty: every class of the run."""
 
@@ -238,8 +239,8 @@ class ImageTask:
 
     def prepare_quality(self) -> None:
         """The feature network (trained once per data set and resolution, then read from the data
-        cache) and the features of a seeded draw of ``train.eval_count`` data images."""
-        if self._real_features is not None:
+        cache) and the data images samples are scored against (:mod:`.data_features`)."""
+        if self._data_features is not None:
             return
         size = self.model.sample_size
         if self.images is not None:
@@ -249,17 +250,17 @@ class ImageTask:
         else:
             images = _load(self.cfg, size, self.channels)
         t = self.cfg.train
+        path: Path | None = None  # diffscale's own network, kept in the data cache: the reference beside it
         if t.eval_features:
             self._featurizer = user_features(t.eval_features)
         else:
             labelled = self._labels(images.shape[0])
             if labelled is not None:  # the classes the data's classifier knows: those evaluations ask for
                 self._known = sorted(set(labelled[0].tolist()))
-            path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
+            path = cache_path(self.cfg.data.source, self.cfg.data.max_items, size, self.channels)
             self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
         self._featurizer.network.to(self.device)
-        rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
-        self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
+        self._data_features = DataFeatures(images, self._featurizer, path.with_suffix("") if path else None)
 
     def _labels(self, count: int, required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
         """The data's class of each image and the class names, where the data has them (``required``:
@@ -285,8 +286,10 @@ class ImageTask:
 
     def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
         self.prepare_quality()
-        assert self._featurizer is not None and self._real_features is not None
-        result = scores(self._featurizer, self._real_features, features)
+        assert self._featurizer is not None and self._data_features is not None
+        count = features.shape[0]
+        result = {**scores(self._featurizer, self._data_features.real(count), features),
+                  **self._data_features.reference(count)}
         head = self._featurizer.head
         if self.class_names:  # the samples were drawn for every class in turn (_evaluated_labels)
             result["guidance"] = self.cfg.train.sample_guidance
@@ -302,9 +305,11 @@ class ImageTask:
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
                  data: str | None = None, sampler: str | None = None,
                  guidance: float | None = None) -> dict[str, float | str]:
-        """Frechet distance and precision/recall of ``count`` samples (None: ``train.eval_count``)
-        against as many data images, in the feature network's space, a class-conditional run's drawn
-        with guidance scale ``guidance`` (None: ``train.sample_guidance``); writes ``out_dir/samples.png``."""
+        """Frechet distance, precision, recall, density and coverage of ``count`` samples (None:
+        ``train.eval_count``) against as many data images (``data_count``: fewer where the data holds
+        fewer), and of other data images against those (``reference_*``), in the feature network's
+        space; a class-conditional run's drawn with guidance scale ``guidance`` (None:
+        ``train.sample_guidance``). Writes ``out_dir/samples.png``."""
         no_environment(self.name, env, max_episode_steps)
         no_given_data(self.name, data)
         if not self.class_names:
