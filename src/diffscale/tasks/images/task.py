@@ -338,11 +338,10 @@ class ImageTask:
         if not isinstance(network, Denoiser):
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
         if self.class_names:
-            export_class_conditional(network, out_dir, cfg=self.cfg, signature=self.signature(),
+            export_class_conditional(network.unet, out_dir, cfg=self.cfg, signature=self.signature(),
                                      state=self.state_tensors(), scheduler=self.diffusion.ddpm_scheduler())
-            return (f"from diffscale.tasks.images.exported import load_export; task, net = load_export('{out_dir}'); "
-                    f"task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
-                    f"classes=[{self.class_names[0]!r}]).samples")
+            return (f"diffusers.DiffusionPipeline.from_pretrained('{out_dir}', custom_pipeline='{out_dir}', "
+                    "trust_remote_code=True)")
         export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
         return "diffusers.DDPMPipeline.from_pretrained"
 
@@ -359,16 +358,18 @@ class ImageTask:
                           ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def _class_conditional_listing(self) -> HubListing:
-        """No diffusers pipeline samples a UNet2DModel by class: diffscale loads the folder."""
+        """The folder's own pipeline (pipeline.py) samples it by class: diffusers loads it."""
         shown = ", ".join(self.class_names[:40]) + (", ..." if len(self.class_names) > 40 else "")
-        code = ("from diffscale.tasks.images.exported import load_export\n\n"
-                "task, net = load_export(folder)\n"
-                f"# its {len(self.class_names)} classes (task.class_names): {shown}\n"
-                f"images = task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
-                f"classes=[{self.class_names[0]!r}], guidance={self.cfg.train.sample_guidance:g}).samples"
-                "  # (8, C, H, W) in [-1, 1]\n")
-        return HubListing("diffscale", None,  # none of the Hub's categories is class-conditional generation
-                          ("diffscale", "diffusion", "class-conditional", "classifier-free-guidance"), code)
+        code = ("import torch\n"
+                "from diffusers import DiffusionPipeline\n\n"
+                "pipe = DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder,\n"
+                "                                         trust_remote_code=True)  # runs the folder's pipeline.py\n"
+                f"# its {len(self.class_names)} classes (pipe.config.class_names): {shown}\n"
+                f"images = pipe(class_labels=[{self.class_names[0]!r}] * 4, num_inference_steps="
+                f"{min(50, self.diffusion.num_timesteps)}, guidance_scale={self.cfg.train.sample_guidance:g}, "
+                "generator=torch.Generator().manual_seed(0)).images  # PIL images\n")
+        tags = ("diffscale", "diffusion", "diffusers", "class-conditional", "classifier-free-guidance")
+        return HubListing("diffusers", None, tags, code)  # no Hub category is class-conditional generation
 
     def reference_data(self) -> ReferenceData:
         assert self.data is not None, "built with load_data=False"
