@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from diffscale import fast_start
 from diffscale.cli_parser import ExampleFormatter, Parser, verb
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 from diffscale.io.streams import outlive_readers
-from diffscale.runtime.bytecode import keep_bytecode
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -355,7 +355,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     outlive_readers()
-    keep_bytecode()  # before anything imports torch
+    fast_start()  # bytecode and the packages' map kept: before anything imports torch or diffusers
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset
