@@ -15,11 +15,12 @@ from diffscale.cluster.jobs.scheduler import JobState
 from diffscale.cluster.planning.plan import Plan
 from diffscale.cluster.profiles.types import ClusterProfile
 from diffscale.cluster.scripts.timefmt import hms, human
+from diffscale.io.tables import terminal_width
 
 
 def _console() -> Console:
-    # wide enough for the rank table when piped to a file
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    # a terminal's width, or $COLUMNS; piped to a file, wide enough for the rank table
+    return Console(width=terminal_width(pipe=160), highlight=False)
 
 
 def _u(value: object, unit: str = "") -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from diffscale.inference.sample import progress_for
 from diffscale.inference.trained import load_trained
 from diffscale.io.atomic import write_text
 from diffscale.io.numbers import rounded
+from diffscale.io.tables import terminal_width
 from diffscale.training.telemetry import record_evaluation
 
 
@@ -97,7 +97,7 @@ def print_scores(title: str, scores: Mapping[str, Any]) -> None:
         if references:
             row.append(_cell(references[key]) if key in references else "")
         table.add_row(*row)
-    Console(width=None if sys.stdout.isatty() else 120).print(table)
+    Console(width=terminal_width(pipe=120)).print(table)
 
 
 def _cell(value: object) -> str:

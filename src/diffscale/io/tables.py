@@ -16,11 +16,12 @@ PIPE_WIDTH = 200
 """Width of a table printed into a pipe or a log without $COLUMNS: lines kept whole for grep."""
 
 
-def terminal_width() -> int | None:
-    """The width tables are laid out for: None where rich measures it (a terminal, or $COLUMNS)."""
+def terminal_width(pipe: int = PIPE_WIDTH) -> int | None:
+    """The width tables are laid out for: None where rich measures it (a terminal, or $COLUMNS),
+    else ``pipe``."""
     if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
         return None
-    return PIPE_WIDTH
+    return pipe
 
 
 @dataclass(frozen=True)

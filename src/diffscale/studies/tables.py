@@ -3,13 +3,14 @@ each job shape, and the status of every element."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+
+from diffscale.io.tables import terminal_width
 
 if TYPE_CHECKING:
     from diffscale.studies.plan import SweepPlan
@@ -19,7 +20,7 @@ STYLE = {"pending": "yellow", "running": "cyan", "done": "green", "failed": "bol
 
 
 def console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False, soft_wrap=True)
+    return Console(width=terminal_width(), highlight=False, soft_wrap=True)
 
 
 def _relative(path: str, base: Path) -> str:
