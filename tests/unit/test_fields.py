@@ -213,7 +213,9 @@ def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
         assert image.size[0] > 300
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)  # the one JSON line alone on stdout: the progress is on stderr
+    assert "sampling: " in captured.err and "training the deterministic baseline (4 steps)" in captured.err
     assert record["task"] == "fields" and record["members"] == 4 and record["crps"] > 0
     assert all(isinstance(record[k], int) for k in ("members", "cases", "sampling_steps", "baseline_steps"))
     assert main(["eval", str(run), "--count", "1"]) == 2  # refused before sampling, naming the minimum

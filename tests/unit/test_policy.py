@@ -248,7 +248,9 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     assert (tmp_path / "fast.png").stat().st_size > 1000
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "3", "--steps", "2", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)  # the one JSON line alone on stdout: the progress is on stderr
+    assert "rollouts: 3 episodes at once" in captured.err and "rollouts: 3 of 3 ended (" in captured.err
     assert record["task"] == "policy" and record["episodes"] == 3 and 0 <= record["success"] <= 1
     assert isinstance(record["episodes"], int)
     assert {"mode_left", "mode_right", "length"} <= record.keys()

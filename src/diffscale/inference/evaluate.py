@@ -24,6 +24,7 @@ from diffscale.inference.sample import progress_for
 from diffscale.inference.trained import load_trained
 from diffscale.io.atomic import write_text
 from diffscale.io.numbers import rounded
+from diffscale.io.stages import saying
 from diffscale.io.tables import terminal_width
 from diffscale.training.telemetry import record_evaluation
 
@@ -40,10 +41,8 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     made = next((p for p in (*reversed(out_dir.parents), out_dir) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
     network = sampling_network(run.network, run.cfg.runtime)
-    status.print(f"evaluating {run.run_dir} at step {run.step} ({run.cfg.task}; {sampler}, {steps} steps)",
-                 markup=False)
     try:
-        with reporting(progress_for(status)):
+        with reporting(progress_for(status)), saying(lambda line: status.print(line, markup=False)):
             scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,
                                        max_episode_steps=max_episode_steps, data=data, sampler=sampler,
                                        guidance=guidance)
