@@ -58,12 +58,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(cfg.to_yaml(), end="")
         return 0
+    console = Console(stderr=True, soft_wrap=True)  # progress on stderr; the result (the run dir) on stdout
     if why:
-        print(why)
+        console.print(why, markup=False, highlight=False)
     from diffscale.training.loop import train
 
-    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True),
-                    force=args.force)
+    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=console, force=args.force)
+    if outcome.main:  # one line per run, not per rank
+        print(outcome.run_dir)
     return outcome.exit_code
 
 

@@ -207,7 +207,7 @@ MICRO_FIELDS = ["--preset", "field-icon", "--set", "data.source=builtin:fields:2
 def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *MICRO_FIELDS]) == 0
-    assert "(fields)" in capsys.readouterr().out and (run / "samples" / "latest.png").is_file()
+    assert "(fields)" in capsys.readouterr().err and (run / "samples" / "latest.png").is_file()
     assert main(["sample", str(run), "--n", "8", "--steps", "3", "--out", str(tmp_path / "s.png")]) == 0
     with Image.open(tmp_path / "s.png") as image:
         assert image.size[0] > 300
@@ -247,7 +247,7 @@ def test_resuming_a_field_run_restores_its_statistics(tmp_path, capsys):
     saved = ckpt.load_latest(run).task
     assert saved["x_std"].shape == (256,) and saved["cond_mean"].shape == (7,)
     assert main(["train", "--out", str(run), "--resume", "auto", *MICRO_FIELDS]) == 0
-    assert "resumed from step 2" in capsys.readouterr().out
+    assert "resumed from step 2" in capsys.readouterr().err
     assert torch.equal(ckpt.load_latest(run).task["x_std"], saved["x_std"])
 
 

@@ -173,7 +173,7 @@ def test_eval_uses_a_feature_network_of_the_users_own(tmp_path, capsys, monkeypa
 
 def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path, quick_features, capsys):
     run = _trained(tmp_path, "train.eval_every=2", "train.eval_count=6", "train.sample_sampler=dpmsolver")
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err  # training's progress, on stderr
     assert "sampling: 6 samples, dpmsolver" in said and "eval at step 4: fd " in said  # its progress and scores
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("kind") == "eval"]

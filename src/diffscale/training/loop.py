@@ -52,6 +52,8 @@ class TrainOutcome:
     samples: list[Path] = field(default_factory=list)
     data_ended: str = ""
     """Why the run ended before its step target: its data's source ended (empty: it did not)."""
+    main: bool = True
+    """Whether this process is rank 0 (the one that reports the run)."""
 
     @property
     def finished(self) -> bool:
@@ -172,7 +174,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     finally:
         telemetry.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
-                        data_ended=run_state.data_ended)
+                        data_ended=run_state.data_ended, main=ctx.is_main)
 
 
 def _feed(run_state: RunState, telemetry: Telemetry, stop: StopFlag, say: Say) -> Feed:
