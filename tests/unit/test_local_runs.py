@@ -121,3 +121,31 @@ def test_logs_keep_the_newest_rotations(tmp_path):
     assert kept == ["train.log", *(f"train.log.{n}" for n in range(1, KEPT_LOGS + 1))]
     assert (tmp_path / "train.log").read_text() == f"invocation {KEPT_LOGS + 1}\n"
     assert (tmp_path / f"train.log.{KEPT_LOGS}").read_text() == "invocation 1\n"
+
+
+def test_a_log_the_disk_refuses_is_given_up_and_training_goes_on(tmp_path):
+    """A full disk is no cause to stop a run for its log: the checkpoints and metrics say it first."""
+    import errno
+
+    from diffscale.training.console_log import RunLog
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    log = RunLog()
+    log.print("before the lock")
+    log.attach(tmp_path)
+    assert (tmp_path / "train.log").read_text() == "before the lock\n"
+    log._file.close()
+    log._file = Full()  # the disk fills up (a failure this test cannot cause for real)
+    log.print("step 2/8")
+    log.failed(RuntimeError("later"))
+    log.close()
+    assert json.loads((tmp_path / "trainer.json").read_text())["outcome"] == "error: RuntimeError: later"

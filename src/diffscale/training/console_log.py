@@ -11,6 +11,7 @@ how the invocation ended (a traceback, an ``error:`` line, an interruption).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 import time
@@ -41,16 +42,29 @@ class RunLog:
 
     # a file-like sink for the plain console and the stderr tee
     def write(self, text: str) -> int:
+        """Into the log (a log the disk refuses is given up: the run goes on, its terminal shows all)."""
         if self._file is not None:
-            self._file.write(text)
-        elif self._pending_size < MAX_BUFFERED:
+            try:
+                self._file.write(text)
+            except OSError:
+                self._give_up()
+        elif self._run_dir is None and self._pending_size < MAX_BUFFERED:
             self._pending.append(text)
             self._pending_size += len(text)
         return len(text)
 
     def flush(self) -> None:
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError:
+                self._give_up()
+
+    def _give_up(self) -> None:
+        handle, self._file = self._file, None
+        with contextlib.suppress(OSError):
+            if handle is not None:
+                handle.close()
 
     def isatty(self) -> bool:
         return False
@@ -66,38 +80,39 @@ class RunLog:
         if self._file is not None:
             return
         self._run_dir = Path(run_dir)
-        self._file = open(rotate_log(self._run_dir), "w", buffering=1, encoding="utf-8", errors="replace")
-        self._file.write("".join(self._pending))
-        self._pending.clear()
+        pending, self._pending = "".join(self._pending), []
+        try:
+            self._file = open(rotate_log(self._run_dir), "w", buffering=1, encoding="utf-8", errors="replace")
+        except OSError:  # no log where the disk refuses one; the run's own files say why it stops
+            return
+        self.write(pending)
         self._record = start_record()
-        write_record(self._run_dir, self._record)
+        self.end("")
 
     def end(self, outcome: str) -> None:
-        """Record how this invocation ended (one line) in trainer.json and the log."""
+        """Write trainer.json: the process, and how this invocation ended (one line; "" while it runs)."""
         if self._record is None or self._run_dir is None:
             return
-        self._record.update(ended=time.time(), outcome=outcome)
-        write_record(self._run_dir, self._record)
+        if outcome:
+            self._record.update(ended=time.time(), outcome=outcome)
+        with contextlib.suppress(OSError):
+            write_record(self._run_dir, self._record)
 
     def failed(self, exc: BaseException) -> None:
-        """The error that ends the invocation, as the terminal shows it (the CLI prints it after the
-        trainer has returned, when the log is closed)."""
+        """The error that ends the invocation, into the log as the terminal shows it (the CLI prints
+        it after the trainer has returned, when the log is closed), and into trainer.json."""
         if isinstance(exc, UserError):
-            said = f"error: {exc.message}"
+            said = outcome = f"error: {exc.message}"
         elif isinstance(exc, KeyboardInterrupt):
-            said = "interrupted"
+            said = outcome = "interrupted"
         else:
             said = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-            self.write(said + "\n")
-            self.end(f"error: {traceback.format_exception_only(type(exc), exc)[-1].strip()}")
-            return
+            outcome = f"error: {traceback.format_exception_only(type(exc), exc)[-1].strip()}"
         self.write(said + "\n")
-        self.end(said)
+        self.end(outcome)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._give_up()
 
 
 class _Sink(io.TextIOBase):
@@ -158,7 +173,8 @@ class stderr_into:
 
     def __enter__(self) -> stderr_into:
         self._saved = sys.stderr
-        sys.stderr = cast(IO[str], _StderrTee(sys.stderr, self._log))
+        if sys.stderr is not None:  # None: an interpreter started without one (pythonw)
+            sys.stderr = cast(IO[str], _StderrTee(sys.stderr, self._log))
         return self
 
     def __exit__(self, *exc: object) -> None:
