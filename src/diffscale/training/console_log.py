@@ -2,8 +2,9 @@
 recorded (``RUN_DIR/trainer.json``, :mod:`diffscale.io.trainer`), so a local run's traceback
 outlives the terminal that showed it and a killed trainer reads as stopped.
 
-Rank 0 writes both once it holds the run dir's lock (a second trainer refused there must not
-rotate the first one's log); what was printed before that is kept in memory and written first.
+Rank 0 writes both once it holds the run dir's lock and the run passed its checks (a second
+trainer refused there, or a refused resume, must not rotate the run's log); what was printed
+before that is kept in memory and written first.
 The log gets what the console prints as plain text (no colours, no progress bar redraws: a
 training report line instead), Python's writes to stderr (warnings, a library's messages) and
 how the invocation ended (a traceback, an ``error:`` line, an interruption).
@@ -76,7 +77,7 @@ class RunLog:
 
     def attach(self, run_dir: Path) -> None:
         """Open RUN_DIR/train.log (an earlier one rotated) and write trainer.json: called once this
-        process holds the run dir."""
+        process holds the run dir and starts writing there."""
         if self._file is not None:
             return
         self._run_dir = Path(run_dir)

@@ -111,7 +111,7 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
         ctx, policy = join(cfg, console)
         stop = StopFlag().install()
         lock = RunDirLock(RunLock(run_dir) if ctx.is_main else None, force,  # ranks share the run dir: one lock
-                          on_taken=lambda: run_log.attach(run_dir))
+                          on_writing=lambda: run_log.attach(run_dir))
         try:
             outcome = _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console,
                            stop=stop, lock=lock)
