@@ -40,7 +40,8 @@ SCORES: tuple[Score, ...] = (
     Score("fd", Better.LOWER, "Frechet distance to the data in the feature network's space"),
     Score("precision", Better.HIGHER, "share of samples inside the data's k-NN manifold"),
     Score("recall", Better.HIGHER, "share of data images inside the samples' k-NN manifold"),
-    Score("density", Better.HIGHER, "data neighbourhoods holding each sample, over k (1: as the data)"),
+    Score("density", Better.NEAR_ONE, "data neighbourhoods holding each sample, over k (1: as the data; above: "
+          "crowding its dense regions)"),
     Score("coverage", Better.HIGHER, "share of data images with a sample in their neighbourhood"),
     Score("class_accuracy", Better.HIGHER, "share of samples the data's classifier puts in the class asked"),
     Score("crps", Better.LOWER, "continuous ranked probability score of the ensembles, in the data's units"),

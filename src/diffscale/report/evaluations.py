@@ -26,7 +26,7 @@ def _plot(name: str, evals: Sequence[Mapping[str, Any]]) -> str:
 
     figure = Figure(figsize=(6.0, 3.2), dpi=100, layout="constrained")
     axes = figure.subplots()
-    for field, label, style in ((name, "samples", "-o"), (f"reference_{name}", "data vs data", "--")):
+    for field, label, style in ((name, "samples", "-o"), (f"reference_{name}", "data vs data", "--x")):
         points = sorted((r["step"], r[field]) for r in evals if is_number(r.get(field)) and is_number(r.get("step")))
         if points:
             steps, values = zip(*points, strict=True)
