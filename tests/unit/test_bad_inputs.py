@@ -446,6 +446,7 @@ CASES = [
     Case("logs {ws}/jobs -n -3", "-n -3 is out of range", (_jobs,)),
     Case("logs {ws}/jobs --job 999", "job 999 is not part of the latest submission", (_jobs,)),
     Case("logs {ws}/jobs", "no log yet for job(s) 123", (_jobs,)),
+    Case("logs {ws}/empty", "has no train.log and no jobs.json", (_folder("empty"),)),
     Case("logs {ws}/jobs", "permission denied", (_jobs, _file("jobs/logs/ds-jobs-abc123-123.out", "log", 0)),
          locked=True),
     # cluster

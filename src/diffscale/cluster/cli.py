@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from diffscale.cluster.flags import add_job_arguments
 from diffscale.errors import UserError
 from diffscale.io.paths import folder_target
-from diffscale.io.trainer import LOG_NAME, local_log
+from diffscale.io.trainer import local_log
 
 if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.jobs.records import JobState, Submission
@@ -338,7 +338,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.lines < 0:
         raise UserError(f"-n {args.lines} is out of range: the number of last lines is 0 (all) or more",
                         "pass e.g. -n 50, or leave -n out for the whole log")
-    if not jobs.path(Path(args.run_dir)).is_file() and (Path(args.run_dir) / LOG_NAME).is_file():  # trained here
+    if Path(args.run_dir).is_dir() and not jobs.path(Path(args.run_dir)).is_file():  # trained here
         sys.stdout.write(local_log(Path(args.run_dir), args.job, args.lines))
         return 0
     sub = jobs.latest(args.run_dir)

@@ -147,6 +147,10 @@ def local_log(run_dir: Path, job: str | None, lines: int) -> str:
     if job is not None:
         raise UserError(f"{run_dir} was trained here, not submitted: it has no job {job}",
                         f"drop --job: diffscale logs {run_dir} prints its {LOG_NAME}")
+    if not (run_dir / LOG_NAME).is_file():
+        raise UserError(f"'{run_dir}' has no {LOG_NAME} and no jobs.json: neither a trainer here nor a job wrote "
+                        "its log there (runs trained before diffscale kept one have none)",
+                        "pass the --out of `diffscale train` or `diffscale submit`")
     text = (run_dir / LOG_NAME).read_text(errors="replace")
     if lines:
         text = "\n".join(text.splitlines()[-lines:]) + "\n"
