@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,6 @@ class Trainer:
     ended: float | None = None
     outcome: str = ""
     """How it ended, one line: ``finished at step 400``, ``error: ...``."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def state(self) -> TrainerState:
         if self.ended is not None:
