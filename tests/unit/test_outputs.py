@@ -12,19 +12,19 @@ from diffscale.cli import main
 from diffscale.config.presets import PRESETS
 from diffscale.io.tables import Column, fitted_table
 
-from helpers import fake_run, run_cli
+from helpers import fake_run, run_cli, run_in_terminal
 
 
 @pytest.mark.parametrize("width", [80, 100, 150])
 def test_presets_read_at_any_width_with_every_name_whole(width):
-    done = run_cli("presets", env={"COLUMNS": str(width)})
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    code, shown = run_in_terminal("presets", columns=width)  # a terminal window of that width
+    assert code == 0, shown
+    lines = shown.splitlines()
     assert max(len(line) for line in lines) <= width
     names = [line.split("│")[1].strip() for line in lines if line.startswith("│") and line.split("│")[1].strip()]
     assert names == list(PRESETS)
-    assert ("left out at this width: batch/GPU" in done.stdout) == (width < 90)
-    assert "CPU demo (minutes" in done.stdout  # the purpose stays, wrapped
+    assert ("left out at this width: batch/GPU" in shown) == (width < 90)
+    assert "CPU demo (minutes" in shown  # the purpose stays, wrapped
 
 
 def test_presets_json_lists_every_preset_with_numbers():

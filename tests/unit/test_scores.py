@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from diffscale.io.numbers import rounded
 from diffscale.io.scores import headline, sort_key, summary
 from diffscale.tasks.images import quality
 
-from helpers import micro_args, run_cli
+from helpers import micro_args, run_cli, run_in_terminal
 
 
 def test_scores_know_which_way_is_better_and_print_beside_their_reference():
@@ -109,10 +110,10 @@ def test_sweep_collect_and_report_have_a_column_per_score_sorted_best_first(tmp_
     done = run_cli("sweep", "run", "--axis", "k=2,5,1", "--out", str(tmp_path / "sw"), "--",
                    "python3", "-c", _SCORING, "{k}", "{run_dir}", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    collected = run_cli("sweep", "collect", str(tmp_path / "sw"), "--sort", "fd", cwd=tmp_path,
-                        env={"COLUMNS": "80"})
-    assert collected.returncode == 0, collected.stderr
-    assert all(len(line) <= 80 for line in collected.stdout.splitlines() if not line.startswith("wrote "))
+    code, shown = run_in_terminal("sweep", "collect", str(tmp_path / "sw"), "--sort", "fd")  # 80 columns
+    assert code == 0, shown
+    assert all(len(line) <= 80 for line in shown.splitlines() if not line.startswith("wrote "))
+    assert re.search(r"┃\s+fd\s+┃", shown) and re.search(r"┃\s+recall\s+┃", shown)  # each score's name whole
     with (tmp_path / "sw" / "collect-summary.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["k"] for r in rows] == ["5", "2", "1"]  # lowest FD first

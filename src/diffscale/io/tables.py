@@ -4,7 +4,6 @@ lowest priority are left out (and the table's caption says which)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,11 +16,10 @@ PIPE_WIDTH = 200
 
 
 def terminal_width(pipe: int = PIPE_WIDTH) -> int | None:
-    """The width tables are laid out for: None where rich measures it (a terminal, or $COLUMNS),
-    else ``pipe``."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
-        return None
-    return pipe
+    """The width tables are laid out for: on a terminal None (rich measures it, or reads $COLUMNS),
+    else ``pipe`` (a pipe's reader has no width; $COLUMNS there is often a parent's, e.g. a test
+    runner's)."""
+    return None if sys.stdout.isatty() else pipe
 
 
 @dataclass(frozen=True)
