@@ -148,3 +148,18 @@ def test_a_log_the_disk_refuses_is_given_up_and_training_goes_on(tmp_path):
     log.failed(RuntimeError("later"))
     log.close()
     assert json.loads((tmp_path / "trainer.json").read_text())["outcome"] == "error: RuntimeError: later"
+
+
+def test_a_submitted_run_is_judged_by_its_jobs_not_by_its_trainer_record(killed, tmp_path):
+    """A job killed at its time limit leaves an open trainer.json too: for a run with jobs.json the
+    job table and the scheduler's accounting say what happened (doctor reads the job's log)."""
+    from diffscale.doctor.sources import gather
+    from diffscale.io import rundir
+
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(killed), str(run)], check=True)
+    (run / "jobs.json").write_text("[]")
+    lines = rundir.describe(rundir.progress(run))
+    assert not any(line.startswith(("stopped:", "trainer")) for line in lines)
+    assert any(line.startswith("eta ") for line in lines)  # as the last record said: the jobs say more
+    assert str(run / "train.log") not in gather(str(run)).origins

@@ -161,12 +161,14 @@ def from_run_dir(run_dir: Path, ev: Evidence) -> None:
     for path in sorted(logs.rglob("*")) if logs.is_dir() else []:
         if path.is_file():
             _readable(path, ev, from_log)
-    if (run_dir / LOG_NAME).is_file():  # a run trained here: its console output
+    trained_here = not (run_dir / "jobs.json").is_file()  # a submitted run's jobs have their own logs and records
+    if trained_here and (run_dir / LOG_NAME).is_file():  # its console output
         _readable(run_dir / LOG_NAME, ev, from_log)
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         _readable(metrics, ev, _metrics)
-    _trainer(run_dir, ev)
+    if trained_here:
+        _trainer(run_dir, ev)
     for path in sorted(run_dir.glob("*.json")):
         if path.name not in ("jobs.json", "system.json", TRAINER_FILE) and not path.name.startswith("."):
             records = _json_records(path)

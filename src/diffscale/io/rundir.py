@@ -174,12 +174,12 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         loss = f"loss {p.loss:.4f}, " if isinstance(p.loss, (int, float)) else ""
         rate = f"{p.samples_per_s:.0f} samples/s" if p.samples_per_s is not None else "rate unknown"
         lines.append(f"last logged {_ago(p.logged_at, now)}: {loss}{rate}")
-    state = p.trainer.state() if p.trainer is not None else None
+    state = _trainer_state(p)
     if p.total_steps and p.step >= p.total_steps:
         lines.append("finished")
     elif p.eta_s is not None and state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE):
         lines.append(f"eta {duration(p.eta_s)} to the step that invocation stops at (as of the last record)")
-    if p.trainer is not None and not (state is TrainerState.ELSEWHERE and p.submitted):
+    if p.trainer is not None and state is not None:
         lines.append(trainer_line(p.run_dir, p.trainer, lambda when: _ago(when, now), p.logged_at))
     if p.restores:
         lines.append(restores_line(p.restores))
@@ -195,13 +195,19 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
     return lines
 
 
+def _trainer_state(p: Progress) -> TrainerState | None:
+    """The trainer's state for a run trained here; None for a submitted run, whose job table (and
+    the scheduler's accounting) says what became of it."""
+    return p.trainer.state() if p.trainer is not None and not p.submitted else None
+
+
 def as_dict(p: Progress) -> dict[str, Any]:
     """What ``status --json`` prints of a run's progress: the numbers of :func:`describe`'s lines
     (``eta_s`` None where the trainer is not running), the trainer and the newest evaluation."""
-    state = p.trainer.state() if p.trainer is not None else None
+    state = _trainer_state(p)
     running = state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE)
     trainer = None
-    if p.trainer is not None:
+    if p.trainer is not None and state is not None:
         trainer = {"state": state.value if state else None, "host": p.trainer.host, "pid": p.trainer.pid,
                    "since": p.trainer.since, "ended": p.trainer.ended, "outcome": p.trainer.outcome}
     scored = eval_records(p.evals)
