@@ -173,3 +173,33 @@ SLURM_HOSTLISTS = [
                                 "rack1_blade0", "rack1_blade1", "rack1_blade5"]),
     ("x[1,3]-y[2],z", ["x1-y2", "x3-y2", "z"]),
 ]
+
+
+def run_in_terminal(*args: str, columns: int = 80, timeout: float = 300) -> tuple[int, str]:
+    """Run ``python -m diffscale ARGS`` on a pseudo-terminal ``columns`` wide, as in a user's
+    terminal window; returns (exit code, what it showed, colours and styles removed)."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = dict(os.environ, COLUMNS=str(columns), LINES="50", NO_COLOR="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "diffscale", *args], stdin=subprocess.DEVNULL, stdout=slave,
+                            stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    code = proc.wait(timeout=timeout)
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)

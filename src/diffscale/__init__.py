@@ -29,25 +29,26 @@ if sys.platform == "darwin":
     # the variable once, when it loads: it must be set before the first `import torch`.
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
-class _BeforeDiffusers:
-    """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept
-    map of installed packages that diffusers and transformers read at import
-    (``diffscale.runtime.package_index``), then the usual finders load it. It stays in
-    ``sys.meta_path`` (the import system is iterating that list when it asks), idle after that."""
-
-    done = False
-
-    @classmethod
-    def find_spec(cls, name: str, path: object = None, target: object = None) -> None:
-        if name == "diffusers" and not cls.done:
-            cls.done = True
-            from diffscale.runtime import package_index
-
-            package_index.install()
+FAST_START = "DIFFSCALE_FAST_START"
+"""Set to 1, ``import diffscale`` calls :func:`fast_start` (a job that uses the Python API)."""
 
 
-if "diffusers" not in sys.modules and _BeforeDiffusers not in sys.meta_path:
-    sys.meta_path.insert(0, _BeforeDiffusers)
+def fast_start() -> None:
+    """What the command line does before it imports torch, for a script or job of your own: Python's
+    bytecode kept in the user's cache where torch's installation has none (``sys.pycache_prefix``,
+    ``PYTHONPYCACHEPREFIX``), and the installed packages' map diffusers reads at import kept there
+    (``importlib.metadata.packages_distributions`` replaced once diffusers is imported). Both change
+    the whole interpreter, so ``import diffscale`` alone does neither (docs/decisions.md,
+    "Interpreter-wide speed-ups at the command line, or asked for"). Call it before torch loads."""
+    from diffscale.runtime.bytecode import keep_bytecode
+    from diffscale.runtime.package_index import install_before_diffusers
+
+    keep_bytecode()
+    install_before_diffusers()
+
+
+if os.environ.get(FAST_START) == "1":
+    fast_start()
 
 _EXPORTS = {
     "train_run": ("diffscale.training.loop", "train"),
@@ -60,7 +61,7 @@ _EXPORTS = {
     "RunConfig": ("diffscale.config", "RunConfig"),
     "write_report": ("diffscale.report.page", "write_report"),
 }
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", "fast_start", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:

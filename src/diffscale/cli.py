@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from diffscale import fast_start
 from diffscale.cli_parser import ExampleFormatter, Parser, verb
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import EXIT_USER_ERROR, UserError, check_seed
 from diffscale.io.paths import file_target, folder_target, refused
 from diffscale.io.streams import outlive_readers
-from diffscale.runtime.bytecode import keep_bytecode
 
 
 def config_sources(args: argparse.Namespace) -> ConfigSources:
@@ -56,12 +58,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(cfg.to_yaml(), end="")
         return 0
+    console = Console(stderr=True, soft_wrap=True)  # progress on stderr; the result (the run dir) on stdout
     if why:
-        print(why)
+        console.print(why, markup=False, highlight=False)
     from diffscale.training.loop import train
 
-    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=Console(soft_wrap=True),
-                    force=args.force)
+    outcome = train(cfg, out, resume=args.resume, max_steps=args.max_steps, console=console, force=args.force)
+    if outcome.main:  # one line per run, not per rank
+        print(outcome.run_dir)
     return outcome.exit_code
 
 
@@ -159,27 +163,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
                         guidance=args.guidance)
 
 
-def cmd_presets(args: argparse.Namespace) -> int:  # noqa: ARG001
-    from rich.console import Console
-    from rich.table import Table
-
+def cmd_presets(args: argparse.Namespace) -> int:
     from diffscale.config.presets import PRESETS
+    from diffscale.io.tables import Column, print_table
 
-    table = Table(title="diffscale presets")
-    for col in ("preset", "task", "network", "params", "batch/GPU", "for"):
-        table.add_column(col, no_wrap=True)
+    rows: list[dict[str, Any]] = []
     for name, info in PRESETS.items():
         cfg = info.build()
-        table.add_row(name, cfg.task, cfg.model.summary(), f"{info.params / 1e6:.1f} M", str(cfg.train.batch_per_gpu),
-                      info.purpose)
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+        rows.append({"preset": name, "task": cfg.task, "network": cfg.model.summary(), "params": info.params,
+                     "batch_per_gpu": cfg.train.batch_per_gpu, "for": info.purpose})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    columns = [Column("preset", 0, wrap=False), Column("task", 2, wrap=False), Column("network", 3),
+               Column("params", 2, wrap=False, justify="right"), Column("batch/GPU", 4, wrap=False, justify="right"),
+               Column("for", 1)]
+    print_table("diffscale presets", columns, [[r["preset"], r["task"], r["network"], f"{r['params'] / 1e6:.1f} M",
+                                                str(r["batch_per_gpu"]), r["for"]] for r in rows])
     return 0
 
 
-def cmd_env(args: argparse.Namespace) -> int:  # noqa: ARG001
+def cmd_env(args: argparse.Namespace) -> int:
     from diffscale.runtime.sysinfo import collect, markdown
 
-    print(markdown(collect()))
+    facts = collect()
+    print(json.dumps(facts) if args.json else markdown(facts))
     return 0
 
 
@@ -311,6 +319,7 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_eval)
 
     p = verb(sub, "presets", "list the model presets", "diffscale presets")
+    p.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     p.set_defaults(func=cmd_presets)
 
     p = verb(sub, "report", "write one self-contained HTML page about a run (curves, samples, config, jobs, system)",
@@ -321,6 +330,7 @@ def _add_trained_run_verbs(sub: argparse._SubParsersAction) -> None:
 
     p = verb(sub, "env", "print a Markdown report of this machine: GPUs, topology, CPU, RAM, job, versions",
              "diffscale env > system.md   # attach it to a question or an issue")
+    p.add_argument("--json", action="store_true", help="print one JSON object (sections of rows) instead")
     p.set_defaults(func=cmd_env)
 
 
@@ -350,7 +360,7 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     outlive_readers()
-    keep_bytecode()  # before anything imports torch
+    fast_start()  # bytecode and the packages' map kept: before anything imports torch or diffusers
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["train"]  # the demo: `diffscale` alone trains the CPU preset

@@ -241,6 +241,6 @@ def test_sge_policy_run_on_two_slots_trains_and_evaluates(sge_profile, tmp_path)
     assert f"diffscale: python {sys.executable}\n" in log  # the set-up left `python` as it was: the planned one
     rc, report = ds("eval", str(run_dir), "--count", "4", "--json")
     assert rc == 0, report
-    scores = json.loads(report.strip().splitlines()[-1])
+    scores = json.loads(next(line for line in report.splitlines() if line.startswith("{")))  # beside its progress
     assert scores["task"] == "policy" and scores["step"] == 12 and scores["episodes"] == 4, scores
     assert 0.0 <= scores["success"] <= 1.0, scores

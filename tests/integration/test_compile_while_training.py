@@ -241,7 +241,7 @@ def test_a_run_with_compile_off_stays_eager_and_starts_no_background_compile(tmp
     run = tmp_path / "run"
     assert main(["train", "--device", "cpu", "--out", str(run),
                  *micro_args("runtime.compile=off", "runtime.compile_while_training=on", steps=4)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     banner = next(line for line in out.splitlines() if line.startswith("diffscale |"))
     assert "compiled" not in banner and "eager while compiling" not in out
     assert not list(run.glob("background-compile*.log"))

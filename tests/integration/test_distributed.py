@@ -78,7 +78,7 @@ def test_two_processes_match_one_process_at_the_same_effective_batch(tmp_path, s
     proc = torchrun("train", "--out", str(run), *micro_args("train.batch_per_gpu=4", steps=STEPS),
                     extra=("--standalone",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "world size 2 (torchrun) | effective batch 8 = 4 x 2 proc x 1 accum" in proc.stdout
+    assert "world size 2 (torchrun) | effective batch 8 = 4 x 2 proc x 1 accum" in proc.stderr
     name_a, a = _weights(single_reference)
     name_b, b = _weights(run)
     assert name_a == name_b
@@ -89,7 +89,7 @@ def test_two_processes_match_one_process_at_the_same_effective_batch(tmp_path, s
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
         assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
     assert len(list((run / "tb").iterdir())) == 1
-    assert proc.stdout.count("diffscale | ") == 1  # the banner comes from rank 0 alone
+    assert proc.stderr.count("diffscale | ") == 1  # the banner comes from rank 0 alone
 
 
 def test_two_node_emulation_with_torchrun_nnodes_2(tmp_path, single_reference):
@@ -114,7 +114,7 @@ def test_resume_on_a_different_world_size_keeps_the_effective_batch(tmp_path, si
     capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume", "auto",
                  *micro_args("train.batch_per_gpu=4", steps=STEPS)]) == 0
-    second = capsys.readouterr().out
+    second = capsys.readouterr().err
     assert "resuming on 1 processes (was 2): train.grad_accum 1 -> 2 keeps the effective batch at 8" in second
     _assert_close(_weights(single_reference)[1], _weights(run)[1])
 
@@ -133,13 +133,13 @@ def test_two_ranks_take_the_divergence_guards_decisions_together(tmp_path):
     proc = torchrun("train", "--out", str(ddp), "--resume", "auto", *both, "--set", "optim.lr=0.1",
                     extra=("--standalone",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("warning: divergence at step") >= 1  # said once per restore, by rank 0
+    assert proc.stderr.count("warning: divergence at step") >= 1  # said once per restore, by rank 0
 
     def restores(run):
         return [(m["step"], m["restored_step"]) for m in _metrics(run) if m.get("kind") == "divergence"]
 
     assert restores(ddp) == restores(single) and restores(ddp)
-    assert proc.stdout.count("warning: divergence at step") == len(restores(ddp))
+    assert proc.stderr.count("warning: divergence at step") == len(restores(ddp))
     _assert_close(_weights(single)[1], _weights(ddp)[1])
 
 
@@ -168,7 +168,7 @@ def test_evaluation_while_training_is_shared_by_the_ranks_and_matches_one_proces
     assert [m["step"] for m in two] == [m["step"] for m in one] == [3, 6]
     for x, y in zip(one, two, strict=True):
         assert y["fd"] == pytest.approx(x["fd"], rel=1e-2)
-    assert proc.stdout.count("eval at step 3:") == 1  # printed by rank 0 alone
+    assert proc.stderr.count("eval at step 3:") == 1  # printed by rank 0 alone
 
 
 # Two ranks as srun starts them: rank 0 hosts the rendezvous store. DDP is built after the

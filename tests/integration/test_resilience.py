@@ -240,7 +240,7 @@ def test_nan_steps_are_skipped_counted_then_rolled_back_with_half_the_lr(tmp_pat
     args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant",
                       "train.divergence_guard=off", steps=16)
     assert main(["train", "--out", str(run_dir), *args]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert ("warning: non-finite loss for 2 steps in a row at step 10: rolled back to step 8 with the learning "
             "rate halved (rollback 1 of 3)") in out
     assert "(rollback 2 of 3)" in out
@@ -266,7 +266,7 @@ def test_nan_steps_send_the_guarded_run_back_to_its_last_good_state(tmp_path, mo
     nan_on_calls(monkeypatch, {9, 10})
     args = micro_args("train.max_nonfinite_steps=2", "optim.warmup_steps=0", "optim.schedule=constant", steps=16)
     assert main(["train", "--out", str(run_dir), *args]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert ("warning: divergence at step 10: the loss was non-finite for 2 steps in a row; went back to step 4 "
             "and halved the learning rate (now 5.00e-04; restore 1 of 3)") in out
     events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -321,6 +321,6 @@ def test_ctrl_c_or_sigterm_saves_exits_85_and_the_same_command_continues(tmp_pat
     # the same command continues in this process: only the signalled run needs a process of its own
     capsys.readouterr()
     code = main(["train", "--out", str(run_dir), *args[:-2], "--set", "train.steps=" + str(at + 6), "--resume", "auto"])
-    text2 = capsys.readouterr().out
+    text2 = capsys.readouterr().err
     assert code == 0, text2
     assert f"resumed from step {at}" in text2 and f"done: {at + 6} steps" in text2

@@ -72,7 +72,7 @@ def test_a_format_1_checkpoint_loads_and_the_run_resumes_from_it(tmp_path, capsy
     assert state.meta.version == 1 and state.task == {} and state.meta.signature["task"] == "images"
     assert state.meta.data_position["offset"] > 0 and state.meta.world_size == 1
     assert main(["train", "--out", str(run), "--resume", "auto", *micro_args(steps=6)]) == 0
-    assert "resumed from step 4" in capsys.readouterr().out
+    assert "resumed from step 4" in capsys.readouterr().err
     assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1]).meta.version == ckpt.FORMAT_VERSION
 
 

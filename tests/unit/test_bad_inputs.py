@@ -496,6 +496,7 @@ CASES = [
     Case("logs {ws}/jobs", "no log yet for job(s) 123", (_jobs,)),
     Case("logs {ws}/jobs", "name the log '../../../../../../../../etc/hostname', outside the run directory",
          (_outside_log,)),
+    Case("logs {ws}/empty", "has no train.log and no jobs.json", (_folder("empty"),)),
     Case("logs {ws}/jobs", "permission denied", (_jobs, _file("jobs/logs/ds-jobs-abc123-123.out", "log", 0)),
          locked=True),
     # cluster

@@ -211,10 +211,10 @@ def test_export_keeps_the_classes_and_samples_a_class(trained, tmp_path, capsys)
 
     out = tmp_path / "export"
     assert main(["export", str(trained), "--diffusers", str(out)]) == 0
-    assert "load_export" in capsys.readouterr().out
+    assert "custom_pipeline" in capsys.readouterr().out
     assert json.loads((out / "signature.json").read_text())["classes"] == [str(d) for d in range(10)]
     card = (out / "README.md").read_text()
-    assert "its 10 classes (task.class_names): 0, 1, 2, 3, 4, 5, 6, 7, 8, 9" in card
+    assert "its 10 classes (pipe.config.class_names): 0, 1, 2, 3, 4, 5, 6, 7, 8, 9" in card
     assert "class-conditional" in card
     task, network = load_export(out)
     assert task.class_names == [str(d) for d in range(10)]
@@ -255,3 +255,30 @@ def test_the_sampling_memory_estimate_counts_the_doubled_batch_of_guidance():
     assert bytes_per_sample(task, network) == guided_call  # the run's default scale, 2, guides too
     plain = _task()
     assert bytes_per_sample(plain, plain.build_network()) < guided_call
+
+
+def test_the_export_samples_a_class_with_diffusers_alone(trained, tmp_path, capsys):
+    """The folder carries its pipeline (pipeline.py): the real diffusers loads and samples it by
+    class, without diffscale, and draws diffscale's images from the same start noise."""
+    from diffusers import DDIMScheduler, DiffusionPipeline
+
+    out = tmp_path / "export"
+    assert main(["export", str(trained), "--diffusers", str(out)]) == 0
+    assert f"custom_pipeline='{out}'" in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert "DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder," in card and str(tmp_path) not in card
+    pipe = DiffusionPipeline.from_pretrained(str(out), custom_pipeline=str(out), trust_remote_code=True)
+    assert type(pipe).__name__ == "ClassConditionalPipeline"
+    source = (out / "pipeline.py").read_text()
+    assert "import diffscale" not in source and "from diffscale" not in source
+    assert list(pipe.config.class_names) == [str(d) for d in range(10)]
+    images = pipe(class_labels=["5", 7], num_inference_steps=3, generator=torch.Generator().manual_seed(0)).images
+    assert len(images) == 2 and images[0].size == (8, 8)
+    pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    start = torch.randn((4, 1, 8, 8), generator=torch.Generator().manual_seed(2))
+    theirs = pipe(class_labels=["5"] * 4, num_inference_steps=3, latents=start, output_type="pt").images
+    run = load_trained(trained, "cpu")
+    ours = run.task.generate(run.network, count=4, steps=3, seed=2, classes=["5"], sampler="ddim").samples
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="class 'Z' is not one of this model's 10 classes"):
+        pipe(class_labels=["Z"], num_inference_steps=1)

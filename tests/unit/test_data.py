@@ -237,6 +237,6 @@ def test_a_relative_data_path_is_kept_absolute_so_the_run_resumes_from_anywhere(
     assert main(["train", "--out", str(run), *args]) == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["source"] == f"npz:{tmp_path / 'data.npz'}"
     # a warm-up longer than the run: it says why its lr stays low
-    assert "note: optim.warmup_steps 5 > train.steps 2: the learning rate rises" in capsys.readouterr().out
+    assert "note: optim.warmup_steps 5 > train.steps 2: the learning rate rises" in capsys.readouterr().err
     monkeypatch.chdir(tmp_path.parent)
     assert main(["train", "--out", str(run), "--resume", "auto", "--max-steps", "4", *micro_args(steps=4)]) == 0

@@ -94,7 +94,8 @@ def test_bad_images_are_skipped_up_to_max_bad_fraction(tmp_path):
         f"1 of 31 images in imagefolder:{tmp_path / 'data'} cannot be read "
         f"({tmp_path / 'data' / 'class0' / 'broken.png'} (OSError)), more than data.max_bad_fraction = 0.01 allows "
         "-- remove or replace the damaged files, or raise data.max_bad_fraction to skip them")
-    assert not list((tmp_path / "cache" / "decoded").glob("*12px*"))  # nothing half-written
+    written = [p for p in (tmp_path / "cache" / "decoded").glob("*12px*") if p.suffix != ".lock"]
+    assert not written  # nothing half-written
 
 
 def test_mixed_modes_and_sizes_are_converted_and_said_once(tmp_path):
@@ -212,7 +213,32 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
         return decoded_cache.Built((1, 1, 2, 2))
 
     assert decoded_cache.open_or_build("y", "s", "f", build, say=print, wait_s=0.0).array.shape == (1, 1, 2, 2)
-    assert not lock.exists() and os.path.exists(lock.with_suffix(".json"))
+    assert not lock.with_suffix(".holder").exists() and os.path.exists(lock.with_suffix(".json"))
+
+
+def test_the_lock_of_a_builder_killed_while_it_holds_it_is_free_at_once(tmp_path):
+    """filelock's flock lock: the kernel frees it when its holder dies, with nothing to judge stale."""
+    import signal
+    import subprocess
+    import sys
+
+    _, _, _, lock = decoded_cache.entry_paths("z")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", f"import filelock, time; held = filelock.FileLock({str(lock)!r}, "
+                               "thread_local=False); held.acquire(); print('held', flush=True); time.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+
+    def build(path):
+        path.write_bytes(bytes(4))
+        return decoded_cache.Built((1, 1, 2, 2))
+
+    with pytest.raises(UserError, match="waited 0 s for another process"):
+        decoded_cache.open_or_build("z", "s", "f", build, say=print, wait_s=0.0)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    holder.stdout.close()
+    assert decoded_cache.open_or_build("z", "s", "f", build, say=print, wait_s=0.0).built_here
 
 
 def test_a_script_without_a_main_guard_builds_the_cache_in_parallel(tmp_path):

@@ -82,7 +82,7 @@ def test_a_forced_divergence_goes_back_to_a_good_state_and_ends_below_its_peak(h
     run = healthy_start
     capsys.readouterr()
     assert _train(run, TOO_HIGH, resume=True) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "warning: divergence at step 34: the loss" in out and "went back to step 28 and halved" in out
     training, restores = _records(run)
     assert restores and restores[0]["restored_step"] == 28 and restores[0]["lr_factor"] == 0.5
@@ -98,8 +98,9 @@ def test_a_forced_divergence_goes_back_to_a_good_state_and_ends_below_its_peak(h
 def test_a_run_that_keeps_diverging_stops_naming_the_learning_rate_to_set(healthy_start, capsys):
     capsys.readouterr()
     assert _train(healthy_start, "optim.lr=0.5", resume=True) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: the loss diverged at step ")
+    said = capsys.readouterr().err  # the progress, then the one error line
+    err = said.rstrip().splitlines()[-1]
+    assert said.count("error:") == 1 and err.startswith("error: the loss diverged at step ")
     assert "after 3 restores of an earlier state" in err and "train with --set optim.lr=0.031 or lower" in err
 
 
@@ -124,7 +125,7 @@ def test_a_resumed_run_takes_the_same_decision_at_the_same_step(tmp_path, capsys
     assert _train(split, TOO_HIGH, resume=True, max_steps=HEALTHY + 2) == 0
     capsys.readouterr()
     assert _train(split, TOO_HIGH, resume=True) == 0
-    assert "went back to step 28" in capsys.readouterr().out
+    assert "went back to step 28" in capsys.readouterr().err
     (name_a, a), (name_b, b) = _weights(straight), _weights(split)
     assert name_a == name_b and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in _records(straight)[1]] == [r["step"] for r in _records(split)[1]]

@@ -93,6 +93,9 @@ CASES = {
     "sacct-timeout.sacct": ("sacct-limit", "Elapsed 2-00:00:12 of Timelimit 2-00:00:00, 12 s past it", "--time"),
     "qacct-h-vmem.qacct": ("qacct-limit", "the memory limit (h_vmem) -- failed 0, exit_status 137, maxvmem 15.8 GiB "
                            "of h_vmem 16.0 GiB (99%)", "-l h_vmem"),
+    # a local trainer killed from outside: its trainer.json as the doctor reads it (state seen from its host)
+    "trainer-killed.jsonl": ("trainer-killed", "the trainer (pid 81234 on gpu17, started 2026-11-27 09:14:02) is "
+                             "gone without recording how it ended", "'Killed process 81234'"),
     # the program's own error, when nothing else explains the log
     "python-traceback.log": ("python-traceback", "RuntimeError: Given groups=1, weight of size [64, 3, 3, 3], "
                              "expected input[32, 1, 64, 64] to have 3 channels, but got 1 channels instead "

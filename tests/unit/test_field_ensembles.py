@@ -73,8 +73,8 @@ def test_eval_scores_given_held_out_pairs_and_says_when_it_scores_training_rows(
     captured = capsys.readouterr()
     record = json.loads(captured.out.strip().splitlines()[-1])
     assert record["held_out"] == 0 and "data" not in record
-    assert captured.err.strip() == ("note: scored on 96 rows of the training data (held_out 0): pass --data "
-                                    "npz:HELDOUT for pairs the model has not seen")
+    assert captured.err.strip().splitlines()[-1] == ("note: scored on 96 rows of the training data (held_out 0): "
+                                                     "pass --data npz:HELDOUT for pairs the model has not seen")
     held = npz_run.parent / "held.npz"
     assert main(["eval", str(npz_run), "--count", "2", "--steps", "2", "--json", "--data", f"npz:{held}"]) == 0
     captured = capsys.readouterr()

@@ -207,13 +207,15 @@ MICRO_FIELDS = ["--preset", "field-icon", "--set", "data.source=builtin:fields:2
 def test_train_sample_eval_and_export_verbs_on_a_field_run(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *MICRO_FIELDS]) == 0
-    assert "(fields)" in capsys.readouterr().out and (run / "samples" / "latest.png").is_file()
+    assert "(fields)" in capsys.readouterr().err and (run / "samples" / "latest.png").is_file()
     assert main(["sample", str(run), "--n", "8", "--steps", "3", "--out", str(tmp_path / "s.png")]) == 0
     with Image.open(tmp_path / "s.png") as image:
         assert image.size[0] > 300
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "4", "--steps", "3", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)  # the one JSON line alone on stdout: the progress is on stderr
+    assert "sampling: " in captured.err and "training the deterministic baseline (4 steps)" in captured.err
     assert record["task"] == "fields" and record["members"] == 4 and record["crps"] > 0
     assert all(isinstance(record[k], int) for k in ("members", "cases", "sampling_steps", "baseline_steps"))
     assert main(["eval", str(run), "--count", "1"]) == 2  # refused before sampling, naming the minimum
@@ -245,7 +247,7 @@ def test_resuming_a_field_run_restores_its_statistics(tmp_path, capsys):
     saved = ckpt.load_latest(run).task
     assert saved["x_std"].shape == (256,) and saved["cond_mean"].shape == (7,)
     assert main(["train", "--out", str(run), "--resume", "auto", *MICRO_FIELDS]) == 0
-    assert "resumed from step 2" in capsys.readouterr().out
+    assert "resumed from step 2" in capsys.readouterr().err
     assert torch.equal(ckpt.load_latest(run).task["x_std"], saved["x_std"])
 
 

@@ -43,7 +43,7 @@ def test_an_unreadable_newest_checkpoint_is_skipped_like_a_damaged_one(tmp_path,
         assert "warning: checkpoint step_00000008: model.safetensors is not readable (Permission denied); " \
                "falling back to the previous one" in capsys.readouterr().err
         assert _train(run, "--resume", "auto", steps=10) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "model.safetensors is not readable (Permission denied)" in out and "resumed from step 4" in out
     assert ckpt.step_of(ckpt.list_checkpoints(run)[-1]) == 10
 

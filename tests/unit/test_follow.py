@@ -129,7 +129,7 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
     _write(writer, range(2))
     _stop_once_waiting(run)
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == EXIT_REQUEUE
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "waiting for data: buffer 160/480 samples (2 spool files)" in out
     assert "stop requested (SIGUSR2) while waiting for data (buffer 160/480 samples): writing a checkpoint" in out
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
@@ -137,7 +137,7 @@ def test_a_stop_while_waiting_checkpoints_and_the_resumed_run_reads_on(tmp_path,
 
     _write(writer, range(2, 6))  # the simulation went on meanwhile
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), "--resume", "auto", *SMALL]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "resumed from step 0" in out and "buffer full: 480 samples from 6 spool files" in out
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 480, 6, 6]
@@ -148,13 +148,13 @@ def test_a_follower_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_
     writer = SpoolWriter(spool)
     _write(writer, range(4))  # 320 samples: spool:DIR:160 keeps the newest 160
     assert main(["train", "--data", f"spool:{spool}:160", "--out", str(run), "--max-steps", "20", *SMALL]) == 0
-    assert "buffer full: 160 samples from 4 spool files" in capsys.readouterr().out
+    assert "buffer full: 160 samples from 4 spool files" in capsys.readouterr().err
 
     _write(writer, range(4, 6))
     _stop_once_waiting(run)
     args = ["train", "--data", f"spool:{spool}:480", "--out", str(run), "--resume", "auto", *SMALL]
     assert main(args) == EXIT_REQUEUE
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "resumed from step 20" in out and "waiting for data: buffer 320/480 samples (6 spool files)" in out
     assert "buffer full" not in out
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
@@ -163,7 +163,7 @@ def test_a_follower_resumed_with_a_larger_buffer_keeps_its_rows_and_waits_until_
 
     _write(writer, range(6, 8))
     assert main(args) == 0
-    assert "buffer full: 480 samples from 8 spool files" in capsys.readouterr().out
+    assert "buffer full: 480 samples from 8 spool files" in capsys.readouterr().err
     state = ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1])
     assert state.step == 40 and state.task["buffer_counters"].tolist() == [480, 640, 8, 8]
 
@@ -279,9 +279,10 @@ def test_a_failed_or_short_simulation_ends_the_waiting_follower_with_its_state(f
                             capture_output=True, text=True, timeout=300)
     assert writer.returncode == 0, writer.stderr
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: the simulation writing {spool} ") and message in err, err
-    assert err.count("\n") == 1
+    said = capsys.readouterr().err  # the progress, then the one error line
+    err = said.rstrip().splitlines()[-1]
+    assert err.startswith(f"error: the simulation writing {spool} ") and message in err, said
+    assert said.count("error:") == 1
     assert ckpt.list_checkpoints(run)  # what it had is kept
     assert main(["status", str(run)]) == 0
     status = capsys.readouterr().out

@@ -239,7 +239,7 @@ def _final_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
 def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), *MICRO_POLICY, "--set", "train.steps=4"]) == 0
-    assert "builtin:reach2d (20 episodes" in capsys.readouterr().out
+    assert "builtin:reach2d (20 episodes" in capsys.readouterr().err
     assert (run / "samples" / "latest.png").is_file()
     assert main(["sample", str(run), "--n", "4", "--steps", "3", "--out", str(tmp_path / "chunks.png")]) == 0
     assert (tmp_path / "chunks.png").stat().st_size > 1000
@@ -248,7 +248,9 @@ def test_train_sample_eval_and_export_verbs_on_a_policy_run(tmp_path, capsys):
     assert (tmp_path / "fast.png").stat().st_size > 1000
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "3", "--steps", "2", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    record = json.loads(captured.out)  # the one JSON line alone on stdout: the progress is on stderr
+    assert "rollouts: 3 episodes at once" in captured.err and "rollouts: 3 of 3 ended (" in captured.err
     assert record["task"] == "policy" and record["episodes"] == 3 and 0 <= record["success"] <= 1
     assert isinstance(record["episodes"], int)
     assert {"mode_left", "mode_right", "length"} <= record.keys()
@@ -266,7 +268,7 @@ def test_stop_and_resume_of_a_policy_run_is_exact(tmp_path, capsys):
     assert main(["train", "--out", str(straight), *MICRO_POLICY, "--set", "train.steps=6"]) == 0
     assert main(["train", "--out", str(split), "--max-steps", "4", *MICRO_POLICY, "--set", "train.steps=6"]) == 0
     assert main(["train", "--out", str(split), "--resume", "auto", *MICRO_POLICY, "--set", "train.steps=6"]) == 0
-    assert "resumed from step 4" in capsys.readouterr().out
+    assert "resumed from step 4" in capsys.readouterr().err
     a, b = _final_tensors(straight), _final_tensors(split)
     assert a.keys() == b.keys() and {"task/obs_min", "task/action_max", "task/preview_obs"} <= a.keys()
     for key in a:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from diffscale.cli import main
-from diffscale.evaluation.quality import accuracy, frechet_distance, precision_recall
+from diffscale.evaluation.quality import accuracy, frechet_distance, manifold_scores
 from diffscale.tasks.images import quality
 
 from helpers import micro_args
@@ -51,13 +51,30 @@ def test_frechet_distance_takes_the_matrix_square_root_of_the_covariances():
     assert frechet_distance(stretched, turned) == pytest.approx(expected, rel=1e-9)
 
 
-def test_precision_and_recall_of_identical_disjoint_and_collapsed_sets():
+def test_manifold_scores_of_identical_disjoint_and_collapsed_sets():
     real = _gaussian(400, 2)
-    assert precision_recall(real, real) == (1.0, 1.0)
-    assert precision_recall(real, real + 100.0) == (0.0, 0.0)
-    left = real[real[:, 0] < 0]  # a generator that found only half the data
-    precision, recall = precision_recall(real, left)
-    assert precision == 1.0 and 0.35 < recall < 0.65
+    assert manifold_scores(real, real) == {"precision": 1.0, "recall": 1.0, "density": pytest.approx(1.0, abs=0.05),
+                                           "coverage": 1.0}
+    assert manifold_scores(real, real + 100.0) == {"precision": 0.0, "recall": 0.0, "density": 0.0, "coverage": 0.0}
+    left = manifold_scores(real, real[real[:, 0] < 0])  # a generator that found only half the data
+    assert left["precision"] == 1.0 and 0.35 < left["recall"] < 0.65 and 0.35 < left["coverage"] < 0.65
+    crowded = manifold_scores(real, _gaussian(400, 2, std=0.2, seed=1))  # samples crowding the mode
+    assert crowded["precision"] == 1.0 and crowded["density"] > 1.1 and crowded["coverage"] < 0.3
+
+
+def test_manifold_scores_are_the_reference_implementations():
+    """prdc is the code of Naeem et al. (2020); the scores are written here in float64 torch
+    (prdc prints to stdout and computes in eight threads: docs/decisions.md)."""
+    import contextlib
+    import io
+
+    from prdc import compute_prdc
+
+    real, fake = _gaussian(300, 16), _gaussian(200, 16, mean=0.3, std=1.2, seed=5)
+    with contextlib.redirect_stdout(io.StringIO()):
+        expected = compute_prdc(real.numpy(), fake.numpy(), nearest_k=3)
+    ours = manifold_scores(real, fake, k=3)
+    assert ours == {k: pytest.approx(float(v), abs=1e-12) for k, v in expected.items()}
 
 
 def test_accuracy_counts_rows_whose_top_logit_is_the_label():
@@ -127,7 +144,7 @@ def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path
     assert 0 < record["classes_covered"] <= 1 and record["class_balance"] > 0
     assert (run / "eval" / "step_00000004" / "samples.png").is_file()
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert lines[-1]["fd"] == record["fd"]
+    assert lines[-1]["fd"] == pytest.approx(record["fd"], rel=1e-5)  # printed rounded
     # the same seed and checkpoint give the same scores; an earlier checkpoint is chosen by its step
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fd"] == record["fd"]
@@ -154,8 +171,10 @@ def test_eval_uses_a_feature_network_of_the_users_own(tmp_path, capsys, monkeypa
     assert my_features.CALLS == [1] and quality.TRAININGS == trainings  # no network of diffscale's trained
 
 
-def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path, quick_features):
+def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path, quick_features, capsys):
     run = _trained(tmp_path, "train.eval_every=2", "train.eval_count=6", "train.sample_sampler=dpmsolver")
+    said = capsys.readouterr().err  # training's progress, on stderr
+    assert "sampling: 6 samples, dpmsolver" in said and "eval at step 4: fd " in said  # its progress and scores
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r.get("kind") == "eval"]
     assert [r["step"] for r in evals] == [2, 4]

@@ -20,7 +20,8 @@ from diffscale.cli import main
 
 from helpers import REPO, fake_run
 
-SECTIONS = ["Progress", "Training curves", "Samples over time", "Resolved config", "Job history", "Doctor", "System"]
+SECTIONS = ["Progress", "Training curves", "Evaluation scores", "Samples over time", "Resolved config", "Job history",
+            "Doctor", "System"]
 
 
 def _in_ci() -> bool:

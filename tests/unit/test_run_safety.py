@@ -94,7 +94,7 @@ def test_a_lock_left_by_a_dead_process_on_this_host_is_taken_over_and_said(tmp_p
     pid = _dead_pid()
     _lock(run, host=socket.gethostname(), pid=pid)
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"warning: took over the lock of pid {pid} on host {socket.gethostname()}" in out
     assert "that process is gone" in out
     assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "step_00000004").is_dir()
@@ -122,7 +122,7 @@ def test_a_lock_of_another_host_is_refused_and_taken_with_force(tmp_path, capsys
     assert "pass --force (force=True) to take the lock" in line
     assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME] and lock.read_text() == before
     assert main(["train", "--out", str(run), "--force", *micro_args(steps=4)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "took over the lock of pid 4242 on host gpu-node-17" in out and "--force was passed" in out
     assert not lock.exists()
 
@@ -146,7 +146,7 @@ def test_a_lock_of_a_job_the_scheduler_no_longer_runs_is_taken_over(tmp_path, ca
     (tmp_path / "bin" / "squeue").write_text(
         '#!/bin/sh\necho "slurm_load_jobs error: Invalid job id specified" >&2\nexit 1\n')
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
-    assert "the scheduler no longer runs job 991" in capsys.readouterr().out and not lock.exists()
+    assert "the scheduler no longer runs job 991" in capsys.readouterr().err and not lock.exists()
 
 
 def test_a_requeued_job_takes_over_its_own_lock(tmp_path, capsys, monkeypatch):
@@ -154,7 +154,7 @@ def test_a_requeued_job_takes_over_its_own_lock(tmp_path, capsys, monkeypatch):
     _lock(run, host="gpu-node-17", pid=4242, job="991")
     monkeypatch.setenv("SLURM_JOB_ID", "991")
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
-    assert "job 991 was requeued, and this is its new run" in capsys.readouterr().out
+    assert "job 991 was requeued, and this is its new run" in capsys.readouterr().err
 
 
 def test_a_lock_held_by_a_live_process_stops_an_online_trainer_until_it_ends(tmp_path):
@@ -249,15 +249,16 @@ def test_a_report_that_fails_keeps_the_old_page_and_leaves_nothing(tmp_path, mon
 # ----------------------------------------------------------------------------- stdout, preset, state.json
 
 def test_a_closed_stdout_stops_nothing(tmp_path):
-    """``train ... | head -1``: the reader leaves after one line; the run finishes with its files."""
+    """``train ... 2>&1 | head -1``: the reader of its progress leaves after one line; the run
+    finishes with its files, and its log keeps the rest."""
     run = tmp_path / "run"
     proc = subprocess.Popen(_cli("train", "--out", str(run), *micro_args(steps=12)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, env={**os.environ, **ENV, "PYTHONUNBUFFERED": "1"})
     assert proc.stdout is not None and proc.stdout.readline()
     proc.stdout.close()
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err
-    assert b"Traceback" not in err and b"BrokenPipe" not in err
+    assert proc.wait(timeout=600) == 0
+    log = (run / "train.log").read_text()
+    assert "Traceback" not in log and "BrokenPipe" not in log and "done: 12 steps" in log
     assert (run / "checkpoints" / "step_00000012").is_dir()
     last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 12
@@ -315,6 +316,6 @@ def test_a_state_json_with_wrong_content_is_a_damaged_checkpoint(tmp_path, capsy
     _rewrite_state(run / "checkpoints" / "step_00000008", change)
     capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume", "auto", *micro_args(steps=10)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "warning: checkpoint step_00000008" in out and says in out, out
     assert "falling back to the previous one" in out and "resumed from step 4" in out

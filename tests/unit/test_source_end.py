@@ -237,7 +237,7 @@ def test_a_follower_ends_once_its_writer_s_heartbeat_stopped(tmp_path, capsys):
     assert not (spool / "ended.json").exists()
     assert main(["train", "--data", f"spool:{spool}:480", "--out", str(run), *SMALL,
                  "--set", "train.steps=1000000"]) == 0
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().err.split())
     ended = _source_ended(run)
     assert len(ended) == 1 and ended[0]["ended"] == "silent" and ended[0]["ok"] and ended[0]["files"] == 6
     assert f"the simulation writing {spool} ended (its heartbeat stopped; none for" in out
@@ -259,7 +259,7 @@ def test_a_run_resumed_after_its_simulation_ended_trains_no_more(tmp_path, capsy
     assert final.task["buffer_source_end"].tolist() == [int(EndHow.EXITED), 0, final.step]
     capsys.readouterr()
     assert main([*args, "--resume", "auto"]) == 0  # a requeued or chained job of the run
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().err.split())
     assert (f"the simulation writing {spool} had already ended (exit status 0) and its final buffer was trained on: "
             f"nothing is left to train: checkpointed at step {final.step}") in out
     assert ckpt.load_checkpoint(ckpt.list_checkpoints(run)[-1]).step == final.step

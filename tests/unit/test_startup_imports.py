@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -115,12 +117,14 @@ def test_the_first_diffusers_import_reads_the_kept_packages_map(tmp_path):
     """...and the finder waiting for that import leaves every finder after it asked (the import
     system iterates ``sys.meta_path`` while it asks: one that removed itself there made it skip the next)."""
     code = ("import sys, diffscale, importlib.metadata as m\n"
+            "from diffscale.runtime.package_index import BeforeDiffusers\n"
+            "diffscale.fast_start()\n"
             "asked = []\n"
             "class Recorder:\n"
             "    @classmethod\n"
             "    def find_spec(cls, name, path=None, target=None):\n"
             "        asked.append(name)\n"
-            "sys.meta_path.insert(sys.meta_path.index(diffscale._BeforeDiffusers) + 1, Recorder)\n"
+            "sys.meta_path.insert(sys.meta_path.index(BeforeDiffusers) + 1, Recorder)\n"
             "import diffusers.utils\n"
             "assert m.packages_distributions.__wrapped__ is not None\n"
             "print('diffusers' in asked, m.packages_distributions() == m.packages_distributions.__wrapped__())\n")
@@ -132,6 +136,23 @@ def test_the_first_diffusers_import_reads_the_kept_packages_map(tmp_path):
     light = _python("import diffscale, sys\nprint('importlib.metadata' in sys.modules)\n",
                     DIFFSCALE_CACHE_DIR=str(tmp_path))
     assert light.stdout.strip() == "False"  # import diffscale alone installs nothing
+
+
+@pytest.mark.parametrize("asked", ["", "1"])
+def test_import_diffscale_changes_the_interpreter_only_when_asked(tmp_path, asked):
+    """A notebook's ``import diffscale`` leaves the import system, importlib.metadata and the
+    bytecode location as they were; DIFFSCALE_FAST_START=1 (a job of one's own) asks for what the
+    command line does."""
+    code = ("import sys, importlib.metadata as m\n"
+            "finders, prefix = list(sys.meta_path), sys.pycache_prefix\n"
+            "import diffscale\n"
+            "import diffusers.utils\n"
+            "print(sys.meta_path[:len(finders)] == finders, getattr(m.packages_distributions, '__wrapped__', None) "
+            "is not None, sys.pycache_prefix == prefix)\n")
+    done = _python(code, DIFFSCALE_CACHE_DIR=str(tmp_path), DIFFSCALE_FAST_START=asked)
+    assert done.returncode == 0, done.stderr
+    patched = done.stdout.split()[-3:]
+    assert patched[:2] == (["True", "False"] if not asked else ["False", "True"])
 
 
 def test_an_installed_transformers_is_not_imported_by_the_unet(tmp_path):

@@ -73,13 +73,13 @@ def test_streamed_training_resumes_bit_for_bit_and_matches_resident_training(tmp
     before = {child.pid for child in psutil.Process().children()}
     assert main(["train", "--out", str(straight), *data, *streamed]) == 0
     assert {child.pid for child in psutil.Process().children()} <= before  # its loader worker stopped with it
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "streamed from disk" in out and "data.resident off" in out and "1 loader workers per rank" in out
     assert main(["train", "--out", str(split), "--max-steps", "4", *data, *streamed]) == 0
     assert main(["train", "--out", str(split), "--resume", "auto", *data, *streamed]) == 0
     assert main(["train", "--out", str(resident), *data,
                  *micro_args("data.resident=on", "train.grad_accum=2", steps=8)]) == 0
-    assert "resident on the device" in capsys.readouterr().out
+    assert "resident on the device" in capsys.readouterr().err
     (name_a, a), (name_b, b), (name_c, c) = _weights(straight), _weights(split), _weights(resident)
     assert name_a == name_b == name_c == "step_00000008"
     for key in a:
@@ -124,7 +124,7 @@ def test_every_window_records_its_data_wait_share_in_metrics_tensorboard_and_the
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/data_wait_share")] == [2, 4, 6]
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "data wait " in next(line for line in out.splitlines() if line.startswith("step 6/6"))
     [summary] = [line for line in out.splitlines() if line.startswith("data wait: ")]
     assert summary.endswith(" s waiting for the next batch)") and "% of the training time (" in summary
@@ -149,7 +149,7 @@ def test_the_time_the_loop_waits_on_a_slow_feed_is_counted(tmp_path, capsys, mon
     run = tmp_path / "run"
     assert main(["train", "--out", str(run), "--data", f"imagefolder:{tmp_path / 'imgs'}",
                  *micro_args(f"data.resident={resident}", steps=4)]) == 0
-    summary = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("data wait: "))
+    summary = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("data wait: "))
     waited, total = (float(v) for v in re.search(r"\(([\d.]+) s of (\d+) s waiting", summary).groups())
     assert waited >= 1.0 and total >= round(waited) - 1
     shares = [json.loads(line)["data_wait_share"] for line in (run / "metrics.jsonl").read_text().splitlines()

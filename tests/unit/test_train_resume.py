@@ -31,7 +31,7 @@ def test_stop_and_resume_is_bit_for_bit_equal_to_an_uninterrupted_run(tmp_path, 
     assert main(["train", "--out", str(split), "--max-steps", "6", *micro_args(steps=10)]) == 0
     assert ckpt.step_of(ckpt.list_checkpoints(split)[-1]) == 6
     assert main(["train", "--out", str(split), "--resume", "auto", *micro_args(steps=10)]) == 0
-    assert "resumed from step 6" in capsys.readouterr().out
+    assert "resumed from step 6" in capsys.readouterr().err
     name_a, a = _final_tensors(straight)
     name_b, b = _final_tensors(split)
     assert name_a == name_b == "step_00000010"
@@ -81,7 +81,7 @@ def test_another_runs_checkpoint_of_a_different_model_is_named_with_its_own_fold
     # the command the hint gives works
     assert main(["train", str(other / "config.yaml"), "--out", str(new), "--resume", str(step),
                  *micro_args(steps=8)]) == 0
-    assert f"resumed from step {ckpt.step_of(step)}" in capsys.readouterr().out
+    assert f"resumed from step {ckpt.step_of(step)}" in capsys.readouterr().err
 
 
 def test_a_run_dirs_config_resumes_that_run(tmp_path, capsys, monkeypatch):
@@ -90,7 +90,7 @@ def test_a_run_dirs_config_resumes_that_run(tmp_path, capsys, monkeypatch):
     assert main(["train", "--out", str(run), "--max-steps", "4", *micro_args(steps=8)]) == 0
     capsys.readouterr()
     assert main(["train", str(run / "config.yaml"), "--resume", "auto"]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert f"resuming the run in {run}, the folder of {run / 'config.yaml'}" in out and "resumed from step 4" in out
     assert ckpt.step_of(ckpt.list_checkpoints(run)[-1]) == 8 and not (tmp_path / "runs").exists()
 
@@ -98,7 +98,7 @@ def test_a_run_dirs_config_resumes_that_run(tmp_path, capsys, monkeypatch):
 def test_resume_auto_without_a_checkpoint_says_it_starts_a_new_run(tmp_path, capsys):
     run = tmp_path / "fresh"
     assert main(["train", "--out", str(run), "--resume", "auto", *micro_args(steps=2)]) == 0
-    assert f"--resume auto: no checkpoint in '{run}', starting a new run there" in capsys.readouterr().out
+    assert f"--resume auto: no checkpoint in '{run}', starting a new run there" in capsys.readouterr().err
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     weights.write_bytes(weights.read_bytes()[:100])  # truncated, as by a full disk
     capsys.readouterr()
     assert main(["train", "--out", str(run), "--resume", "auto", *micro_args(steps=10)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "warning: checkpoint step_00000008: model.safetensors has 100 bytes" in out
     assert "resumed from step 4" in out
 
@@ -141,7 +141,7 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path, capsys):
     assert main(["train", "--out", str(run), *micro_args(steps=8)]) == 0
     first = ckpt.list_checkpoints(run)[0]
     assert main(["train", "--out", str(run), "--resume", str(first), *micro_args(steps=8)]) == 0
-    assert f"resumed from step {ckpt.step_of(first)}" in capsys.readouterr().out
+    assert f"resumed from step {ckpt.step_of(first)}" in capsys.readouterr().err
     assert main(["train", "--out", str(run), "--resume", str(tmp_path / "nope"), *micro_args(steps=8)]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffscale.cluster.flags import add_job_arguments
 from diffscale.errors import UserError
-from diffscale.io.paths import file_target, folder_target
+from diffscale.io.paths import folder_target
+from diffscale.io.trainer import local_log
 
 if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.jobs.records import JobState, Submission
@@ -26,10 +26,6 @@ if TYPE_CHECKING:  # annotations only; the handlers import what they use
     from diffscale.cluster.planning.workload import Workload
     from diffscale.cluster.profiles.types import ClusterProfile, Partition
     from diffscale.config import RunConfig
-
-PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-"""A discovered profile's name: also its file name and what --cluster is given."""
-
 
 # ----------------------------------------------------------------------------- arguments
 
@@ -42,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              description="Dry run: print the job script, a table of every rank and the preflight "
              "checks. Exits 2 when a check fails (unless --force).")
     add_job_arguments(p, race=True)
+    p.add_argument("--json", action="store_true", help="print the plans as one JSON list (script, ranks, checks)")
     p.set_defaults(func=cmd_plan)
 
     p = verb(subparsers, "submit", "plan, then submit the job(s) and record them in RUN_DIR/jobs.json",
@@ -56,10 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = verb(subparsers, "status", "where a run stands: its jobs (submitted runs), step, rate, ETA, newest "
              "checkpoint and last sample", "diffscale status runs/xl")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale train or submit")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.set_defaults(func=cmd_status)
 
-    p = verb(subparsers, "logs", "print the log of a run's job(s)", "diffscale logs runs/xl -n 50")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit")
+    p = verb(subparsers, "logs", "print a run's job log (trained here: its train.log)", "diffscale logs runs/xl -n 50")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit or train")
     p.add_argument("--job", help="job id (default: the latest job that has a log)")
     p.add_argument("-n", "--lines", type=int, default=0, help="only the last N lines")
     p.set_defaults(func=cmd_logs)
@@ -67,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = verb(subparsers, "cancel", "cancel the pending/running jobs of a run", "diffscale cancel runs/xl")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out of diffscale submit")
     p.set_defaults(func=cmd_cancel)
+
+    from diffscale.cluster.profiles.cli import cmd_cluster_discover, cmd_cluster_list, cmd_cluster_show
 
     p = verb(subparsers, "cluster", "cluster profiles: list, show, discover",
              "diffscale cluster list\ndiffscale cluster show purdue-gilbreth")
@@ -238,11 +238,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.partition == "auto":
         from diffscale.cluster.planning.partition_auto import choose
 
+        if args.json:
+            raise UserError("--json prints the plans of named partitions; --partition auto prints its comparison",
+                            "drop --json, or plan the partition it picks: --partition NAME --json")
         count, workload, _, _ = _auto(args, submitting=False)
         choose(args, workload, count)
         return 0
     _, _, _, _, plans = _plans(args)
-    for plan in plans:
+    if args.json:
+        _said([report.plan_dict(plan, time_asked=args.time is not None) for plan in plans])
+    for plan in plans if not args.json else ():
         report.print_plan(plan, time_asked=args.time is not None)
     _refuse_failed(plans, args.force)
     return 0
@@ -300,13 +305,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     from diffscale.io import rundir
 
     run_dir = Path(args.run_dir)
+    found: dict = {"jobs": None, "progress": None}
     if jobs.path(run_dir).is_file():
         sub, _, states = _checked_states(args.run_dir)
-        report.print_status(sub, states, run_dir)
+        if args.json:
+            found["jobs"] = report.status_dicts(sub, states)
+        else:
+            report.print_status(sub, states, run_dir)
         if not (run_dir / "metrics.jsonl").is_file() and not rundir.checkpoints(run_dir):
-            return 0  # no step trained yet: the job table says why
-    for line in rundir.describe(rundir.progress(run_dir)):
+            return _said(found) if args.json else 0  # no step trained yet: the job table says why
+    progress = rundir.progress(run_dir)
+    if args.json:
+        return _said({**found, "progress": rundir.as_dict(progress)})
+    for line in rundir.describe(progress):
         print(line)
+    return 0
+
+
+def _said(found: object) -> int:
+    """A verb's result as one JSON line, floats rounded."""
+    import json
+
+    from diffscale.io.numbers import rounded
+
+    print(json.dumps(rounded(found)))
     return 0
 
 
@@ -316,6 +338,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.lines < 0:
         raise UserError(f"-n {args.lines} is out of range: the number of last lines is 0 (all) or more",
                         "pass e.g. -n 50, or leave -n out for the whole log")
+    if Path(args.run_dir).is_dir() and not jobs.path(Path(args.run_dir)).is_file():  # trained here
+        sys.stdout.write(local_log(Path(args.run_dir), args.job, args.lines))
+        return 0
     sub = jobs.latest(args.run_dir)
     candidates = [j for j in sub.jobs if args.job in (None, j.job_id)]
     if not candidates:
@@ -345,52 +370,4 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     sched.cancel(active)
     jobs.record_cancelled(args.run_dir, active)
     print(f"cancelled {len(active)} job(s): {', '.join(active)}")
-    return 0
-
-
-def cmd_cluster_list(args: argparse.Namespace) -> int:
-    from diffscale.cluster import tables as report
-    from diffscale.cluster.profiles.loading import available, load_profile
-
-    report.print_profile_list([load_profile(str(path)) for path in available().values()])
-    return 0
-
-
-def cmd_cluster_show(args: argparse.Namespace) -> int:
-    from diffscale.cluster import tables as report
-    from diffscale.cluster.profiles.loading import load_profile
-
-    report.print_profile(load_profile(args.name))
-    return 0
-
-
-def cmd_cluster_discover(args: argparse.Namespace) -> int:
-    import shutil
-
-    from diffscale.cluster.jobs.scheduler import run
-    from diffscale.cluster.profiles.discover import discover
-    from diffscale.cluster.profiles.loading import dump_profile, profile_from_dict, profile_to_dict, user_dir
-    from diffscale.cluster.profiles.types import SchedulerKind
-
-    if not PROFILE_NAME.fullmatch(args.name):
-        raise UserError(f"--name '{args.name}' is not a usable profile name",
-                        "use letters, digits and _ . - (starting with a letter or digit), e.g. --name mycluster")
-    out = file_target(args.out if args.out else user_dir() / f"{args.name}.yaml", "--out", example="cluster.yaml")
-    kind = args.scheduler
-    if kind is None:
-        if shutil.which("scontrol") and run(["scontrol", "ping"], check=False).returncode == 0:
-            kind = "slurm"
-        elif shutil.which("qconf") and run(["qconf", "-sql"], check=False).returncode == 0:
-            kind = "sge"
-        else:
-            raise UserError("no scheduler answers here (scontrol ping / qconf -sql failed)",
-                            "run discover on the cluster's login node, or pass --scheduler")
-    profile = discover(args.name, SchedulerKind(kind), lambda argv: run(argv).stdout)
-    # round-trip through the loader: what we write is exactly what plan will accept
-    text = dump_profile(profile)
-    profile_from_dict(profile_to_dict(profile), source="discovered profile")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# Discovered from the live {kind} scheduler by `diffscale cluster discover`.\n"
-                   "# Check it: unknown facts are null; add setup lines (module load ...) and NCCL env.\n" + text)
-    print(f"wrote {out} ({len(profile.partitions)} partition(s): {', '.join(p.name for p in profile.partitions)})")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,11 +15,12 @@ from diffscale.cluster.jobs.scheduler import JobState
 from diffscale.cluster.planning.plan import Plan
 from diffscale.cluster.profiles.types import ClusterProfile
 from diffscale.cluster.scripts.timefmt import hms, human
+from diffscale.io.tables import terminal_width
 
 
 def _console() -> Console:
-    # wide enough for the rank table when piped to a file
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    # a terminal's width, or $COLUMNS; piped to a file, wide enough for the rank table
+    return Console(width=terminal_width(pipe=160), highlight=False)
 
 
 def _u(value: object, unit: str = "") -> str:
@@ -148,6 +150,28 @@ def print_status(sub: Submission, states: Sequence[JobState], run_dir: Path) -> 
         owner = race.owner(run_dir)
         console.print(f"race: {owner_words(sub, owner) + ' owns the run' if owner else 'no shape has started yet'}",
                       markup=False)
+
+
+def status_dicts(sub: Submission, states: Sequence[JobState]) -> list[dict[str, Any]]:
+    """The job table of ``status --json``: each job of the submission and its scheduler state."""
+    by_id = {s.job_id: s for s in states}
+    return [{"job_id": j.job_id, "shape": j.shape, "partition": j.partition, "segment": j.segment,
+             "segments": j.segments, "role": j.role or None, "log": j.log,
+             "state": by_id[j.job_id].state if j.job_id in by_id else None,
+             "active": by_id[j.job_id].active if j.job_id in by_id else None,
+             "detail": by_id[j.job_id].detail if j.job_id in by_id else ""} for j in sub.jobs]
+
+
+def plan_dict(plan: Plan, *, time_asked: bool) -> dict[str, Any]:
+    """What ``plan --json`` prints of one job: what ``plan`` shows, as data."""
+    return {"label": plan.label, "cluster": plan.profile.name, "partition": plan.partition.name,
+            "shape": plan.shape.label, "world_size": plan.spec.world_size, "time_limit_s": plan.spec.time_s,
+            "time_limit": time_limit(plan, time_asked), "estimate_s": plan.estimate_s, "script": plan.script(),
+            "ranks": [{"rank": r.rank, "node": r.node, "host": r.host, "local_rank": r.local_rank, "device": r.device,
+                       "started_by": r.started_by, "master": r.master} for r in plan.shown_ranks() if r is not None],
+            "segments": [{"segment": s.index, "time_s": s.time_s, "steps": s.steps} for s in plan.segments],
+            "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in plan.checks],
+            "notes": list(plan.notes), "ok": plan.ok}
 
 
 def print_profile_list(profiles: Sequence[ClusterProfile]) -> None:

@@ -12,12 +12,14 @@ One cache entry is a pair under ``DIFFSCALE_CACHE_DIR`` (default ``~/.cache/diff
 
 Both are written to temporary names and renamed, the header last: a header on disk means a
 complete entry. When several processes of a node start together one builds (it holds
-``NAME.lock``) and the others wait for its header. A raw file rather than ``.npy`` because the
+``NAME.lock``, filelock's ``flock`` lock, freed by the kernel if it dies) and the others wait for its
+header. A raw file rather than ``.npy`` because the
 item count is known only after decoding (unreadable items are skipped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import BaseFileLock, FileLock, SoftFileLock, Timeout
 
 from diffscale.errors import UserError
 from diffscale.io.atomic import atomic_path, write_text
@@ -153,55 +156,50 @@ def open_or_build(name: str, source: str, fingerprint: str, build: Callable[[Pat
                 found = _usable(name, source, fingerprint)  # built while this process waited for the lock
                 return found if isinstance(found, CachedArray) else _build(name, source, fingerprint, build)
             finally:
-                lock.unlink(missing_ok=True)
+                _holder_path(entry_paths(name)[3]).unlink(missing_ok=True)
+                lock.release()
         if time.monotonic() > deadline:
             holder = _lock_holder(entry_paths(name)[3])
             raise UserError(f"waited {wait_s:.0f} s for another process ({holder}) building the decoded cache of "
                             f"{source} ({entry_paths(name)[3]})",
-                            "if no other diffscale run is decoding this data, delete the .lock file and start again")
+                            "if no other diffscale run is decoding this data, delete the .lock file and start again "
+                            "(a lock of a process that died is freed by itself, except on file systems without "
+                            "flock)")
         time.sleep(0.2)
 
 
-def _try_lock(lock: Path) -> Path | None:
-    """Take ``lock`` (exclusive create); a lock left by a dead process of this host is taken over."""
+def _try_lock(lock: Path) -> BaseFileLock | None:
+    """Take ``lock`` without waiting (None: another process holds it), and note who holds it for
+    the message of a process that waits too long. filelock's ``flock`` lock is released by the
+    kernel when its holder dies, a killed builder's included, on any host that shares the file
+    system's locks; where the file system has no ``flock``, its lock file created exclusively."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
+    held: BaseFileLock = FileLock(str(lock), thread_local=False)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        return None
+    except NotImplementedError:  # no flock on this file system (some network mounts)
+        held = SoftFileLock(str(lock.with_suffix(".softlock")), thread_local=False)
         try:
-            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            if not _holder_is_dead(lock):
-                return None
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(handle, "w") as out:
-            json.dump({"host": socket.gethostname(), "pid": os.getpid()}, out)
-        return lock
-    return None
+            held.acquire(timeout=0)
+        except Timeout:
+            return None
+    with contextlib.suppress(OSError):
+        _holder_path(lock).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    return held
+
+
+def _holder_path(lock: Path) -> Path:
+    return lock.with_suffix(".holder")
 
 
 def _lock_holder(lock: Path) -> str:
     try:
-        holder = json.loads(lock.read_text())
+        holder = json.loads(_holder_path(lock).read_text())
         return f"pid {holder['pid']} on {holder['host']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "unknown"
-
-
-def _holder_is_dead(lock: Path) -> bool:
-    try:
-        holder = json.loads(lock.read_text())
-        pid, host = int(holder["pid"]), str(holder["host"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # being written, or not ours to judge
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _build(name: str, source: str, fingerprint: str, build: Callable[[Path], Built]) -> CachedArray:

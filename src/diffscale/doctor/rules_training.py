@@ -94,7 +94,21 @@ def _data_bound(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | Non
     return None
 
 
+def _trainer_gone(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    return next((r for r in records if r.get("kind") == "trainer" and r.get("state") == "gone"), None)
+
+
 RECORD_RULES: tuple[RecordRule, ...] = (
+    RecordRule(
+        "trainer-killed", "the trainer was killed", _trainer_gone,
+        "the trainer (pid {pid} on {host}, started {since}) is gone without recording how it ended: it was "
+        "killed from outside (SIGKILL, the kernel's out-of-memory killer, a closed terminal or a logout) after "
+        "its last output at {last_output}",
+        "look for the out-of-memory killer around that time (journalctl -k or dmesg: 'Killed process {pid}'); "
+        "train in tmux, screen or under nohup so a closed terminal does not end it; continue with "
+        "diffscale train --out {run_dir} --resume auto (what it printed: diffscale logs {run_dir})",
+        "trainer.json: pid {pid} recorded no end, and no process {pid} runs on {host}",
+    ),
     RecordRule(
         "nonfinite-skipped", "non-finite steps skipped", _nonfinite,
         "{n} optimizer steps had a non-finite loss or gradient and were skipped (first by step {first})",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.trainer import LOG_NAME, TRAINER_FILE, clock, last_output, read_trainer
 
 MAX_LOG_BYTES = 4 << 20
 """Read at most the last 4 MiB of a log: failures are at the end, logs of long runs are huge."""
@@ -171,16 +172,33 @@ def from_run_dir(run_dir: Path, ev: Evidence) -> None:
     for path in sorted(logs.rglob("*")) if logs.is_dir() else []:
         if path.is_file():
             _readable(path, ev, from_log)
+    trained_here = not (run_dir / "jobs.json").is_file()  # a submitted run's jobs have their own logs and records
+    if trained_here and (run_dir / LOG_NAME).is_file():  # its console output
+        _readable(run_dir / LOG_NAME, ev, from_log)
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         _readable(metrics, ev, _metrics)
+    if trained_here:
+        _trainer(run_dir, ev)
     for path in sorted(run_dir.glob("*.json")):
-        if path.name not in ("jobs.json", "system.json") and not path.name.startswith("."):  # not failure records
+        if path.name not in ("jobs.json", "system.json", TRAINER_FILE) and not path.name.startswith("."):
             records = _json_records(path)
             if records:
                 ev.records.append((str(path), records))
     if (run_dir / "jobs.json").is_file():
         _scheduler_records(run_dir, ev)
+
+
+def _trainer(run_dir: Path, ev: Evidence) -> None:
+    """The trainer's record with its state seen from here (``gone``: killed without recording an end)."""
+    trainer = read_trainer(run_dir)
+    if trainer is None:
+        return
+    last = last_output(run_dir)
+    ev.records.append((str(run_dir / TRAINER_FILE), [{
+        "kind": "trainer", "state": trainer.state().value, "pid": trainer.pid, "host": trainer.host,
+        "since": clock(trainer.since), "last_output": clock(last) if last is not None else "?",
+        "outcome": trainer.outcome, "run_dir": str(run_dir)}]))
 
 
 def from_job_id(job_id: str, ev: Evidence) -> None:

@@ -1,6 +1,7 @@
 """Sample-quality metrics on feature vectors, whatever network made them: the Frechet distance
-between Gaussian fits (FID's formula), k-NN manifold precision and recall (Kynkaanniemi et al.
-2019) and classifier accuracy. Features are (N, D) tensors; all arithmetic is in float64 on the CPU.
+between Gaussian fits (FID's formula), k-NN manifold precision, recall, density and coverage
+(Kynkaanniemi et al. 2019, Naeem et al. 2020) and classifier accuracy. Features are (N, D) tensors;
+all arithmetic is in float64 on the CPU.
 """
 
 from __future__ import annotations
@@ -38,28 +39,36 @@ def _symmetric_sqrt(matrix: np.ndarray) -> np.ndarray:
     return (vectors * np.sqrt(np.clip(values, 0.0, None))) @ vectors.T
 
 
-def _radii(features: torch.Tensor, k: int) -> torch.Tensor:
-    """Distance of each row of ``features`` (N, D) to its k-th nearest other row: (N,)."""
-    distances = torch.cdist(features, features)
+def _radii(distances: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's distance to its k-th nearest other row, of a set's (N, N) distances: (N,)."""
     # k + 1: the nearest row is the row itself, at distance zero
-    return distances.kthvalue(min(k + 1, features.shape[0]), dim=1).values
+    return distances.kthvalue(min(k + 1, distances.shape[0]), dim=1).values
 
 
-def _covered(points: torch.Tensor, centres: torch.Tensor, radii: torch.Tensor) -> torch.Tensor:
-    """Fraction of ``points`` (N, D) inside at least one ball (``centres`` (M, D), ``radii`` (M,))."""
-    inside = torch.cdist(points, centres) <= radii.unsqueeze(0)
-    return inside.any(dim=1).double().mean()
+def manifold_scores(real: torch.Tensor, fake: torch.Tensor, *, k: int = 3) -> dict[str, float]:
+    """k-NN manifold scores of ``fake`` (M, D) against ``real`` (N, D), each real (fake) row's
+    ball reaching its k-th nearest real (fake) neighbour:
 
+    - ``precision``: the share of fake rows inside a real ball (Kynkaanniemi et al. 2019);
+    - ``recall``: the share of real rows inside a fake ball;
+    - ``density``: real balls holding each fake row, over k, averaged (Naeem et al. 2020): 1 for
+      samples spread like the data, above 1 where they crowd into its dense regions;
+    - ``coverage``: the share of real rows whose ball holds a fake row (Naeem et al. 2020), which
+      an outlier among the samples cannot raise.
 
-def precision_recall(real: torch.Tensor, fake: torch.Tensor, *, k: int = 3) -> tuple[float, float]:
-    """k-NN manifold precision (the share of ``fake`` (M, D) inside the real manifold: balls around
-    each real row reaching its k-th nearest real neighbour) and recall (the share of ``real``
-    (N, D) inside the fake manifold)."""
+    The same formulas as the paper's own code (the ``prdc`` package), in float64 torch: that
+    package prints to stdout and computes in eight threads (docs/decisions.md, "Precision, recall,
+    density and coverage written here, checked against prdc")."""
     real = real.detach().double().cpu()
     fake = fake.detach().double().cpu()
-    precision = _covered(fake, real, _radii(real, k))
-    recall = _covered(real, fake, _radii(fake, k))
-    return float(precision), float(recall)
+    real_radii = _radii(torch.cdist(real, real), k)
+    fake_radii = _radii(torch.cdist(fake, fake), k)
+    between = torch.cdist(real, fake)  # (N, M)
+    in_real_ball = between < real_radii.unsqueeze(1)
+    return {"precision": float(in_real_ball.any(dim=0).double().mean()),
+            "recall": float((between < fake_radii.unsqueeze(0)).any(dim=1).double().mean()),
+            "density": float(in_real_ball.sum(dim=0).double().mean() / k),
+            "coverage": float((between.min(dim=1).values < real_radii).double().mean())}
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:

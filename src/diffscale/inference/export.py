@@ -18,7 +18,7 @@ import torch
 
 from diffscale.errors import UserError
 from diffscale.io.paths import check_export_dir, give_default_modes, refused
-from diffscale.runtime.checkpoint import process_alive
+from diffscale.runtime.runlock import process_alive
 
 if TYPE_CHECKING:
     from diffscale.tasks.base import Task
@@ -48,7 +48,7 @@ def export_network(task: Task, network: torch.nn.Module, out_dir: Path,
         partial.mkdir()
         how = task.export(network, partial)
         if card is not None:
-            card(partial, how.replace(str(partial), str(out_dir)))
+            card(partial, how.replace(str(partial), out_dir.name))  # the card names no machine's paths
         give_default_modes(partial)
         # rename(2) replaces an empty folder: the target appears complete, at once
         os.replace(partial, out_dir)

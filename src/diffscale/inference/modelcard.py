@@ -76,8 +76,8 @@ def front_matter(facts: CardFacts) -> str:
 
 def loading_code(facts: CardFacts) -> str:
     """The card's Python: where the folder comes from, then the task's own loading code."""
-    if facts.repo is None:
-        source = f"folder = {str(facts.folder.resolve())!r}\n"
+    if facts.repo is None:  # the folder's name, not where it was written: a card names no machine's paths
+        source = f"folder = {facts.folder.name!r}  # the path of this folder\n"
     elif facts.listing.loads_hub_ids:
         source = f"folder = {facts.repo!r}  # or the path of a downloaded copy\n"
     else:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.scores import eval_records, headline, summary
+from diffscale.io.trainer import Trainer, TrainerState, read_trainer, trainer_line
 
 _CHECKPOINT = re.compile(r"step_(\d+)$")
 _SAMPLE_GRID = re.compile(r"step(\d+)\.png$")
@@ -110,6 +112,12 @@ class Progress:
     """The divergence guard's restores (``kind: divergence`` records), oldest first."""
     source_ended: dict[str, Any] | None = None
     """How the run's data source ended (a coupled simulation), where it has: its ``source_ended`` event."""
+    trainer: Trainer | None = None
+    """The process that trains (or trained) here, as RUN_DIR/trainer.json records it."""
+    submitted: bool = False
+    """Whether the run was submitted to a scheduler (RUN_DIR/jobs.json): its job table says where it is."""
+    evals: tuple[dict[str, Any], ...] = ()
+    """The evaluations (``kind: eval`` records), oldest first."""
 
 
 def progress(run_dir: Path) -> Progress:
@@ -133,7 +141,9 @@ def progress(run_dir: Path) -> Progress:
                     checkpoint=ckpts[-1] if ckpts else None, sample=newest_sample(run_dir),
                     gpus={k: v for k, v in last.items() if k.startswith("gpu") and isinstance(v, (int, float))},
                     restores=tuple(e for e in events if e.get("kind") == "divergence"),
-                    source_ended=next((e for e in reversed(events) if e.get("kind") == "source_ended"), None))
+                    source_ended=next((e for e in reversed(events) if e.get("kind") == "source_ended"), None),
+                    trainer=read_trainer(run_dir), submitted=(run_dir / "jobs.json").is_file(),
+                    evals=tuple(e for e in events if e.get("kind") == "eval"))
 
 
 def _ago(when: float, now: float) -> str:
@@ -167,14 +177,20 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
         loss = f"loss {p.loss:.4f}, " if isinstance(p.loss, (int, float)) else ""
         rate = f"{p.samples_per_s:.0f} samples/s" if p.samples_per_s is not None else "rate unknown"
         lines.append(f"last logged {_ago(p.logged_at, now)}: {loss}{rate}")
+    state = _trainer_state(p)
     if p.source_ended is not None:
         lines.append(source_ended(p.source_ended, p.step))
     elif p.total_steps and p.step >= p.total_steps:
         lines.append("finished")
-    elif p.eta_s is not None:
+    elif p.eta_s is not None and state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE):
         lines.append(f"eta {duration(p.eta_s)} to the step that invocation stops at (as of the last record)")
+    if p.trainer is not None and state is not None:
+        lines.append(trainer_line(p.run_dir, p.trainer, lambda when: _ago(when, now), p.logged_at))
     if p.restores:
         lines.append(restores_line(p.restores))
+    scored = eval_records(p.evals)
+    if scored:
+        lines.append(f"eval at step {scored[-1].get('step')}: {summary(scored[-1])}")
     if p.gpus:
         lines.append("gpus: " + gpu_summary(p.gpus))
     ckpt = f"{p.checkpoint.name} ({_ago(p.checkpoint.stat().st_mtime, now)})" if p.checkpoint else "none yet"
@@ -182,6 +198,32 @@ def describe(p: Progress, now: float | None = None) -> list[str]:
     sample = f"{p.sample} ({_ago(p.sample.stat().st_mtime, now)})" if p.sample else "none yet"
     lines.append(f"last sample: {sample}")
     return lines
+
+
+def _trainer_state(p: Progress) -> TrainerState | None:
+    """The trainer's state for a run trained here; None for a submitted run, whose job table (and
+    the scheduler's accounting) says what became of it."""
+    return p.trainer.state() if p.trainer is not None and not p.submitted else None
+
+
+def as_dict(p: Progress) -> dict[str, Any]:
+    """What ``status --json`` prints of a run's progress: the numbers of :func:`describe`'s lines
+    (``eta_s`` None where the trainer is not running), the trainer and the newest evaluation."""
+    state = _trainer_state(p)
+    running = state in (None, TrainerState.RUNNING, TrainerState.ELSEWHERE)
+    trainer = None
+    if p.trainer is not None and state is not None:
+        trainer = {"state": state.value if state else None, "host": p.trainer.host, "pid": p.trainer.pid,
+                   "since": p.trainer.since, "ended": p.trainer.ended, "outcome": p.trainer.outcome}
+    scored = eval_records(p.evals)
+    newest = scored[-1] if scored else None
+    return {"run_dir": str(p.run_dir), "step": p.step, "total_steps": p.total_steps,
+            "finished": bool(p.total_steps and p.step >= p.total_steps), "loss": p.loss,
+            "samples_per_s": p.samples_per_s, "logged_at": p.logged_at, "eta_s": p.eta_s if running else None,
+            "checkpoint": p.checkpoint.name if p.checkpoint else None, "sample": str(p.sample) if p.sample else None,
+            "gpus": p.gpus, "restores": len(p.restores), "trainer": trainer,
+            "eval": None if newest is None else {"step": newest.get("step"), **headline(newest),
+                                                 **{k: v for k, v in newest.items() if k.startswith("reference_")}}}
 
 
 def restores_line(restores: tuple[dict[str, Any], ...]) -> str:

@@ -1,8 +1,9 @@
 """``diffscale report RUN_DIR``: one self-contained HTML page about a run.
 
-Training curves (loss, learning rate, throughput, GPU utilisation and memory), the sample
-grids over time, the resolved config, the job history (submissions, continuations and
-requeues, what the doctor finds) and the system the run ran on. Images are inline PNG data
+Training curves (loss, learning rate, throughput, GPU utilisation and memory), the evaluation
+scores over training (with the data's own as reference), the sample grids over time, the
+resolved config, the job history (submissions, continuations and requeues, what the doctor
+finds) and the system the run ran on. Images are inline PNG data
 URIs and the style is inline: the page names no URL, runs no script, and can be mailed or
 opened on a machine without access to the cluster.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from diffscale.errors import UserError
 from diffscale.io import rundir
 from diffscale.io.atomic import write_text
+from diffscale.report.evaluations import section as evaluations
 from diffscale.report.plots import curves_for, image_uri, plot, spread
 
 MOST_GRIDS = 12
@@ -125,9 +127,11 @@ def render(run_dir: Path) -> str:
     """The page's HTML."""
     run_dir = Path(run_dir)
     summary = rundir.describe(rundir.progress(run_dir))
-    records, _ = rundir.read_records(run_dir)
+    records, events = rundir.read_records(run_dir)
     sections = [("progress", "Progress", "<ul>" + "".join(f"<li>{_e(s)}</li>" for s in summary) + "</ul>"),
-                ("curves", "Training curves", _plots(records)), ("samples", "Samples over time", _grids(run_dir)),
+                ("curves", "Training curves", _plots(records)),
+                ("evaluations", "Evaluation scores", evaluations(events)),
+                ("samples", "Samples over time", _grids(run_dir)),
                 ("config", "Resolved config", _config(run_dir)), ("jobs", "Job history", _jobs(run_dir)),
                 ("doctor", "Doctor", _doctor(run_dir)), ("system", "System", _system(run_dir))]
     made = datetime.datetime.now().isoformat(timespec="seconds")

@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from diffscale.errors import UserError
 from diffscale.io.paths import give_default_modes
+from diffscale.runtime.runlock import process_alive
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -247,17 +248,6 @@ def prune(run_dir: Path, keep: int) -> None:
         pid = leftover.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a temporary folder named for a dead writer may be removed)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def verify(path: Path) -> dict[str, Any]:

@@ -11,8 +11,10 @@ with one that keeps the answer in the user's cache (``DIFFSCALE_CACHE_DIR``/pack
 the metadata folders on every import path and their modification times, and computes it as
 before on a miss or any error.
 
-``diffscale/__init__.py`` installs it the first time anything imports diffusers, so ``import
-diffscale`` stays light and code that never imports diffusers never sees it.
+The command line (and ``diffscale.fast_start()``, for a script of one's own) puts
+:class:`BeforeDiffusers` first in ``sys.meta_path``, which installs it the first time anything
+imports diffusers: code that never imports diffusers never sees it, and ``import diffscale``
+alone changes nothing.
 """
 
 from __future__ import annotations
@@ -92,3 +94,26 @@ def install() -> None:
     packages_distributions.__wrapped__ = original  # type: ignore[attr-defined]
     packages_distributions.__doc__ = original.__doc__
     metadata.packages_distributions = packages_distributions
+
+
+class BeforeDiffusers:
+    """A finder that finds nothing: the first import of diffusers (from anywhere) installs the kept
+    map of installed packages that diffusers and transformers read at import, then the usual
+    finders load it. It stays in ``sys.meta_path`` (the import system is iterating that list when
+    it asks), idle after that."""
+
+    done = False
+
+    @classmethod
+    def find_spec(cls, name: str, path: object = None, target: object = None) -> None:
+        if name == "diffusers" and not cls.done:
+            cls.done = True
+            install()
+
+
+def install_before_diffusers() -> None:
+    """Install the kept map now if diffusers is loaded, else at its first import."""
+    if "diffusers" in sys.modules:
+        install()
+    elif BeforeDiffusers not in sys.meta_path:
+        sys.meta_path.insert(0, BeforeDiffusers)

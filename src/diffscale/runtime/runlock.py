@@ -31,7 +31,7 @@ JOB_VARIABLES = ("SLURM_JOB_ID", "JOB_ID")
 """SLURM's and Grid Engine's job id: a requeued job keeps its id and may take over its own lock."""
 
 
-def _process_start(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (Linux), which tells a reused pid from its first owner."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -39,14 +39,21 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int, started: str | None) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    now = _process_start(pid)
+    return True
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    if not process_alive(pid):
+        return False
+    now = process_start(pid)
     return started is None or now is None or now == started
 
 
@@ -89,7 +96,7 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_NAME
         self.who = who
         self.held = False
-        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": _process_start(os.getpid()),
+        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": process_start(os.getpid()),
                        "since": time.time(), "job": _job(), "by": who,
                        "token": secrets.token_hex(8)}
 

@@ -74,11 +74,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q = verb(sub, "status", "which elements are pending, running, done or failed (and why)",
              "diffscale sweep status sweeps/study")
     q.add_argument("sweep_dir", metavar="DIR", help="a sweep directory")
+    q.add_argument("--json", action="store_true", help="print every element's state as one JSON list")
     q.set_defaults(func=cmd_status)
     q = verb(sub, "collect", "a table, CSV and plot of each run's final and best metrics against the axes",
              "diffscale sweep collect sweeps/study")
     q.add_argument("sweep_dir", metavar="DIR", help="a sweep directory")
     q.add_argument("--metric", default="loss", help="the metric to plot (default loss)")
+    q.add_argument("--sort", metavar="COLUMN", help="rows best first by a score (fd, recall, crps, success, ...: "
+                   "the way it is better) or another column of the summary (ascending)")
+    q.add_argument("--json", action="store_true", help="print the summary rows as one JSON list instead of a table")
     q.set_defaults(func=cmd_collect)
     q = verb(sub, "report", "one self-contained HTML page: the runs' curves overlaid and the table of final numbers",
              "diffscale sweep report sweeps/study && xdg-open sweeps/study/report.html")
@@ -191,14 +195,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     from diffscale.studies.status import sweep_states
 
     sweep_dir = Path(args.sweep_dir)
-    tables.print_status(sweep_dir, sweep_states(sweep_dir))
+    states = sweep_states(sweep_dir)
+    if args.json:
+        import json
+
+        print(json.dumps([{"index": s.index, "values": values, "state": s.state, "reason": s.reason,
+                           "exit_code": s.exit_code} for values, s in states]))
+        return 0
+    tables.print_status(sweep_dir, states)
     return 0
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from diffscale.studies.collect import collect
 
-    for line in collect(Path(args.sweep_dir), metric=args.metric):
+    for line in collect(Path(args.sweep_dir), metric=args.metric, sort=args.sort, as_json=args.json):
         print(line)
     return 0
 

@@ -9,13 +9,14 @@ import csv
 import io
 import json
 import statistics
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 from diffscale.studies.definition import SEED_AXES
+from diffscale.studies.scores import newest_scores, score_names, sort_by
 from diffscale.studies.standing import local_states
 from diffscale.studies.state import ElementRecord, ElementState
 
@@ -68,6 +69,8 @@ class RunFacts:
     state: ElementState
     found: list[float]
     """Every logged value of the metric, in order."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """The newest value of each evaluation score (FD, CRPS, success, ...; :mod:`diffscale.io.scores`)."""
 
     @property
     def final(self) -> float | None:
@@ -81,24 +84,31 @@ class RunFacts:
 Column = tuple[str, Callable[[RunFacts], str]]
 
 
-def run_columns(axes: list[str], metric: str) -> list[Column]:
+def run_columns(axes: list[str], metric: str, scores: Sequence[str] = ()) -> list[Column]:
     """The per-run table's columns, the one place that decides them (collect-runs.csv, the
-    report's table of runs): a new column is one more (header, value of a run) pair here."""
+    report's table of runs): a new column is one more (header, value of a run) pair here; one
+    column per evaluation score any run has."""
     return [("element", lambda f: str(f.record.index)),
             *[(a, lambda f, a=a: f.record.values.get(a, "")) for a in axes],
             (f"final_{metric}", lambda f: _fmt(f.final)), (f"best_{metric}", lambda f: _fmt(f.best)),
-            ("records", lambda f: str(len(f.found))), ("state", lambda f: f.state.state)]
+            ("records", lambda f: str(len(f.found))),
+            *[(n, lambda f, n=n: _fmt(f.scores.get(n))) for n in scores], ("state", lambda f: f.state.state)]
 
 
-def group_columns(varied: list[str], metric: str) -> list[tuple[str, Callable[[list[RunFacts]], str]]]:
-    """The summary's columns: the varied axes, then each figure's mean and spread over seeds."""
+def group_columns(varied: list[str], metric: str,
+                  scores: Sequence[str] = ()) -> list[tuple[str, Callable[[list[RunFacts]], str]]]:
+    """The summary's columns: the varied axes, then each figure's mean and spread over seeds (the
+    metric's final and best value, each evaluation score's newest)."""
     def stat(pick: Callable[[RunFacts], float | None], which: int) -> Callable[[list[RunFacts]], str]:
         return lambda runs: _fmt(_spread([v for f in runs if (v := pick(f)) is not None])[which])
 
+    figures: list[tuple[str, Callable[[RunFacts], float | None]]] = [
+        (f"final_{metric}", lambda f: f.final), (f"best_{metric}", lambda f: f.best),
+        *[(n, lambda f, n=n: f.scores.get(n)) for n in scores]]
     return [*[(a, lambda runs, a=a: runs[0].record.values.get(a, "")) for a in varied],
             ("seeds", lambda runs: str(sum(f.final is not None for f in runs))),
-            (f"final_{metric}_mean", stat(lambda f: f.final, 0)), (f"final_{metric}_sd", stat(lambda f: f.final, 1)),
-            (f"best_{metric}_mean", stat(lambda f: f.best, 0)), (f"best_{metric}_sd", stat(lambda f: f.best, 1))]
+            *[(f"{name}_{part}", stat(pick, which)) for name, pick in figures
+              for which, part in enumerate(("mean", "sd"))]]
 
 
 @dataclass(frozen=True)
@@ -111,22 +121,27 @@ class Summary:
     per_run: list[list[str]]
     group_header: list[str]
     per_group: list[list[str]]
+    scores: list[str] = field(default_factory=list)
+    """The evaluation scores any run has, one column each."""
 
 
 def summarise(sweep_dir: Path, metric: str) -> Summary:
     """Every element as ``local_states`` judges it, with its values of ``metric``, as the tables'
     rows: one per run, one per group of seeds."""
     standing = local_states(sweep_dir)
-    runs = [RunFacts(row, state, metric_values(Path(row.run_dir), metric)) for row, state in standing]
+    runs = [RunFacts(row, state, metric_values(Path(row.run_dir), metric), newest_scores(Path(row.run_dir)))
+            for row, state in standing]
     axes = list(runs[0].record.values) if runs else []
     varied = [a for a in axes if a not in SEED_AXES]
-    columns = run_columns(axes, metric)
+    scores = score_names(f.scores for f in runs)
+    columns = run_columns(axes, metric, scores)
     groups: dict[tuple[str, ...], list[RunFacts]] = {}
     for f in runs:
         groups.setdefault(tuple(f.record.values.get(a, "") for a in varied), []).append(f)
-    summary = group_columns(varied, metric)
+    summary = group_columns(varied, metric, scores)
     return Summary(axes, varied, runs, [c[0] for c in columns], [[c[1](f) for c in columns] for f in runs],
-                   [c[0] for c in summary], [[c[1](members) for c in summary] for members in groups.values()])
+                   [c[0] for c in summary], [[c[1](members) for c in summary] for members in groups.values()],
+                   scores)
 
 
 def plain_text(text: str) -> str:
@@ -168,12 +183,10 @@ def plot(path: Path, varied: list[str], per_group: list[list[str]], metric: str)
     return True
 
 
-def collect(sweep_dir: Path, *, metric: str = "loss") -> list[str]:
-    """Write the CSVs and the plot; return the lines to print (the summary table and the files)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
+def collect(sweep_dir: Path, *, metric: str = "loss", sort: str | None = None, as_json: bool = False) -> list[str]:
+    """Write the CSVs and the plot; return the lines to print (the summary table, a column per
+    evaluation score, sorted best first by ``sort`` where given, and the files; ``as_json``: one
+    JSON line of the summary rows instead)."""
     summary = summarise(sweep_dir, metric)
     if not any(f.found for f in summary.runs):
         missing = [f for f in summary.runs if f.state.state == "missing"]
@@ -183,17 +196,57 @@ def collect(sweep_dir: Path, *, metric: str = "loss") -> list[str]:
         raise UserError(f"no element of {sweep_dir} has logged {metric} yet"
                         f"{f' ({len(missing)} run directories are gone)' if missing else ''}",
                         f"check `diffscale sweep status {sweep_dir}`, or pass --metric NAME of metrics.jsonl{hint}")
+    per_group = summary.per_group
+    if sort:
+        header = summary.group_header
+        per_group = sort_by(header, per_group, f"{sort}_mean" if f"{sort}_mean" in header else sort)
     write_text(sweep_dir / RUNS_CSV, _csv(summary.run_header, summary.per_run))
-    write_text(sweep_dir / SUMMARY_CSV, _csv(summary.group_header, summary.per_group))
-    table = Table(title=Text(f"sweep {sweep_dir.name}: {metric}, mean ± sd over seeds"))
-    for col in summary.group_header:
-        table.add_column(Text(col))
-    for g in summary.per_group:
-        table.add_row(*(Text(c) for c in g))
-    out = io.StringIO()
-    Console(file=out, width=200, highlight=False).print(table)
-    drawn = plot(sweep_dir / PLOT, summary.varied, summary.per_group, metric)
+    write_text(sweep_dir / SUMMARY_CSV, _csv(summary.group_header, per_group))
+    drawn = plot(sweep_dir / PLOT, summary.varied, per_group, metric)
+    if as_json:
+        return [json.dumps([{h: _value(h, v, summary.varied) for h, v in zip(summary.group_header, g, strict=True)}
+                            for g in per_group])]
     files = [sweep_dir / RUNS_CSV, sweep_dir / SUMMARY_CSV, *([sweep_dir / PLOT] if drawn else [])]
     gone = [str(f.record.index) for f in summary.runs if f.state.state == "missing"]
     note = [f"missing: the run directories of element(s) {', '.join(gone)} are gone"] if gone else []
-    return [*out.getvalue().rstrip().splitlines(), *note, *(f"wrote {f}" for f in files)]
+    return [*_table_lines(sweep_dir, summary, per_group, metric, sort), *note, *(f"wrote {f}" for f in files)]
+
+
+def _table_lines(sweep_dir: Path, summary: Summary, per_group: list[list[str]], metric: str,
+                 sort: str | None) -> list[str]:
+    """The summary as a table at the terminal's width: mean ± sd per figure, the row's axes never cut."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from diffscale.io.tables import Column as TableColumn
+    from diffscale.io.tables import print_table, terminal_width
+
+    n = len(summary.varied)
+    columns = [*(TableColumn(a, 0, wrap=False) for a in summary.varied),
+               TableColumn("seeds", 4, wrap=False, justify="right"),
+               TableColumn(f"final {metric}", 1, justify="right"), TableColumn(f"best {metric}", 3, justify="right"),
+               *(TableColumn(s, 0 if s == sort else 2, justify="right") for s in summary.scores)]
+    shown = []
+    for g in per_group:
+        pairs = g[n + 1:]
+        shown.append([*g[:n + 1], *(_pm(pairs[i], pairs[i + 1]) for i in range(0, len(pairs), 2))])
+    title = escape(f"sweep {sweep_dir.name}: mean ± sd over seeds" + (f", best {sort} first" if sort else ""))
+    out = io.StringIO()
+    print_table(title, columns, shown, Console(file=out, width=terminal_width(), highlight=False))
+    return out.getvalue().rstrip().splitlines()
+
+
+def _value(column: str, text: str, varied: list[str]) -> str | float | None:
+    """A summary cell for JSON: a number where it is one (an axis keeps its text)."""
+    if column in varied:
+        return text
+    if not text:
+        return None
+    return int(text) if column == "seeds" else float(text)
+
+
+def _pm(mean: str, spread: str) -> str:
+    """``0.512 ± 0.03``; the mean alone where there is no spread (one seed)."""
+    if not mean:
+        return ""
+    return mean if spread in ("", "0") else f"{mean} ± {spread}"

@@ -1,8 +1,9 @@
 """``sweep report``: one self-contained HTML page comparing a sweep's runs: their curves overlaid
-(loss, throughput, and quality numbers where evaluation logged them), one colour (and, past ten,
-line style) per combination of the varied axes and one line style per seed, so no two groups'
-curves look alike; and the tables of collect (``studies/collect.py`` decides their columns).
-Plots are inline PNGs (matplotlib, Agg); the page asks the network for nothing."""
+(loss, throughput, and each evaluation score where evaluation logged them, titled with which way
+is better), one colour (and, past ten, line style) per combination of the varied axes and one line
+style per seed, so no two groups' curves look alike; and the tables of collect
+(``studies/collect.py`` decides their columns). Plots are inline PNGs (matplotlib, Agg); the page
+asks the network for nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.io.atomic import write_text
+from diffscale.io.scores import headline, score_of
 from diffscale.report.plots import png_data_uri
 from diffscale.studies.collect import plain_text, summarise
 from diffscale.studies.definition import SEED_AXES
@@ -55,8 +57,13 @@ def _records(run_dir: Path) -> list[dict[str, Any]]:
 def _fields(records: dict[int, list[dict[str, Any]]]) -> list[tuple[str, str, bool]]:
     present = {k for rows in records.values() for r in rows for k, v in r.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    quality = sorted(k for k in present if k.startswith(("eval_", "fid", "crps", "success")))
-    return [c for c in CURVES if c[0] in present] + [(k, k, False) for k in quality]
+    quality = list(headline({k: 0.0 for k in present}))  # the evaluation scores, in their table's order
+    return [c for c in CURVES if c[0] in present] + [(k, _titled(k), False) for k in quality]
+
+
+def _titled(name: str) -> str:
+    score = score_of(name)
+    return f"{name} ({score.better.value} is better)" if score is not None else name
 
 
 LINE_STYLES = ("-", "--", ":", "-.")

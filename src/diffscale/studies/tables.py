@@ -4,7 +4,6 @@ and failure reasons (gloo's ``[host]:port``) are shown as they are, never read a
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,6 +11,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from diffscale.io.tables import terminal_width
 
 if TYPE_CHECKING:
     from diffscale.studies.plan import SweepPlan
@@ -24,7 +25,7 @@ PREVIEW = 20
 
 
 def console() -> Console:
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False, soft_wrap=True)
+    return Console(width=terminal_width(), highlight=False, soft_wrap=True)
 
 
 def _relative(path: str, base: Path) -> str:

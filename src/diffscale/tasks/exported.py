@@ -25,6 +25,9 @@ class ExportFiles:
     state: str
     config: str
     signature: str = "signature.json"
+    prefix: str = ""
+    """What the network's own names start with and the weights file leaves out (``unet.``: the
+    file is a diffusers UNet2DModel's, read by diffusers too)."""
 
     def all(self) -> tuple[str, ...]:
         return self.weights, self.state, self.config, self.signature
@@ -45,17 +48,19 @@ def load_exported(task_class: Any, path: str | Path, files: ExportFiles, *, what
                       signature=json.loads((path / files.signature).read_text()))
     task.load_state_tensors(load_file(str(path / files.state)))
     network = task.build_network()
-    network.load_state_dict(load_file(str(path / files.weights)))
+    network.load_state_dict({files.prefix + k: v for k, v in load_file(str(path / files.weights)).items()})
     return task, network.to(task.device).eval()
 
 
 def write_exported(files: ExportFiles, out_dir: Path, *, cfg: RunConfig, signature: dict[str, Any],
-                   network: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """The files ``load_exported`` reads back: the network's weights (fp32, on the CPU), the task's
-    state tensors, the run's config and the network's signature (JSON)."""
+                   network: torch.nn.Module | None, state: dict[str, torch.Tensor]) -> None:
+    """The files ``load_exported`` reads back: the network's weights (fp32, on the CPU; None: an
+    export that writes them its own way), the task's state tensors, the run's config and the
+    network's signature (JSON)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().float().cpu().contiguous() for k, v in network.state_dict().items()}
-    save_file(weights, str(out_dir / files.weights))
+    if network is not None:
+        weights = {k: v.detach().float().cpu().contiguous() for k, v in network.state_dict().items()}
+        save_file(weights, str(out_dir / files.weights))
     save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / files.state))
     write_yaml(cfg, out_dir / files.config)
     (out_dir / files.signature).write_text(json.dumps(signature, indent=2))

@@ -33,6 +33,7 @@ from diffscale.runtime.signals import EXIT_REQUEUE, StopFlag
 from diffscale.tasks.base import count_parameters
 from diffscale.training.background_compile import BackgroundCompile, compiles_while_training
 from diffscale.training.build import Run, build_run, join, run_compile_cache
+from diffscale.training.console_log import logged_console, stderr_into
 from diffscale.training.previews import evaluate, preview
 from diffscale.training.recovery import Recovery
 from diffscale.training.resume import RunDirLock, start_or_resume
@@ -52,6 +53,8 @@ class TrainOutcome:
     samples: list[Path] = field(default_factory=list)
     data_ended: str = ""
     """Why the run ended before its step target: its data's source ended (empty: it did not)."""
+    main: bool = True
+    """Whether this process is rank 0 (the one that reports the run)."""
 
     @property
     def finished(self) -> bool:
@@ -60,6 +63,16 @@ class TrainOutcome:
     @property
     def exit_code(self) -> int:
         return EXIT_REQUEUE if self.stopped_by else 0
+
+    def summary(self) -> str:
+        """How the invocation ended, one line (RUN_DIR/trainer.json, ``status``)."""
+        if self.stopped_by:
+            return f"stopped by {self.stopped_by} at step {self.step} of {self.target}"
+        if self.data_ended:
+            return f"ended at step {self.step}: {self.data_ended}"
+        if self.step >= self.target:
+            return f"finished at step {self.step}"
+        return f"stopped at step {self.step} of {self.target} (--max-steps)"
 
 
 def _banner(policy: DevicePolicy, ctx: DistContext, cfg: RunConfig, params: int, data: str, whole_steps: bool,
@@ -93,24 +106,34 @@ def train(cfg: RunConfig, run_dir: Path, *, resume: str | None = None, max_steps
 
     The run dir is locked while it trains (``RUN_DIR/train.lock``): another live trainer there is
     refused. ``force``: take a lock held on another host (whose trainer has ended)."""
-    console = console or Console(soft_wrap=True)
+    console = logged_console(console)  # RUN_DIR/train.log once the run dir is ours
+    run_log = console.run_log
     run_dir = Path(run_dir)
     cfg = with_absolute_path(cfg)  # the run's config.yaml then resumes it from any directory
-    ctx, policy = join(cfg, console)
-    stop = StopFlag().install()
-    lock = RunDirLock(RunLock(run_dir) if ctx.is_main else None, force)  # ranks share the run dir: one lock
-    try:
-        return _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console, stop=stop,
-                    lock=lock)
-    except NotImplementedError as exc:
-        gap = mps_gap(exc, policy.device)
-        if gap is None:
+    with stderr_into(run_log):
+        ctx, policy = join(cfg, console)
+        stop = StopFlag().install()
+        lock = RunDirLock(RunLock(run_dir) if ctx.is_main else None, force,  # ranks share the run dir: one lock
+                          on_writing=lambda: run_log.attach(run_dir))
+        try:
+            outcome = _run(cfg, run_dir, ctx, policy, resume=resume, max_steps=max_steps, console=console,
+                           stop=stop, lock=lock)
+            run_log.end(outcome.summary())
+            return outcome
+        except NotImplementedError as exc:
+            gap = mps_gap(exc, policy.device)
+            run_log.failed(gap or exc)
+            if gap is None:
+                raise
+            raise gap from exc
+        except BaseException as exc:
+            run_log.failed(exc)
             raise
-        raise gap from exc
-    finally:
-        lock.release()
-        stop.restore()
-        ctx.shutdown()
+        finally:
+            run_log.close()
+            lock.release()
+            stop.restore()
+            ctx.shutdown()
 
 
 def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, *, resume: str | None,
@@ -128,6 +151,9 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     opened = _Opened()  # metrics.jsonl, TensorBoard and the background compile: once the run passed its checks
 
     def announce(run_state: RunState, whole_steps: bool) -> None:
+        # first what can still refuse the run (a tracker that is on but not installed), then what starts it
+        opened.telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
+                                          start_step=run_state.step, console=console)
         if kernels is not None and ctx.local_rank == 0:  # it imports and builds while this process goes on
             opened.background = BackgroundCompile.start(cfg, run_dir, ctx, kernels)
         say(_banner(policy, ctx, cfg, count_parameters(run_state.net), run_state.task.describe_data(), whole_steps,
@@ -138,8 +164,6 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
             say(f"note: optim.warmup_steps {cfg.optim.warmup_steps} > train.steps {target}: the learning rate "
                 f"rises linearly the whole run and never reaches optim.lr {cfg.optim.lr:g} (lower "
                 "optim.warmup_steps to reach it)")
-        opened.telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
-                                          start_step=run_state.step, console=console)
 
     try:  # closes metrics.jsonl also when the run is refused before its first step
         with build_run(cfg, run_dir, ctx, policy, console=console, say=say, checkpoint=start.checkpoint,
@@ -163,7 +187,7 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     finally:
         opened.close()
     return TrainOutcome(run_dir=run_dir, step=run_state.step, target=target, stopped_by=stopped_by, samples=samples,
-                        data_ended=run_state.data_ended)
+                        data_ended=run_state.data_ended, main=ctx.is_main)
 
 
 @dataclass

@@ -42,10 +42,15 @@ def evaluate(run_state: RunState, ctx: DistContext, say: Say, telemetry: Telemet
     every evaluation). Every rank generates its share and takes part in the gather; rank 0 scores."""
     t = run_state.cfg.train
     say(f"evaluating: {t.eval_count} samples x {t.sample_steps} {t.sample_sampler.value} steps from the EMA weights")
+    from diffscale.diffusion.sampler import reporting
+    from diffscale.inference.sample import LogProgress
+
     share = math.ceil(t.eval_count / ctx.world_size)
-    mine = run_state.task.quality_features(run_state.ema, count=t.eval_count, steps=t.sample_steps, seed=t.seed + 1,
-                                           sampler=t.sample_sampler.value, autocast=run_state.policy.autocast,
-                                           rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
+    with reporting(LogProgress(say)):  # a line per quarter of the sampling: an evaluation takes a while
+        mine = run_state.task.quality_features(run_state.ema, count=t.eval_count, steps=t.sample_steps,
+                                               seed=t.seed + 1, sampler=t.sample_sampler.value,
+                                               autocast=run_state.policy.autocast,
+                                               rows=slice(ctx.rank * share, (ctx.rank + 1) * share))
     features = ctx.gather_rows(mine, share)
     if ctx.is_main:
         about = {"task": run_state.cfg.task, "steps": t.sample_steps, "sampler": t.sample_sampler.value,

@@ -22,14 +22,21 @@ Say = Callable[[str], None]
 
 @dataclass
 class RunDirLock:
-    """Rank 0's run-dir lock (None on the other ranks), and whether to take a foreign host's."""
+    """Rank 0's run-dir lock (None on the other ranks), whether to take a foreign host's, and what
+    to do once the run passed its checks and starts writing there (open its console log: an
+    invocation refused before changes nothing in the run dir, its log included)."""
 
     lock: RunLock | None
     force: bool
+    on_writing: Callable[[], None] | None = None
 
     def take(self, say: Callable[[str], None]) -> None:
         if self.lock is not None and not self.lock.held:
             self.lock.acquire(force=self.force, say=say)
+
+    def writing(self) -> None:
+        if self.lock is not None and self.on_writing is not None:
+            self.on_writing()
 
     def release(self) -> None:
         if self.lock is not None:
@@ -79,6 +86,7 @@ def start_or_resume(cfg: RunConfig, run_dir: Path, ctx: DistContext, *, resume: 
         if ctx.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             lock.take(say)
+            lock.writing()
             write_yaml(resolved, run_dir / "config.yaml")
 
     return Start(cfg, state, prepare)

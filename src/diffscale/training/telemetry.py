@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -29,6 +29,8 @@ from rich.progress import (
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 from diffscale.io.rundir import gpu_summary
+from diffscale.io.scores import summary
+from diffscale.training.console_log import LoggedConsole
 
 if TYPE_CHECKING:  # imported when TensorBoard is on (it may be missing or broken)
     from torch.utils.tensorboard import SummaryWriter
@@ -114,7 +116,7 @@ class Telemetry:
         if not enabled:
             return
         self._open(start_step)
-        if self.console.is_terminal and sys.stdout.isatty():
+        if self.console.is_terminal and self.console.file.isatty():
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
@@ -159,13 +161,16 @@ class Telemetry:
             info += f"  restores {record['restores']}"
         if gpus:
             info += f"  {gpu_summary(gpus)}"
+        wait = f"  data wait {record['data_wait_share']:.0%}" if "data_wait_share" in record else ""
+        line = (f"step {record['step']}/{record.get('total_steps', '?')}  {info}  lr {record['lr']:.2e}  "
+                f"eta {record.get('eta_s', 0):.0f}s{wait}")
         if self._progress is not None:
             assert self._task is not None  # added with the progress bar
             self._progress.update(self._task, completed=record["step"], info=info)
+            if isinstance(self.console, LoggedConsole):  # the bar is redrawn in place: the log gets the line
+                self.console.run_log.print(line, highlight=False)
         else:
-            wait = f"  data wait {record['data_wait_share']:.0%}" if "data_wait_share" in record else ""
-            self.console.print(f"step {record['step']}/{record.get('total_steps', '?')}  {info}  "
-                               f"lr {record['lr']:.2e}  eta {record.get('eta_s', 0):.0f}s{wait}", highlight=False)
+            self.console.print(line, highlight=False)
 
     def images(self, paths: list[Path], step: int) -> None:
         """Preview grids (PNG) into TensorBoard's Images tab (``samples/NAME``) and the trackers."""
@@ -194,8 +199,8 @@ class Telemetry:
                 self._tb.add_scalar(f"eval/{key}", value, step)
         for tracker in self._trackers:
             tracker.log({f"eval/{k}": v for k, v in scores.items()}, step)
-        self.console.print("eval at step " + str(step) + ": " + "  ".join(f"{k} {v:.4g}" for k, v in scores.items()),
-                           highlight=False, markup=False)
+        said = summary(scores) or "  ".join(f"{k} {v:.4g}" for k, v in scores.items())
+        self.console.print(f"eval at step {step}: {said}", highlight=False, markup=False)
 
     def divergence(self, record: dict[str, Any]) -> None:
         """The divergence guard went back to an earlier state: a ``kind: divergence`` line in
@@ -269,6 +274,32 @@ def open_telemetry(run_dir: Path, cfg: RunConfig, *, main: bool, on_gpu: bool, s
     gpus = open_gpu_stats(on_gpu, lambda text: console.print(text, highlight=False, markup=False))
     return Telemetry(run_dir, enabled=True, total_steps=cfg.train.steps, start_step=start_step, console=console,
                      gpus=gpus, trackers=open_trackers(cfg.logging, Path(run_dir), cfg.to_dict()))
+
+
+def record_evaluation(run_dir: Path, cfg: RunConfig, scores: Mapping[str, Any], step: int,
+                      say: Callable[[str], None]) -> None:
+    """A ``diffscale eval``'s numeric scores as ``eval/NAME`` at ``step`` in the run's TensorBoard
+    and the trackers its config turns on, beside the evaluations made while it trained. Neither
+    stops the evaluation, already in metrics.jsonl: a failure is said."""
+    numbers = {k: float(v) for k, v in scores.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(log_dir=str(Path(run_dir) / "tb")) as writer:
+            for key, value in numbers.items():
+                writer.add_scalar(f"eval/{key}", value, step)
+    except Exception as exc:  # TensorBoard missing or broken: metrics.jsonl has the scores
+        say(f"warning: the scores are not in TensorBoard ({exc})")
+    from diffscale.training.trackers import open_trackers
+
+    try:
+        trackers = open_trackers(cfg.logging, Path(run_dir), cfg.to_dict())
+    except UserError as exc:
+        say(f"warning: the scores are not in the trackers: {exc.message}")
+        return
+    for tracker in trackers:
+        tracker.log({f"eval/{k}": v for k, v in numbers.items()}, step)
+        tracker.close()
 
 
 def _event_file_second(name: str) -> int | None:

@@ -75,10 +75,17 @@ class WandbTracker:
                                dir=str(run_dir), id=run_id, resume="allow", name=run_dir.name, config=config,
                                settings=settings)
         self._wandb = wandb
+        # Evaluations are plotted against their own step: W&B drops a log at a step below the run's
+        # newest, which a `diffscale eval` of an earlier checkpoint (or of a finished run) would be.
+        self._run.define_metric("eval/step")
+        self._run.define_metric("eval/*", step_metric="eval/step")
         _remember(run_dir, "wandb", run_id)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self._run.log(metrics, step=step)
+        if metrics and all(k.startswith("eval/") for k in metrics):
+            self._run.log({**metrics, "eval/step": step})
+        else:
+            self._run.log(metrics, step=step)
 
     def image(self, path: Path, step: int) -> None:
         self._run.log({"samples": self._wandb.Image(str(path), caption=path.name)}, step=step)

@@ -16,6 +16,7 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from diffscale.config import FieldModelConfig, RunConfig
+from diffscale.io.stages import stage
 from diffscale.tasks.fields.data import HELD_OUT_SEED, FieldData
 from diffscale.tasks.fields.scores import Forecasts, score
 from diffscale.tasks.fields.standardise import Standardiser
@@ -70,7 +71,10 @@ def evaluate_fields(task: EvaluatedTask, network: torch.nn.Module, out_dir: Path
     data = task.training_data()
     cases = min(cases, len(held_out.cond if held_out is not None else data.cond))
     cond, truth, ideal, is_held_out = _cases(data, held_out, cases, seed)
+    stage(f"evaluating: {members} members for each of {cases} conditions")
     ensemble = task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler)
+    stage(f"evaluating: training the deterministic baseline ({min(task.cfg.train.steps, BASELINE_MAX_STEPS)} "
+          "steps) it is scored against")
     picks = torch.randint(0, len(data.x), (cases * members,), generator=torch.Generator().manual_seed(seed + 1))
     climatology = data.x[picks].view(cases, members, *task.x_shape)
     baseline, baseline_steps = train_baseline(task, seed=seed)

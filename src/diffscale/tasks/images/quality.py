@@ -156,12 +156,18 @@ def _train(network: FeatureNet, images: torch.Tensor, labels: torch.Tensor | Non
         return float((network.head(network(x)).argmax(1) == y).float().mean())
 
 
-def scores(featurizer: Featurizer, real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
-    """Frechet distance and k-NN precision/recall of ``fake`` against ``real`` features (N, D)."""
-    from diffscale.evaluation.quality import frechet_distance, precision_recall
+def manifold(real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """Frechet distance and k-NN precision, recall, density and coverage of ``fake`` against
+    ``real`` features (N, D)."""
+    from diffscale.evaluation.quality import frechet_distance, manifold_scores
 
-    precision, recall = precision_recall(real, fake)
-    result = {"fd": frechet_distance(real, fake), "precision": precision, "recall": recall}
+    return {"fd": frechet_distance(real, fake), **manifold_scores(real, fake)}
+
+
+def scores(featurizer: Featurizer, real: torch.Tensor, fake: torch.Tensor) -> dict[str, float]:
+    """:func:`manifold`'s scores, the feature network's accuracy and how the samples spread over
+    the data's classes (where the network classifies them)."""
+    result = manifold(real, fake)
     if featurizer.accuracy == featurizer.accuracy:  # not NaN: diffscale's own network
         result["feature_net_accuracy"] = featurizer.accuracy
     if featurizer.head is not None:  # a classifier of the data's labels: which classes the samples fall in

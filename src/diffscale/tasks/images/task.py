@@ -29,6 +29,7 @@ from diffscale.tasks.base import (
     no_given_data,
 )
 from diffscale.tasks.images.classes import balanced_labels, grid_labels, pick_classes, spread, training_classes
+from diffscale.tasks.images.data_features import DataFeatures
 from diffscale.tasks.images.dataset import ImageData, fit_channels, open_image_data
 from diffscale.tasks.images.network import Denoiser, build_unet
 from diffscale.tasks.images.quality import Featurizer, cache_path, scores, trained_features, user_features
@@ -81,7 +82,7 @@ class ImageTask:
                 self.class_names = [str(name) for name in (signature or {}).get("classes", [])]
         self._stream: StreamingBatcher | None = None
         self._featurizer: Featurizer | None = None
-        self._real_features: torch.Tensor | None = None
+        self._data_features: DataFeatures | None = None
         self._known: list[int] = []
         """The classes of the data (set by ``prepare_quality``); empty: every class of the run."""
 
@@ -238,8 +239,8 @@ class ImageTask:
 
     def prepare_quality(self) -> None:
         """The feature network (trained once per data set and resolution, then read from the data
-        cache) and the features of a seeded draw of ``train.eval_count`` data images."""
-        if self._real_features is not None:
+        cache) and the data images samples are scored against (:mod:`.data_features`)."""
+        if self._data_features is not None:
             return
         size = self.model.sample_size
         if self.images is not None:
@@ -249,17 +250,17 @@ class ImageTask:
         else:
             images = _load(self.cfg, size, self.channels)
         t = self.cfg.train
+        path: Path | None = None  # diffscale's own network, kept in the data cache: the reference beside it
         if t.eval_features:
             self._featurizer = user_features(t.eval_features)
         else:
             labelled = self._labels(images.shape[0])
             if labelled is not None:  # the classes the data's classifier knows: those evaluations ask for
                 self._known = sorted(set(labelled[0].tolist()))
-            path = cache_path(self.cfg.data.source, self.cfg.data.max_items, self.model.sample_size, self.channels)
+            path = cache_path(self.cfg.data.source, self.cfg.data.max_items, size, self.channels)
             self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
         self._featurizer.network.to(self.device)
-        rows = torch.randperm(images.shape[0], generator=torch.Generator().manual_seed(0))[:t.eval_count]
-        self._real_features = self._featurizer.features(images[rows].float() / 127.5 - 1.0)
+        self._data_features = DataFeatures(images, self._featurizer, path.with_suffix("") if path else None)
 
     def _labels(self, count: int, required: bool = False) -> tuple[torch.Tensor, list[str]] | None:
         """The data's class of each image and the class names, where the data has them (``required``:
@@ -285,8 +286,10 @@ class ImageTask:
 
     def quality_scores(self, features: torch.Tensor) -> dict[str, float]:
         self.prepare_quality()
-        assert self._featurizer is not None and self._real_features is not None
-        result = scores(self._featurizer, self._real_features, features)
+        assert self._featurizer is not None and self._data_features is not None
+        count = features.shape[0]
+        result = {**scores(self._featurizer, self._data_features.real(count), features),
+                  **self._data_features.reference(count)}
         head = self._featurizer.head
         if self.class_names:  # the samples were drawn for every class in turn (_evaluated_labels)
             result["guidance"] = self.cfg.train.sample_guidance
@@ -302,9 +305,11 @@ class ImageTask:
                  seed: int, env: str = "auto", max_episode_steps: int | None = None,
                  data: str | None = None, sampler: str | None = None,
                  guidance: float | None = None) -> dict[str, float | str]:
-        """Frechet distance and precision/recall of ``count`` samples (None: ``train.eval_count``)
-        against as many data images, in the feature network's space, a class-conditional run's drawn
-        with guidance scale ``guidance`` (None: ``train.sample_guidance``); writes ``out_dir/samples.png``."""
+        """Frechet distance, precision, recall, density and coverage of ``count`` samples (None:
+        ``train.eval_count``) against as many data images (``data_count``: fewer where the data holds
+        fewer), and of other data images against those (``reference_*``), in the feature network's
+        space; a class-conditional run's drawn with guidance scale ``guidance`` (None:
+        ``train.sample_guidance``). Writes ``out_dir/samples.png``."""
         no_environment(self.name, env, max_episode_steps)
         no_given_data(self.name, data)
         if not self.class_names:
@@ -333,11 +338,10 @@ class ImageTask:
         if not isinstance(network, Denoiser):
             raise UserError("this network is not a diffusers UNet2DModel", "export the EMA network of an images run")
         if self.class_names:
-            export_class_conditional(network, out_dir, cfg=self.cfg, signature=self.signature(),
+            export_class_conditional(network.unet, out_dir, cfg=self.cfg, signature=self.signature(),
                                      state=self.state_tensors(), scheduler=self.diffusion.ddpm_scheduler())
-            return (f"from diffscale.tasks.images.exported import load_export; task, net = load_export('{out_dir}'); "
-                    f"task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
-                    f"classes=[{self.class_names[0]!r}]).samples")
+            return (f"diffusers.DiffusionPipeline.from_pretrained('{out_dir}', custom_pipeline='{out_dir}', "
+                    "trust_remote_code=True)")
         export_ddpm_pipeline(network.unet, self.diffusion.ddpm_scheduler(), out_dir)
         return "diffusers.DDPMPipeline.from_pretrained"
 
@@ -354,16 +358,18 @@ class ImageTask:
                           ("diffscale", "diffusion", "diffusers", "diffusers:DDPMPipeline"), code, loads_hub_ids=True)
 
     def _class_conditional_listing(self) -> HubListing:
-        """No diffusers pipeline samples a UNet2DModel by class: diffscale loads the folder."""
+        """The folder's own pipeline (pipeline.py) samples it by class: diffusers loads it."""
         shown = ", ".join(self.class_names[:40]) + (", ..." if len(self.class_names) > 40 else "")
-        code = ("from diffscale.tasks.images.exported import load_export\n\n"
-                "task, net = load_export(folder)\n"
-                f"# its {len(self.class_names)} classes (task.class_names): {shown}\n"
-                f"images = task.generate(net, count=8, steps={self.cfg.train.sample_steps}, seed=0, "
-                f"classes=[{self.class_names[0]!r}], guidance={self.cfg.train.sample_guidance:g}).samples"
-                "  # (8, C, H, W) in [-1, 1]\n")
-        return HubListing("diffscale", None,  # none of the Hub's categories is class-conditional generation
-                          ("diffscale", "diffusion", "class-conditional", "classifier-free-guidance"), code)
+        code = ("import torch\n"
+                "from diffusers import DiffusionPipeline\n\n"
+                "pipe = DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder,\n"
+                "                                         trust_remote_code=True)  # runs the folder's pipeline.py\n"
+                f"# its {len(self.class_names)} classes (pipe.config.class_names): {shown}\n"
+                f"images = pipe(class_labels=[{self.class_names[0]!r}] * 4, num_inference_steps="
+                f"{min(50, self.diffusion.num_timesteps)}, guidance_scale={self.cfg.train.sample_guidance:g}, "
+                "generator=torch.Generator().manual_seed(0)).images  # PIL images\n")
+        tags = ("diffscale", "diffusion", "diffusers", "class-conditional", "classifier-free-guidance")
+        return HubListing("diffusers", None, tags, code)  # no Hub category is class-conditional generation
 
     def reference_data(self) -> ReferenceData:
         assert self.data is not None, "built with load_data=False"

@@ -15,6 +15,7 @@ reach2d-routes) for the built-in data and nothing otherwise; ``reach2d``,
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from diffscale.errors import UserError, closest
 from diffscale.io.atomic import atomic_path, write_text
+from diffscale.io.stages import stage
 from diffscale.tasks.policy.envs import pusht
 from diffscale.tasks.policy.envs.reach2d import ACTION_DIM, LAYOUTS, MAX_STEPS, OBS_DIM, TWO_WAYS, Layout, Reach2D
 
@@ -130,6 +132,8 @@ def rollouts(make_env: Callable[[], RolloutEnv], controller: ActionController, *
     frames: list[list[np.ndarray]] = [[env.render()] for env in envs[:record]]
     running = np.ones(episodes, dtype=bool)
     controller.reset(seed)
+    started, said = time.perf_counter(), 0
+    stage(f"rollouts: {episodes} episodes at once")
     while running.any():
         actions = controller.select_action(obs)
         for i in np.flatnonzero(running).tolist():
@@ -137,6 +141,11 @@ def rollouts(make_env: Callable[[], RolloutEnv], controller: ActionController, *
             if i < record:
                 frames[i].append(envs[i].render())
             running[i] = not (terminated or truncated)
+        ended = episodes - int(running.sum())
+        if ended * 4 // episodes > said:  # a line per quarter of the episodes ended
+            said = ended * 4 // episodes
+            stage(f"rollouts: {ended} of {episodes} ended ({sum(env.success for env in envs)} succeeded), "
+                  f"{time.perf_counter() - started:.1f} s")
     # environments that score partial progress (PushT's coverage) say so beside success
     return [Rollout(env.success, env.mode, env.steps, frames[i] if i < record else [],
                     coverage=getattr(env, "coverage", None), score=getattr(env, "score", None))

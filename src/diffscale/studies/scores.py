@@ -1,0 +1,54 @@
+"""The evaluation scores of a sweep's runs beside its loss: one column per score (FD, precision,
+recall, CRPS, spread-skill, success, route shares, ...: :mod:`diffscale.io.scores`), each run's
+newest evaluation, and rows sorted best first by one of them (``sweep collect --sort``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from diffscale.errors import UserError
+from diffscale.io.scores import headline, latest, sort_key
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    found = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(row, dict) and row.get("kind") == "eval":
+            found.append(row)
+    return found
+
+
+def newest_scores(run_dir: Path) -> dict[str, float]:
+    """Each evaluation score's newest value in the run's metrics.jsonl (empty: never evaluated)."""
+    return latest(_events(run_dir))
+
+
+def score_names(found: Iterable[Mapping[str, float]]) -> list[str]:
+    """The score names any run has, in :data:`~diffscale.io.scores.SCORES` order."""
+    return list(dict.fromkeys(name for scores in found for name in headline(scores)))
+
+
+def sort_by(header: list[str], rows: list[list[str]], column: str) -> list[list[str]]:
+    """``rows`` best first by ``column`` (a score: by which way it is better; other columns:
+    ascending); rows without a value last."""
+    if column not in header:
+        raise UserError(f"--sort {column} is not a column of this table",
+                        f"sort by one of: {', '.join(h for h in header if h)}")
+    at = header.index(column)
+    name = column[:-len("_mean")] if column.endswith("_mean") else column
+
+    def key(row: list[str]) -> tuple[int, float]:
+        try:
+            return sort_key(name, float(row[at]))
+        except ValueError:
+            return sort_key(name, None)
+
+    return sorted(rows, key=key)
