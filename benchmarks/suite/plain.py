@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.suite.launch import Slots, in_slots, run_logged
 from diffscale.errors import UserError
 
-MODULES = ("benchmarks.quality_time", "diffscale.bench.quality_time")
+MODULES = ("benchmarks.quality_time",)
 """Where the time-to-quality benchmark lives (research scripts move from the package to benchmarks/)."""
 EVALS = 4
 """Evaluations along each run's seconds, besides the one at 0 s."""
