@@ -127,5 +127,5 @@ def test_sweep_collect_and_report_have_a_column_per_score_sorted_best_first(tmp_
     assert refused.returncode == 2 and "error: --sort crps is not a column of this table" in refused.stderr
     assert main(["sweep", "report", str(tmp_path / "sw")]) == 0
     page = (tmp_path / "sw" / "report.html").read_text()
-    assert "<th>fd mean</th>" in page and "<th>recall</th>" in page and 'alt="fd (lower is better)"' in page
+    assert "<th>fd_mean</th>" in page and "<th>recall</th>" in page and 'alt="fd (lower is better)"' in page
     assert os.path.getsize(tmp_path / "sw" / "report.html") > 0

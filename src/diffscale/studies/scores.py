@@ -4,31 +4,17 @@ newest evaluation, and rows sorted best first by one of them (``sweep collect --
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.rundir import read_records
 from diffscale.io.scores import headline, latest, sort_key
-
-
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    found = []
-    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(row, dict) and row.get("kind") == "eval":
-            found.append(row)
-    return found
 
 
 def newest_scores(run_dir: Path) -> dict[str, float]:
     """Each evaluation score's newest value in the run's metrics.jsonl (empty: never evaluated)."""
-    return latest(_events(run_dir))
+    return latest(read_records(run_dir)[1])
 
 
 def score_names(found: Iterable[Mapping[str, float]]) -> list[str]:
