@@ -24,9 +24,13 @@ def test_every_module_the_docs_and_scripts_run_exists():
              *(ROOT / "scripts").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
              *(ROOT / "src/diffscale/bench").glob("*.py")]
     named = {(path.relative_to(ROOT), module) for path in texts
-             for module in re.findall(r"\b((?:benchmarks|diffscale\.bench)\.[a-z_]+)\b", path.read_text())
+             for module in re.findall(r"\b((?:benchmarks|diffscale\.bench)(?:\.[a-z_]+)+)\b", path.read_text())
              if module != "benchmarks.md"}
-    missing = sorted(f"{path}: {module}" for path, module in named
-                     if not (ROOT / "src" / f"{module.replace('.', '/')}.py").is_file()
-                     and not (ROOT / f"{module.replace('.', '/')}.py").is_file())
+
+    def exists(module: str) -> bool:  # a module's file, or a package's folder
+        where = module.replace(".", "/")
+        return any((base / f"{where}.py").is_file() or (base / where / "__init__.py").is_file()
+                   for base in (ROOT, ROOT / "src"))
+
+    missing = sorted(f"{path}: {module}" for path, module in named if not exists(module))
     assert named and not missing

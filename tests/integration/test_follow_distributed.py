@@ -84,4 +84,4 @@ def test_two_ranks_wait_together_and_train_on_the_rows_of_one_process(tmp_path):
     final = ckpt.load_checkpoint(_newest(tmp_path / "ddp"))
     assert final.step == source_ended[0]["step"] + 240 // 16
     assert final.task["buffer_source_end"].tolist() == [0, 0, final.step]
-    assert ended.stdout.count(f"done: {final.step} steps") == 1, ended.stdout
+    assert ended.stderr.count(f"done: {final.step} steps") == 1, ended.stderr  # progress goes to stderr

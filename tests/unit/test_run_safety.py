@@ -107,8 +107,7 @@ def test_a_lock_file_of_garbage_bytes_is_taken_over_as_stale_with_a_warning(tmp_
     run.mkdir()
     (run / LOCK_NAME).write_bytes(b"\xff\xfe\x00garbage\x80\x81")
     assert main(["train", "--out", str(run), *micro_args(steps=4)]) == 0
-    out = capsys.readouterr().out
-    assert "its record cannot be read (a damaged lock file), so nothing holds it" in out
+    assert "its record cannot be read (a damaged lock file), so nothing holds it" in capsys.readouterr().err
     assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "step_00000004").is_dir()
 
 
