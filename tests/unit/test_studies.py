@@ -168,6 +168,26 @@ def test_a_failed_element_is_reported_with_its_reason(tmp_path):
     assert json.loads((tmp_path / "sw" / "state.json").read_text())["1"]["reason"] == "refused value bad"
 
 
+def test_sweep_run_says_which_element_started_and_where_running_ones_stand(tmp_path):
+    """Each element's start (with where its output goes) and, every --progress-every seconds, its
+    step from its metrics.jsonl, on stderr; a command with no records yet shows how long it has run."""
+    script = tmp_path / "t.py"
+    script.write_text("import json, time, pathlib\n"
+                      "pathlib.Path('metrics.jsonl').write_text(json.dumps({'step': 7, 'total_steps': 40}) + '\\n')\n"
+                      "time.sleep(3)\n")
+    done = run_cli("sweep", "run", "--progress-every", "0.2", "--axis", "k=a,b", "--out", str(tmp_path / "sw"),
+                   "--", "python3", str(script), "{k}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = tmp_path / "sw" / "runs" / "001" / "logs" / "local.out"
+    assert f"element 1 (k=b): started; its output in {log}" in done.stderr
+    assert "sweep sweep: 0 of 2 done; element 0: step 7/40" in done.stderr
+    assert "sweep sweep: 1 of 2 done; element 1: step 7/40" in done.stderr
+    assert "element 1 (k=b): done" in done.stdout  # the end of each element stays on stdout
+    refused = run_cli("sweep", "run", "--progress-every", "-1", "--axis", "k=a", "--out", str(tmp_path / "x"),
+                      "--", "true", cwd=tmp_path)
+    assert refused.returncode == 2 and "not a number of seconds >= 0" in refused.stderr
+
+
 def test_one_element_per_gpu_each_sees_only_its_own(tmp_path):
     done = run_cli("sweep", "run", "--gpus", "0,1", "--axis", "k=a,b,c,d", "--out", str(tmp_path / "sw"), "--",
                    "python3", "-c", "import os, sys; open('gpu', 'w').write(os.environ['CUDA_VISIBLE_DEVICES'])",

@@ -70,6 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "diffscale sweep run study.yaml --gpus auto")
     _definition_arguments(q)
     q.add_argument("--gpus", help="run one element per GPU at once: a list (0,1,2) or auto (every GPU here)")
+    q.add_argument("--progress-every", type=_seconds, default=30.0, metavar="S",
+                   help="say where the running elements stand every S seconds, on stderr (0: never; default 30)")
     q.set_defaults(func=cmd_run)
     q = verb(sub, "status", "which elements are pending, running, done or failed (and why)",
              "diffscale sweep status sweeps/study")
@@ -172,12 +174,22 @@ def _started(args: argparse.Namespace, *, submitting: bool = False) -> SweepPlan
     return plan
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds >= 0 (e.g. 30, or 0 for never)")
+    return value
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from diffscale.studies.runner import gpu_slots, run_elements
 
     slots = gpu_slots(args.gpus)
     plan = _started(args)
-    return run_elements(plan, slots)
+    return run_elements(plan, slots, progress_every=args.progress_every)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

@@ -16,11 +16,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from diffscale.errors import UserError
+from diffscale.io.rundir import duration, progress
 from diffscale.studies.expand import Element
 from diffscale.studies.plan import SweepPlan, compile_cache_dir
 from diffscale.studies.standing import element_state, failure_reason
@@ -28,6 +31,9 @@ from diffscale.studies.state import ElementRecord, ElementState, read_states, re
 
 LOCAL_LOG = "logs/local.out"
 """An element's output when ``sweep run`` runs it, relative to its run directory."""
+
+PROGRESS_EVERY_S = 30.0
+"""How often ``sweep run`` says where its running elements stand (``--progress-every``)."""
 
 
 def gpu_slots(text: str | None) -> list[str | None]:
@@ -148,9 +154,51 @@ def _install(stop: Stop) -> dict[int, object]:
     return {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
+def element_standing(run_dir: Path, running_for_s: float) -> str:
+    """``step 120/400, eta 1 min 10 s`` from a running element's records, or how long it has run
+    (a user command that writes no metrics.jsonl, or a run before its first logged step)."""
+    try:
+        p = progress(run_dir)
+    except UserError:
+        return f"running {duration(running_for_s)}"
+    eta = f", eta {duration(p.eta_s)}" if p.eta_s is not None else ""
+    return f"step {p.step}/{p.total_steps}{eta}" if p.total_steps else f"step {p.step}{eta}"
+
+
+def started_line(element: Element, gpu: str | None) -> str:
+    where = f" on GPU {gpu}" if gpu else ""
+    return f"{element.label}: started{where}; its output in {Path(element.run_dir) / LOCAL_LOG}"
+
+
+def progress_line(plan: SweepPlan, started: dict[int, float], done: int, now: float) -> str:
+    """One line: how many elements are done and where each running one stands."""
+    running = ", ".join(f"element {plan.elements[position].index}: "
+                        f"{element_standing(Path(plan.elements[position].run_dir), now - since)}"
+                        for position, since in sorted(started.items()))
+    return f"sweep {plan.definition.name}: {done} of {len(plan.elements)} done; {running or 'none running'}"
+
+
+def _wait(threads: list[threading.Thread], progress_every: float,
+          line: Callable[[float], str | None], lock: threading.Lock) -> None:
+    """Until every thread ends, waking twice a second for the signal handler, and printing
+    ``line(now)`` on stderr every ``progress_every`` seconds (0: never)."""
+    last_said = time.monotonic()
+    for t in threads:
+        while t.is_alive():
+            t.join(min(0.5, progress_every) if progress_every > 0 else 0.5)
+            now = time.monotonic()
+            if progress_every > 0 and now - last_said >= progress_every:
+                with lock:
+                    said = line(now)
+                if said:
+                    print(said, file=sys.stderr, flush=True)
+                last_said = now
+
+
+def run_elements(plan: SweepPlan, slots: list[str | None], progress_every: float = PROGRESS_EVERY_S) -> int:
     """Every element not yet done, ``len(slots)`` at a time. Exit 0 when all are done, 1 when one
-    failed, 128 + N when signal N stopped the sweep."""
+    failed, 128 + N when signal N stopped the sweep. Every ``progress_every`` seconds (0: never) a
+    line on stderr says where the running elements stand."""
     todo = _todo(plan)
     print(f"sweep {plan.definition.name}: {len(plan.elements) - len(todo)} of {len(plan.elements)} element(s) "
           f"done; running {len(todo)} here, {len(slots)} at a time", flush=True)
@@ -159,6 +207,8 @@ def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
         work.put(position)
     lock = threading.Lock()
     failed: list[int] = []
+    started: dict[int, float] = {}  # position -> when it started, while it runs
+    done = [len(plan.elements) - len(todo)]
     stop = Stop()
 
     def worker(gpu: str | None) -> None:
@@ -167,16 +217,22 @@ def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
                 position = work.get_nowait()
             except queue.Empty:
                 return
-            index = plan.elements[position].index
+            element = plan.elements[position]
+            index = element.index
             with lock:
                 record(plan.sweep_dir, ElementState(index, "running", f"here{' on GPU ' + gpu if gpu else ''}",
                                                     pid=os.getpid()))
+                started[position] = time.monotonic()
+                print(started_line(element, gpu), file=sys.stderr, flush=True)
             result = run_one(plan, position, gpu, stop)
             with lock:
+                started.pop(position, None)
                 record(plan.sweep_dir, result)
                 if result.state == "failed":
                     failed.append(index)
-                print(f"{plan.elements[position].label}: {result.state}"
+                if result.state == "done":
+                    done[0] += 1
+                print(f"{element.label}: {result.state}"
                       f"{' -- ' + result.reason if result.reason else ''}", flush=True)
 
     previous = _install(stop)
@@ -184,9 +240,8 @@ def run_elements(plan: SweepPlan, slots: list[str | None]) -> int:
         threads = [threading.Thread(target=worker, args=(gpu,)) for gpu in slots]
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)  # the main thread wakes for the signal handler
+        _wait(threads, progress_every, lambda now: progress_line(plan, dict(started), done[0], now)
+              if started else None, lock)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
