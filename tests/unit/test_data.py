@@ -25,6 +25,29 @@ def test_builtin_sets_ship_with_dependencies():
     assert glyphs.float().mean() > 10 and glyphs.max() == 255  # white strokes on black
 
 
+def test_builtin_digits_are_scikit_learns_read_without_importing_it_or_matplotlib(tmp_path):
+    """Importing scikit-learn and matplotlib cost a cold start ~3 s; the built-in data needs only
+    the files they ship."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    probe = ("import sys, torch; from diffscale.tasks.images import builtin as b; "
+             "x = b._render_builtin('mix', 8); labels, _ = b.builtin_labels('mix', len(x)); "
+             "torch.save((x[-1797:], labels[-1797:]), sys.argv[1]); "
+             "print(sorted(m for m in ('sklearn', 'matplotlib', 'scipy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "d.pt")], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+    images, labels = torch.load(tmp_path / "d.pt")
+    sk = load_digits()
+    assert torch.equal(labels, torch.from_numpy(sk.target).long())
+    padded = np.pad(sk.images * (255.0 / 16.0), ((0, 0), (1, 1), (1, 1)))  # 10 x 10, one pixel of border
+    assert (images[:, 0].float() - torch.nn.functional.interpolate(
+        torch.from_numpy(padded).float()[:, None], size=(8, 8), mode="area")[:, 0].round()).abs().max() == 0
+
+
 def test_builtin_images_are_rendered_once_then_read_from_the_cache(tmp_path, monkeypatch):
     from diffscale.tasks.images import builtin
 

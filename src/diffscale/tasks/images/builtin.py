@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import string
 from pathlib import Path
 
@@ -35,10 +36,25 @@ VARIANTS = ("glyphs", "numerals", "digits", "mix")
 _RENDER_PX = 48  # render large, then area-downsample: smooth strokes at any target size
 
 
-def _font_dir() -> Path:
-    import matplotlib
+def _package_dir(name: str, fix: str) -> Path:
+    """Where an installed package lives, found without importing it (importing matplotlib or
+    scikit-learn takes seconds; the built-in data needs only files they ship)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"the built-in data needs the package '{name}', which is not installed", fix)
+    return Path(next(iter(spec.submodule_search_locations)))
 
-    return Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+
+def _font_dir() -> Path:
+    return _package_dir("matplotlib", "pip install matplotlib, or use --data builtin:digits") / "mpl-data/fonts/ttf"
+
+
+@functools.lru_cache(maxsize=1)
+def _digits_table() -> np.ndarray:
+    """scikit-learn's digits file: (1797, 65) floats, 64 pixels (0..16) and the digit; read as
+    ``sklearn.datasets.load_digits`` reads it."""
+    path = _package_dir("sklearn", "pip install scikit-learn, or use --data builtin:glyphs")
+    return np.loadtxt(path / "datasets" / "data" / "digits.csv.gz", delimiter=",")
 
 
 def render_glyphs(size: int, *, chars: str = GLYPH_CHARS, variants_per_glyph: int = 6, seed: int = 0) -> torch.Tensor:
@@ -57,10 +73,11 @@ def _rendered(chars: str, variants_per_glyph: int, seed: int) -> torch.Tensor:
         path = _font_dir() / font_name
         if not path.is_file():
             continue
+        fonts: dict[int, ImageFont.FreeTypeFont] = {}  # loading a font file costs more than rendering with it
         for char in chars:
             for _ in range(variants_per_glyph):
-                scale = rng.uniform(0.7, 0.9)
-                font = ImageFont.truetype(str(path), int(_RENDER_PX * scale))
+                px = int(_RENDER_PX * rng.uniform(0.7, 0.9))
+                font = fonts.get(px) or fonts.setdefault(px, ImageFont.truetype(str(path), px))
                 canvas = Image.new("L", (_RENDER_PX, _RENDER_PX), 0)
                 draw = ImageDraw.Draw(canvas)
                 left, top, right, bottom = draw.textbbox((0, 0), char, font=font)
@@ -77,9 +94,7 @@ def _rendered(chars: str, variants_per_glyph: int, seed: int) -> torch.Tensor:
 
 def load_digits(size: int) -> torch.Tensor:
     """scikit-learn's handwritten digits (values 0..16) -> (1797, 1, size, size) uint8."""
-    from sklearn.datasets import load_digits as sk_digits
-
-    raw = torch.from_numpy(sk_digits().images).float() * (255.0 / 16.0)
+    raw = torch.from_numpy(_digits_table()[:, :-1].reshape(-1, 8, 8)).float() * (255.0 / 16.0)
     # Pad one pixel so strokes do not touch the border once upscaled, like the glyphs.
     raw = F.pad(raw.unsqueeze(1), (1, 1, 1, 1))
     return _to_size(raw, size)
@@ -136,11 +151,10 @@ def builtin_labels(variant: str, count: int) -> tuple[torch.Tensor, list[str]]:
     """The class of each of the ``count`` images ``load_builtin(variant, ...)`` returns: (count,)
     int64 indices into the class names (the characters), in the order the images are rendered
     (font, character, jittered variant) and, for ``mix``, scikit-learn's digits after the glyphs."""
-    from sklearn.datasets import load_digits as sk_digits
-
     variant = variant or "glyphs"
     names = list(string.digits if variant in ("numerals", "digits") else GLYPH_CHARS)
-    digits = torch.from_numpy(sk_digits().target).long() if variant in ("digits", "mix") else torch.zeros(0)
+    digits = (torch.from_numpy(_digits_table()[:, -1].astype(np.int64)) if variant in ("digits", "mix")
+              else torch.zeros(0))
     if variant == "digits":
         return digits[:count], names
     per_glyph = {"glyphs": 6, "numerals": 12, "mix": 20}[variant]
