@@ -30,9 +30,15 @@ session() {  # name, marker expression, pytest args...
 # The two sessions share the cores: one intra-op thread per process (tests that compare runs
 # bit for bit set their own), so spinning thread pools do not starve the other session.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# The scheduler tests mostly wait on jobs, so the rest runs on DIFFSCALE_TEST_WORKERS pytest-xdist
+# workers (default 2; 0: in one process), a test file per worker at a time (module fixtures such as a
+# compiled run are built once).
+workers=${DIFFSCALE_TEST_WORKERS:-2}
+spread=()
+[ "$workers" != 0 ] && spread=(-n "$workers" --dist loadfile)
 session schedulers "slurm or sge" "$@" &
 schedulers=$!
-session rest "not slurm and not sge" "$@" &
+session rest "not slurm and not sge" "${spread[@]}" "$@" &
 rest=$!
 rc=0
 wait "$schedulers" || rc=$?
