@@ -56,6 +56,8 @@ def test_on_off_switches_survive_yaml_booleans():
     ("model.attention=[true]", "config model.attention: has 1 entries but model.block_out_channels has 3"),
     ("diffusion.loss_weighting=snr", "config diffusion.loss_weighting: 'snr' is not one of none, min-snr"),
     ("diffusion.min_snr_gamma=0", "config diffusion.min_snr_gamma: must be positive (got 0.0)"),
+    ("train.divergence_noise=-1", "config train.divergence_noise: must be 0 or a positive number of noise widths"),
+    ("train.divergence_noise=inf", "config train.divergence_noise: must be 0 or a positive number of noise widths"),
 ])
 def test_bad_config_values_are_named_with_a_fix(override, message):
     with pytest.raises(UserError) as info:

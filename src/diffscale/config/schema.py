@@ -211,6 +211,11 @@ class TrainConfig:
     A run that never diverges trains bit for bit as with it off."""
     divergence_rise: float = 1.5
     """How far above its recent level a window's loss counts as diverged (a factor > 1)."""
+    divergence_noise: float = 5.0
+    """How many noise widths above its recent level a window's loss must also be to count as
+    diverged (the width: the window-to-window spread of the last 20 healthy windows' losses), so a
+    loss noisy by nature -- a heavy-tailed target, small batches, a short ``log_every`` -- is not
+    taken for a divergence; 0: the rise factor alone."""
     divergence_patience: int = 2
     """Logged windows in a row above that level before the guard restores (a lone spike passes)."""
     divergence_keep_every: int = 200
@@ -244,6 +249,9 @@ class TrainConfig:
         if not 1.0 < self.divergence_rise < float("inf"):
             _fail("train.divergence_rise", f"must be a factor above 1 (got {self.divergence_rise})",
                   "use e.g. 1.5, or train.divergence_guard off to switch the guard off")
+        if not 0.0 <= self.divergence_noise < float("inf"):
+            _fail("train.divergence_noise", f"must be 0 or a positive number of noise widths (got "
+                  f"{self.divergence_noise})", "use e.g. 5, or 0 to judge by train.divergence_rise alone")
         if self.divergence_max_restores < 0:
             _fail("train.divergence_max_restores", "is negative", "use 0 (stop at the first divergence) or more")
 

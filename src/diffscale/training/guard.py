@@ -6,13 +6,17 @@ within a few dozen steps and stays there, and the run ends "normally" far above 
 (docs/decisions.md, "The divergence guard"). The guard judges each logged window's loss -- a
 mean over every rank, so every rank takes the same decision -- against the loss's recent level
 (the median of the last ``LEVEL_WINDOWS`` healthy windows: robust to noise, where the lowest
-window so far is not): ``train.divergence_rise`` times above it for ``train.divergence_patience``
-windows in a row is a
-divergence. It keeps a copy of the last good state (network, EMA, optimizer, data position, RNG,
-task state) at healthy log steps every ``train.divergence_keep_every`` steps and at checkpoint
-steps, good once the next window is healthy too, on the device when it fits there twice over,
-else in host memory. Its statistics are part
-of each checkpoint, so a resumed run takes the same decisions at the same steps.
+window so far is not): ``train.divergence_rise`` times above it, and ``train.divergence_noise``
+noise widths above it, for ``train.divergence_patience`` windows in a row is a divergence. The
+noise width is the window-to-window spread of the last ``NOISE_WINDOWS`` healthy windows (their
+successive differences' median size, as a standard deviation: a falling trend adds little): a
+loss noisy by nature -- a heavy-tailed target in small batches -- swings past any fixed factor.
+
+It keeps a copy of the last good state (network, EMA, optimizer, data position, RNG, task state)
+at healthy log steps every ``train.divergence_keep_every`` steps and at checkpoint steps, good once
+the next window is healthy too, on the device when it fits there twice over, else in host memory.
+Its statistics are part of each checkpoint, so a resumed run takes the same decisions at the same
+steps.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from diffscale.runtime import checkpoint as ckpt
 
 LEVEL_WINDOWS = 5
 """Healthy windows whose median is the loss's recent level."""
+NOISE_WINDOWS = 20
+"""Healthy windows kept, whose window-to-window spread is the loss's noise width."""
 FIRST_JUDGED_WINDOW = 4
 """Windows seen before the guard judges one: the first ones fall fast from the untrained loss."""
 
@@ -38,7 +44,8 @@ class GuardState:
     """The guard's statistics, kept in each checkpoint (``CheckpointMeta.guard``)."""
 
     recent: list[float] = field(default_factory=list)
-    """The last ``LEVEL_WINDOWS`` healthy window losses."""
+    """The last ``NOISE_WINDOWS`` healthy window losses (checkpoints written before the noise width
+    was judged kept ``LEVEL_WINDOWS``)."""
     seen: int = 0
     """Windows judged or counted so far."""
     above: int = 0
@@ -60,7 +67,18 @@ class GuardState:
     @property
     def level(self) -> float | None:
         """The median of the recent healthy windows (None before there are enough to judge by)."""
-        return statistics.median(self.recent) if len(self.recent) >= FIRST_JUDGED_WINDOW - 1 else None
+        if len(self.recent) < FIRST_JUDGED_WINDOW - 1:
+            return None
+        return statistics.median(self.recent[-LEVEL_WINDOWS:])
+
+    @property
+    def noise(self) -> float:
+        """The healthy windows' noise width: the median size of their successive differences as a
+        normal distribution's standard deviation (x 1.4826 / sqrt 2); 0 before there are four."""
+        if len(self.recent) < 4:
+            return 0.0
+        steps = [abs(b - a) for a, b in zip(self.recent, self.recent[1:], strict=False)]
+        return 1.4826 * statistics.median(steps) / math.sqrt(2)
 
 
 @dataclass(frozen=True)
@@ -73,19 +91,22 @@ class Verdict:
     """Whether the window counts as healthy (a state kept now is a good one)."""
 
 
-def judge(state: GuardState, loss: float, *, rise: float, patience: int) -> Verdict:
-    """Update ``state`` with one window's mean loss and say whether the run diverged."""
+def judge(state: GuardState, loss: float, *, rise: float, patience: int, noise: float) -> Verdict:
+    """Update ``state`` with one window's mean loss and say whether the run diverged: ``rise`` times
+    its recent level and ``noise`` noise widths above it, ``patience`` windows in a row."""
     state.seen += 1
     if not math.isfinite(loss):
         state.above += 1
         return Verdict(state.above >= patience, f"the loss is {loss}", healthy=False)
-    level = state.level
-    if state.seen >= FIRST_JUDGED_WINDOW and level is not None and loss > rise * level:
+    level, width = state.level, state.noise
+    if state.seen >= FIRST_JUDGED_WINDOW and level is not None and loss > max(rise * level, level + noise * width):
         state.above += 1
         why = f"the loss {loss:.4g} is {loss / level:.1f}x its recent level {level:.4g}"
+        if noise and width:
+            why += f", {(loss - level) / width:.0f} noise widths above it"
         return Verdict(state.above >= patience, why, healthy=False)
     state.above = 0
-    state.recent = [*state.recent, loss][-LEVEL_WINDOWS:]
+    state.recent = [*state.recent, loss][-NOISE_WINDOWS:]
     return Verdict(False)
 
 

@@ -36,7 +36,8 @@ class Recovery:
             if nonfinite:
                 self._roll_back_to_checkpoint(runner)
             return nonfinite
-        verdict = judge(self.run_state.guard, loss, rise=t.divergence_rise, patience=t.divergence_patience)
+        verdict = judge(self.run_state.guard, loss, rise=t.divergence_rise, patience=t.divergence_patience,
+                        noise=t.divergence_noise)
         if nonfinite or verdict.diverged:
             why = f"the loss was non-finite for {t.max_nonfinite_steps} steps in a row" if nonfinite else verdict.why
             self._restore(runner, why)
