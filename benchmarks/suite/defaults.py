@@ -23,6 +23,10 @@ preset's own), ``--seconds`` stops each run that long after it started (it check
 ``--plain SECONDS`` also measures time to quality on each image set: the plain recipe against the
 defaults, each trained SECONDS (benchmarks/suite/plain.py, by the time-to-quality benchmark).
 
+A run trained with the guard off (``train.divergence_guard=off``) also gets the step at which the
+guard, with the run's settings, would first have restored (``guard_would_restore_at``; the run is
+the same up to there), so one pass with the guard off answers both "collapsed?" and "restored?".
+
 Writes ``DIR/suite.json`` (provenance: date, host, GPUs, commit, command; the criterion; every
 run; the summary) and ``DIR/suite.md`` (the tables), and prints the tables. A run whose
 ``result.json`` is already in its folder is reused, so a call cut short continues where it stopped.
@@ -43,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.suite import plain, report
-from benchmarks.suite.collapse import Criterion, judge, read_metrics
+from benchmarks.suite.collapse import Criterion, guard_replay, judge, read_metrics
 from benchmarks.suite.launch import RunSpec, Slots, run_all
 from benchmarks.suite.plain import PlainSpec, run_plain
 from benchmarks.suite.sets import chosen
@@ -153,18 +157,26 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
     def record(spec: RunSpec, outcome: dict) -> dict:
         metrics = read_metrics(spec.run_dir / "metrics.jsonl")
         config = spec.run_dir / "config.yaml"
-        warmup = yaml.safe_load(config.read_text())["optim"]["warmup_steps"] if config.is_file() else 0
+        written = yaml.safe_load(config.read_text()) if config.is_file() else {}
+        warmup = written.get("optim", {}).get("warmup_steps", 0)
+        train = written.get("train", {})
+        # with the guard off: where it would have restored (the same run up to there), None if nowhere
+        replayed = None if train.get("divergence_guard", True) else guard_replay(metrics.losses, train)
         verdict = judge(metrics.steps, metrics.losses, warmup_steps=warmup, exit_code=outcome["exit_code"],
                         criterion=criterion)
         score = report.quality(spec.task, outcome["eval"])
         name = report.QUALITY[spec.task][0]
         summary = (f"{'COLLAPSED: ' + verdict.reason if verdict.collapsed else 'healthy'}, final loss "
                    f"{verdict.final_loss if verdict.final_loss is None else round(verdict.final_loss, 4)}, "
-                   f"restores {metrics.restores}, {name} {score if score is None else round(score, 4)}")
+                   f"restores {metrics.restores}, {name} {score if score is None else round(score, 4)}"
+                   + (f", the guard would have restored at step {metrics.steps[replayed]}" if replayed is not None
+                      else ""))
         return {"preset": spec.preset, "set": spec.set_name, "task": spec.task, "variant": spec.variant,
                 "seed": spec.seed, "overrides": list(spec.overrides), "run_dir": str(spec.run_dir),
                 "steps_reached": metrics.steps[-1] if metrics.steps else 0, "warmup_steps": warmup,
                 "restores": metrics.restores, "nonfinite_skipped": metrics.nonfinite_skipped, **asdict(verdict),
+                "guard_off": not train.get("divergence_guard", True),
+                "guard_would_restore_at": metrics.steps[replayed] if replayed is not None else None,
                 "quality": score, **outcome, "summary": summary}
 
     return record

@@ -53,6 +53,8 @@ def summarize(records: list[dict]) -> list[dict]:
         scores = [r["quality"] for r in runs if r["quality"] is not None]
         rows.append({"preset": preset, "variant": variant, "set": set_name, "runs": len(runs),
                      "collapsed": sum(r["collapsed"] for r in runs), "restores": sum(r["restores"] for r in runs),
+                     "guard_off": sum(bool(r.get("guard_off")) for r in runs),
+                     "guard_would_restore": sum(r.get("guard_would_restore_at") is not None for r in runs),
                      "mean_final_loss_healthy": mean(losses) if losses else None,
                      "quality_name": QUALITY[runs[0]["task"]][0], "mean_quality": mean(scores) if scores else None})
     return rows
@@ -68,6 +70,10 @@ def summary_table(rows: list[dict]) -> str:
     total = sum(s["runs"] for s in rows)
     lines.append(f"\n{sum(s['collapsed'] for s in rows)} of {total} runs collapsed; "
                  f"{sum(s['restores'] for s in rows)} restores.")
+    off = sum(s["guard_off"] for s in rows)
+    if off:  # the guard's first decision replayed on the runs trained without it
+        lines.append(f"The divergence guard would have restored in {sum(s['guard_would_restore'] for s in rows)} "
+                     f"of the {off} runs trained with it off.")
     return "\n".join(lines) + "\n"
 
 

@@ -98,6 +98,35 @@ def test_a_record_counts_restores_and_judges_the_curve_from_the_run_folder(tmp_p
     assert record["summary"].startswith("COLLAPSED: loss rose to 3.5x its running minimum")
 
 
+def test_a_run_trained_with_the_guard_off_says_where_the_guard_would_have_restored(tmp_path):
+    """The guard's first decision replayed on the logged windows (a heavy-tailed field set's, which
+    the rise factor alone took for a divergence at its 33rd window), with the run's own settings."""
+    from benchmarks.suite.report import summarize, summary_table
+
+    rain = [1.423, 1.97, 0.827, 1.234, 0.8, 0.705, 0.808, 0.864, 0.673, 0.656, 0.767, 0.764, 1.058, 0.712, 0.563,
+            0.944, 0.951, 0.532, 0.68, 0.662, 0.983, 0.475, 0.782, 0.639, 0.701, 0.493, 0.877, 0.466, 0.426, 0.51,
+            0.639, 0.789, 0.779, 0.594, 0.699, 0.525, 0.956, 0.444, 0.861, 0.574]
+    records = []
+    for name, train in (("shipped", "divergence_guard: false"),
+                        ("factor", "divergence_guard: false\n  divergence_noise: 0.0"),
+                        ("on", "divergence_guard: true")):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(f"optim:\n  warmup_steps: 0\ntrain:\n  {train}\n")
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * (i + 1), "loss": loss}) + "\n"
+                                                       for i, loss in enumerate(rain)))
+        spec = RunSpec("field-icon", "rain", "fields", name, 0, "npz:x.npz", (), (), run_dir)
+        records.append(defaults.finish(Criterion())(spec, {"exit_code": 0, "train_s": 1.0, "log": "x.log",
+                                                            "eval": None}))
+    shipped, factor, on = records
+    assert shipped["guard_off"] and shipped["guard_would_restore_at"] is None
+    assert factor["guard_would_restore_at"] == 330 and factor["summary"].endswith(
+        "the guard would have restored at step 330")
+    assert not on["guard_off"] and on["guard_would_restore_at"] is None  # the live guard decided there
+    assert "The divergence guard would have restored in 1 of the 2 runs trained with it off." in summary_table(
+        summarize(records))
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--set", "optim.lrr=1"], "error: unknown config key 'optim.lrr'"),
     (["--variant", "a=b"], "error: --variant label 'a=b' is not a new name -- start each --variant with its own "
