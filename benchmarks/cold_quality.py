@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.quality_time_report import time_to_reach
+from diffscale.io.numbers import cell
 
 TARGET_SHARE = 0.25
 """A cold run reaches the plain recipe's final quality in at most this share of its budget."""
@@ -108,18 +109,17 @@ def cold_run(args: argparse.Namespace) -> tuple[Path, float, float]:
     return run_dir, started, stopped
 
 
-def scored_points(run_dir: Path, started: float, stopped: float, args: argparse.Namespace) -> list[dict[str, Any]]:
+def scored_points(run_dir: Path, logged: dict[int, float], started: float, stopped: float,
+                  args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each checkpoint's EMA scored as quality_time scores, at the seconds since the command started
     that its step was logged (the stop for the checkpoint the stop signal wrote)."""
     import torch
 
     from benchmarks.quality_time import EvalSpec
     from diffscale.inference.trained import load_trained
-    from diffscale.io.rundir import read_records
     from diffscale.runtime import checkpoint as ckpt
 
     spec = EvalSpec(count=args.count, steps=args.eval_steps, sampler=args.sampler)
-    logged = {r["step"]: r["time"] for r in read_records(run_dir)[0] if "time" in r}
     run = load_trained(run_dir)
 
     def autocast() -> torch.autocast:  # as quality_time samples: bf16 on CUDA
@@ -149,27 +149,22 @@ def summary(plain: dict[str, Any], points: list[dict[str, Any]]) -> dict[str, An
 
 
 def markdown(about: dict[str, Any], result: dict[str, Any], points: list[dict[str, Any]], events: dict) -> str:
-    def num(value: float | None, spec: str) -> str:
-        return "-" if value is None else format(value, spec)
-
     lines = [f"Cold time to quality, {about['preset']}, {about['date_utc']} UTC, {about['device']}, "
              f"commit {about['commit']}:", f"`{about['command']}`", "",
              f"The plain recipe's final FD {result['plain_final_fd']:.3f} after {result['plain_seconds']:.0f} s of "
-             f"training; the cold run reached it {num(result['reach_plain_final_s'], '.1f')} s after its command "
-             f"started ({num(result['share_of_plain_time'] and 100 * result['share_of_plain_time'], '.1f')} % of the "
+             f"training; the cold run reached it {cell(result['reach_plain_final_s'], '.1f')} s after its command "
+             f"started ({cell(result['share_of_plain_time'] and 100 * result['share_of_plain_time'], '.1f')} % of the "
              f"plain recipe's time; target <= {100 * TARGET_SHARE:.0f} %: "
-             f"{'met' if result['target_met'] else 'missed'}). First step at {num(events['first_step_s'], '.1f')} s "
-             f"(logged by compiled runs), compiled from step {num(events['compiled_step'], 'd')}.",
+             f"{'met' if result['target_met'] else 'missed'}). First step at {cell(events['first_step_s'], '.1f')} s "
+             f"(logged by compiled runs), compiled from step {cell(events['compiled_step'], 'd')}.",
              "", "| seconds from the start | step | FD | precision | recall |", "|---:|---:|---:|---:|---:|"]
     lines += [f"| {p['seconds']:.1f} | {p['steps']} | {p['fd']:.3f} | {p['precision']:.3f} | {p['recall']:.3f} |"
               for p in points]
     return "\n".join(lines) + "\n"
 
 
-def _events(run_dir: Path, started: float) -> dict[str, Any]:
-    from diffscale.io.rundir import read_records
-
-    events = {e["kind"]: e for e in read_records(run_dir)[1]}
+def _events(records: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    events = {e["kind"]: e for e in records}
     first, compiled = events.get("first_step"), events.get("compiled")
     return {"first_step_s": first["time"] - started if first and "time" in first else None,
             "compiled_step": compiled["step"] if compiled else None}
@@ -180,13 +175,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from diffscale.bench.runs import provenance
     from diffscale.io.atomic import write_text
+    from diffscale.io.rundir import read_records
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     plain = plain_record(args)
     run_dir, started, stopped = cold_run(args)
-    points = scored_points(run_dir, started, stopped, args)
-    result, events = summary(plain, points), _events(run_dir, started)
+    training, records = read_records(run_dir)
+    logged = {r["step"]: r["time"] for r in training if "time" in r}  # when each step was logged
+    points = scored_points(run_dir, logged, started, stopped, args)
+    result, events = summary(plain, points), _events(records, started)
     command = shlex.join(["python", "-m", "benchmarks.cold_quality", *(sys.argv[1:] if argv is None else argv)])
     about = {**provenance(args, command=command),
              "preset": args.preset, "device": plain.get("device", "-")}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from diffscale.errors import UserError
+from diffscale.io.numbers import cell
 
 TARGET_SHARE = 0.40
 """diffscale reaches the plain recipe's final quality in at most this share of its time."""
@@ -51,10 +51,6 @@ def summarize(records: list[dict], against: str | None = None) -> list[dict]:
     return rows
 
 
-def _num(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def markdown(records: list[dict], summary: list[dict], about: dict, against: str | None = None) -> str:
     """The points of every run and the summary against the plain recipe (or the run ``against``
     names), as markdown tables."""
@@ -67,7 +63,7 @@ def markdown(records: list[dict], summary: list[dict], about: dict, against: str
     for r in records:
         for p in r["points"]:
             lines.append(f"| {r['preset']} | {r['name']} | {p['seconds']:.1f} | {p['steps']} | {p['images']:,} | "
-                         f"{p['fd']:.2f} | {p['fd_ema']:.2f} | {_num(p.get('fd_raw'), '.2f')} |")
+                         f"{p['fd']:.2f} | {p['fd_ema']:.2f} | {cell(p.get('fd_raw'), '.2f')} |")
     lines += ["", f"| preset | run | start-up s | samples/s | final FD | {ref} final FD | reaches it at s (images) "
               f"| of {ref}'s time | target <= 40 % |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     compared = {(s["preset"], s["run"]): s for s in summary}
@@ -77,9 +73,9 @@ def markdown(records: list[dict], summary: list[dict], about: dict, against: str
         if s is not None:
             reach = "never" if s["reach_plain_final_s"] is None else \
                 f"{s['reach_plain_final_s']:.1f} ({s['reach_plain_final_images']:,.0f})"
-            cells = [f"{s['plain_final_fd']:.2f}", reach, _num(s["share_of_plain_time"], ".1%"),
+            cells = [f"{s['plain_final_fd']:.2f}", reach, cell(s["share_of_plain_time"], ".1%"),
                      "-" if s["target_met"] is None else "met" if s["target_met"] else "missed"]
-        lines.append(f"| {r['preset']} | {r['name']} | {r['startup_s']:.1f} | {_num(r['samples_per_s'], ',.0f')} | "
+        lines.append(f"| {r['preset']} | {r['name']} | {r['startup_s']:.1f} | {cell(r['samples_per_s'], ',.0f')} | "
                      f"{r['points'][-1]['fd']:.2f} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 

@@ -161,7 +161,8 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
         warmup = written.get("optim", {}).get("warmup_steps", 0)
         train = written.get("train", {})
         # with the guard off: where it would have restored (the same run up to there), None if nowhere
-        replayed = None if train.get("divergence_guard", True) else guard_replay(metrics.losses, train)
+        guard_off = not train.get("divergence_guard", True)
+        replayed = guard_replay(metrics.losses, train) if guard_off else None
         verdict = judge(metrics.steps, metrics.losses, warmup_steps=warmup, exit_code=outcome["exit_code"],
                         criterion=criterion)
         score = report.quality(spec.task, outcome["eval"])
@@ -175,7 +176,7 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
                 "seed": spec.seed, "overrides": list(spec.overrides), "run_dir": str(spec.run_dir),
                 "steps_reached": metrics.steps[-1] if metrics.steps else 0, "warmup_steps": warmup,
                 "restores": metrics.restores, "nonfinite_skipped": metrics.nonfinite_skipped, **asdict(verdict),
-                "guard_off": not train.get("divergence_guard", True),
+                "guard_off": guard_off,
                 "guard_would_restore_at": metrics.steps[replayed] if replayed is not None else None,
                 "quality": score, **outcome, "summary": summary}
 

@@ -12,6 +12,8 @@ from importlib.metadata import version
 from pathlib import Path
 from statistics import mean
 
+from diffscale.io.numbers import cell
+
 QUALITY = {"images": ("fd", "FD"), "fields": ("crps", "CRPS"), "policy": ("success", "success")}
 """Each task's headline score in ``diffscale eval --json`` and its column name."""
 
@@ -24,10 +26,6 @@ def quality(task: str, scores: dict | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _num(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def table(records: list[dict]) -> str:
     """Every run as a markdown row."""
     lines = ["| preset | set | variant | seed | exit | steps | collapsed | restores | min loss | final loss "
@@ -36,8 +34,8 @@ def table(records: list[dict]) -> str:
         name = QUALITY[r["task"]][1]
         lines.append(f"| {r['preset']} | {r['set']} | {r['variant']} | {r['seed']} | {r['exit_code']} | "
                      f"{r['steps_reached']} | {'yes' if r['collapsed'] else 'no'} | {r['restores']} | "
-                     f"{_num(r['min_loss'], '.4f')} | {_num(r['final_loss'], '.4f')} | "
-                     f"{name} {_num(r['quality'], '.4g')} | {r['reason'] or ''} |")
+                     f"{cell(r['min_loss'], '.4f')} | {cell(r['final_loss'], '.4f')} | "
+                     f"{name} {cell(r['quality'], '.4g')} | {r['reason'] or ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -65,8 +63,8 @@ def summary_table(rows: list[dict]) -> str:
              "|---|---|---|---:|---:|---:|---|"]
     for s in rows:
         lines.append(f"| {s['preset']} | {s['variant']} | {s['set']} | {s['collapsed']} / {s['runs']} | "
-                     f"{s['restores']} | {_num(s['mean_final_loss_healthy'], '.4f')} | "
-                     f"{s['quality_name']} {_num(s['mean_quality'], '.4g')} |")
+                     f"{s['restores']} | {cell(s['mean_final_loss_healthy'], '.4f')} | "
+                     f"{s['quality_name']} {cell(s['mean_quality'], '.4g')} |")
     total = sum(s["runs"] for s in rows)
     lines.append(f"\n{sum(s['collapsed'] for s in rows)} of {total} runs collapsed; "
                  f"{sum(s['restores'] for s in rows)} restores.")

@@ -33,6 +33,7 @@ from diffscale.bench.runs import (
 )
 from diffscale.config.presets import PRESETS
 from diffscale.errors import UserError
+from diffscale.io.numbers import cell
 from diffscale.io.paths import folder_target
 
 __all__ = ["add_derived", "comm_check", "register", "report", "run_bench"]
@@ -55,10 +56,6 @@ def add_derived(records: list[dict]) -> list[dict]:
     return records
 
 
-def _fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def render_table(records: list[dict]):
     from rich.table import Table
 
@@ -70,12 +67,12 @@ def render_table(records: list[dict]):
     for r in records:
         recipe = r["recipe"] + (f" ({r['label']})" if r.get("label") else "")
         table.add_row(r["preset"], recipe, str(r["world_size"]), str(r.get("nodes", 1)),
-                      _fmt(r["samples_per_s"], ",.0f"), _fmt(r["samples_per_s_per_gpu"], ",.0f"),
-                      _fmt(r["step_s"] * 1000, ".1f"), _fmt(r.get("scaling_efficiency"), ".1%"),
-                      _fmt(r.get("fast_over_plain"), ".2f"), _fmt(r["peak_mem_gib"], ".2f"),
-                      _fmt(r.get("reserved_gib"), ".2f"), _fmt(r["tflops_per_gpu"], ".1f"), _fmt(r.get("mfu"), ".1%"),
-                      _fmt(r["data_wait_share"], ".1%"), _fmt(r.get("gpu_util"), ".0f"),
-                      _fmt(r.get("sm_clock_mhz"), ".0f"), _fmt(r["startup_s"], ".0f"))
+                      cell(r["samples_per_s"], ",.0f"), cell(r["samples_per_s_per_gpu"], ",.0f"),
+                      cell(r["step_s"] * 1000, ".1f"), cell(r.get("scaling_efficiency"), ".1%"),
+                      cell(r.get("fast_over_plain"), ".2f"), cell(r["peak_mem_gib"], ".2f"),
+                      cell(r.get("reserved_gib"), ".2f"), cell(r["tflops_per_gpu"], ".1f"), cell(r.get("mfu"), ".1%"),
+                      cell(r["data_wait_share"], ".1%"), cell(r.get("gpu_util"), ".0f"),
+                      cell(r.get("sm_clock_mhz"), ".0f"), cell(r["startup_s"], ".0f"))
     return table
 
 

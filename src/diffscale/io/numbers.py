@@ -8,6 +8,11 @@ from typing import Any
 DIGITS = 6
 
 
+def cell(value: Any, spec: str) -> str:
+    """A table cell: ``value`` formatted by ``spec``, ``-`` where there is none."""
+    return "-" if value is None else format(value, spec)
+
+
 def rounded(value: Any, digits: int = DIGITS) -> Any:
     """``value`` with every float in it (in dicts, lists and tuples too) rounded to ``digits``
     significant digits, or to 3 decimals from 10**digits up (a time stamp keeps its seconds); NaN

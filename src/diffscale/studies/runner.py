@@ -195,6 +195,20 @@ def _wait(threads: list[threading.Thread], progress_every: float,
                 last_said = now
 
 
+def _ended(plan: SweepPlan, signum: int | None, failed: int) -> int:
+    """The last line of ``sweep run`` and its exit code."""
+    if signum is not None:
+        print(f"sweep run stopped by {signal.Signals(signum).name}: "
+              f"`diffscale sweep run {plan.sweep_dir}` continues it")
+        return 128 + signum
+    if failed:
+        print(f"{failed} element(s) failed: `diffscale sweep status {plan.sweep_dir}` says why; "
+              f"`diffscale sweep run {plan.sweep_dir}` runs them again")
+        return 1
+    print(f"all {len(plan.elements)} element(s) done: diffscale sweep collect {plan.sweep_dir}")
+    return 0
+
+
 def run_elements(plan: SweepPlan, slots: list[str | None], progress_every: float = PROGRESS_EVERY_S) -> int:
     """Every element not yet done, ``len(slots)`` at a time. Exit 0 when all are done, 1 when one
     failed, 128 + N when signal N stopped the sweep. Every ``progress_every`` seconds (0: never) a
@@ -208,10 +222,11 @@ def run_elements(plan: SweepPlan, slots: list[str | None], progress_every: float
     lock = threading.Lock()
     failed: list[int] = []
     started: dict[int, float] = {}  # position -> when it started, while it runs
-    done = [len(plan.elements) - len(todo)]
+    done = len(plan.elements) - len(todo)
     stop = Stop()
 
     def worker(gpu: str | None) -> None:
+        nonlocal done
         while stop.signum is None:
             try:
                 position = work.get_nowait()
@@ -231,7 +246,7 @@ def run_elements(plan: SweepPlan, slots: list[str | None], progress_every: float
                 if result.state == "failed":
                     failed.append(index)
                 if result.state == "done":
-                    done[0] += 1
+                    done += 1
                 print(f"{element.label}: {result.state}"
                       f"{' -- ' + result.reason if result.reason else ''}", flush=True)
 
@@ -240,18 +255,9 @@ def run_elements(plan: SweepPlan, slots: list[str | None], progress_every: float
         threads = [threading.Thread(target=worker, args=(gpu,)) for gpu in slots]
         for t in threads:
             t.start()
-        _wait(threads, progress_every, lambda now: progress_line(plan, dict(started), done[0], now)
+        _wait(threads, progress_every, lambda now: progress_line(plan, dict(started), done, now)
               if started else None, lock)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
-    if stop.signum is not None:
-        print(f"sweep run stopped by {signal.Signals(stop.signum).name}: "
-              f"`diffscale sweep run {plan.sweep_dir}` continues it")
-        return 128 + stop.signum
-    if failed:
-        print(f"{len(failed)} element(s) failed: `diffscale sweep status {plan.sweep_dir}` says why; "
-              f"`diffscale sweep run {plan.sweep_dir}` runs them again")
-        return 1
-    print(f"all {len(plan.elements)} element(s) done: diffscale sweep collect {plan.sweep_dir}")
-    return 0
+    return _ended(plan, stop.signum, len(failed))

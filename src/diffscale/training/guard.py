@@ -72,7 +72,7 @@ class GuardState:
         return statistics.median(self.recent[-LEVEL_WINDOWS:])
 
     @property
-    def noise(self) -> float:
+    def noise_width(self) -> float:
         """The healthy windows' noise width: the median size of their successive differences as a
         normal distribution's standard deviation (x 1.4826 / sqrt 2); 0 before there are four."""
         if len(self.recent) < 4:
@@ -98,7 +98,7 @@ def judge(state: GuardState, loss: float, *, rise: float, patience: int, noise: 
     if not math.isfinite(loss):
         state.above += 1
         return Verdict(state.above >= patience, f"the loss is {loss}", healthy=False)
-    level, width = state.level, state.noise
+    level, width = state.level, state.noise_width
     if state.seen >= FIRST_JUDGED_WINDOW and level is not None and loss > max(rise * level, level + noise * width):
         state.above += 1
         why = f"the loss {loss:.4g} is {loss / level:.1f}x its recent level {level:.4g}"

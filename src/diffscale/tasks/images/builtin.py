@@ -77,7 +77,9 @@ def _rendered(chars: str, variants_per_glyph: int, seed: int) -> torch.Tensor:
         for char in chars:
             for _ in range(variants_per_glyph):
                 px = int(_RENDER_PX * rng.uniform(0.7, 0.9))
-                font = fonts.get(px) or fonts.setdefault(px, ImageFont.truetype(str(path), px))
+                font = fonts.get(px)
+                if font is None:
+                    font = fonts[px] = ImageFont.truetype(str(path), px)
                 canvas = Image.new("L", (_RENDER_PX, _RENDER_PX), 0)
                 draw = ImageDraw.Draw(canvas)
                 left, top, right, bottom = draw.textbbox((0, 0), char, font=font)
