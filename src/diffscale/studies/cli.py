@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "diffscale sweep run study.yaml --gpus auto")
     _definition_arguments(q)
     q.add_argument("--gpus", help="run one element per GPU at once: a list (0,1,2) or auto (every GPU here)")
-    q.add_argument("--progress-every", type=_seconds, default=30.0, metavar="S",
+    q.add_argument("--progress-every", type=float, default=30.0, metavar="S",
                    help="say where the running elements stand every S seconds, on stderr (0: never; default 30)")
     q.set_defaults(func=cmd_run)
     q = verb(sub, "status", "which elements are pending, running, done or failed (and why)",
@@ -174,19 +174,12 @@ def _started(args: argparse.Namespace, *, submitting: bool = False) -> SweepPlan
     return plan
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds >= 0 (e.g. 30, or 0 for never)")
-    return value
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from diffscale.studies.runner import gpu_slots, run_elements
 
+    if not 0 <= args.progress_every < float("inf"):  # before the sweep directory is written
+        raise UserError(f"--progress-every {args.progress_every:g} is not a number of seconds >= 0",
+                        "use e.g. 30, or 0 for no progress lines")
     slots = gpu_slots(args.gpus)
     plan = _started(args)
     return run_elements(plan, slots, progress_every=args.progress_every)
