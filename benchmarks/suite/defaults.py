@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("[suite] interrupted: the finished runs are kept; the same command trains the others", file=sys.stderr)
+        return 130
 
 
 def plain_specs(args: argparse.Namespace, specs: list[RunSpec]) -> list[PlainSpec]:

@@ -4,7 +4,9 @@ Each slot runs one process at a time: on GPUs a slot is one GPU (``CUDA_VISIBLE_
 CPU a share of the cores (``OMP_NUM_THREADS``). A run is ``diffscale train`` into its own folder,
 then ``diffscale eval RUN --json``; its output goes to a log beside the run folder. A run whose
 record (``result.json``) is already in its folder is not trained again, so a benchmark cut short
-continues where it stopped; a folder without one (a run killed midway) is trained afresh.
+continues where it stopped; a folder without one (a run killed midway) is trained afresh. A call
+interrupted (^C, or ``timeout --signal=INT``) starts no further run and keeps no record of the runs
+it interrupted.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ R = TypeVar("R")
 
 GRACE_S = 300
 """After the budget's stop request, the seconds a run has to write its checkpoint before it is killed."""
+
+INTERRUPTED_CODES = (130, -signal.SIGINT)
+"""Exit codes of a ``diffscale`` process stopped by SIGINT (its own handler's, or the signal's)."""
+
+interrupted = threading.Event()
+"""Set when the call is interrupted: no further run starts, no interrupted run is kept."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
     if evaluate and code in (0, 85):
         eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
-        done["eval_s"] = round(eval_s, 1)
+        done["eval_s"], done["eval_code"] = round(eval_s, 1), eval_code
         try:
             done["eval"] = json.loads(last) if eval_code == 0 else None
         except json.JSONDecodeError:
@@ -161,7 +169,12 @@ def in_slots(items: list[T], slots: Slots, work: Callable[[T, dict[str, str], st
             free.put(slot)
 
     with ThreadPoolExecutor(max_workers=slots.count) as pool:
-        return list(pool.map(one, items))
+        try:
+            return list(pool.map(one, items))
+        except KeyboardInterrupt:
+            interrupted.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict], dict],
@@ -176,7 +189,11 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             say(f"{spec.label}: kept from an earlier call ({kept})")
             return json.loads(kept.read_text())
         say(f"{spec.label}: training{where}")
-        record = finish(spec, train_and_eval(spec, env, **options))  # type: ignore[arg-type]
+        outcome = train_and_eval(spec, env, **options)  # type: ignore[arg-type]
+        if interrupted.is_set() or {outcome["exit_code"], outcome.get("eval_code")} & set(INTERRUPTED_CODES):
+            say(f"{spec.label}: interrupted, not kept (the next call trains it again)")
+            return {}
+        record = finish(spec, outcome)
         kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
         kept.write_text(json.dumps(record, indent=1))
         say(f"{spec.label}: {record['summary']}")

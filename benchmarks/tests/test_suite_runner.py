@@ -168,3 +168,38 @@ def test_plain_needs_an_image_preset(tmp_path, capsys):
                                        "is chosen -- add an image preset (tiny, small, medium, large, xl), or leave "
                                        "--plain out\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
+    """^C (or ``timeout --signal=INT``, as scripts/gpu/suite_defaults.sh stops a call) to the whole
+    process group mid-run: exit 130, the run it cut keeps no record (the next call trains it), the
+    next set never starts."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
+            "--seeds", "1", "--steps", "100000", "--count", "40", "--out", str(out), "--gpus", "none",
+            *_sets(MICRO)]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "strokes/defaults/seed0: training" in line:
+            break
+    run_dir = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0"
+    while not (run_dir / "metrics.jsonl").is_file() and process.poll() is None:  # training has begun
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    rest, _ = process.communicate(timeout=300)
+    printed = "".join(lines) + rest
+    assert process.returncode == 130, printed
+    assert "tiny/strokes/defaults/seed0: interrupted, not kept" in printed
+    assert "the finished runs are kept; the same command trains the others" in printed
+    assert not (run_dir / "result.json").exists()
+    assert "colour/defaults/seed0: training" not in printed and not (out / "runs" / "tiny" / "colour").exists()
