@@ -13,7 +13,7 @@ source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator 
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK/out"
 if [ -n "${CARRY:-}" ]; then tar -xzf "$CARRY" -C "$WORK/out"; fi
-timeout --signal=INT "${BUDGET_S:-540}" "$PY" -m benchmarks.suite.defaults "$@" --out "$WORK/out" \
+timeout --signal=INT --kill-after=20 "${BUDGET_S:-540}" "$PY" -m benchmarks.suite.defaults "$@" --out "$WORK/out" \
   --data-dir "$WORK/data" > "$OUT/suite.log" 2>&1
 echo "suite exit $?" >> "$OUT/suite.log"
 (cd "$WORK/out" && find runs -name result.json -o -name metrics.jsonl | tar -czf "$OUT/suite-runs.tgz" -T -)
