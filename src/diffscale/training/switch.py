@@ -87,7 +87,10 @@ class CompileSwitch:
         self.switched_at = state.step
 
     def after_step(self) -> None:
-        """After every step: the note and ``compiled`` record of the first compiled one."""
+        """After every step: the background compile may start once the first has run; the note and
+        ``compiled`` record of the first compiled one."""
+        if self.background is not None and self.background.process.stdin is not None:
+            self.background.go()
         if self._started is None:
             return
         state = self.run.state
