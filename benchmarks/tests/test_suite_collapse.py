@@ -26,7 +26,7 @@ def test_a_loss_that_jumps_and_stays_up_collapsed_at_the_jump():
     verdict = judge(STEPS, losses, warmup_steps=100)
     assert verdict.collapsed
     assert 300 <= verdict.step <= 330  # the trailing median sees it within a few records
-    assert "stayed above 1.5x" in verdict.reason and verdict.peak_ratio > 2.5
+    assert "stayed above 1.4x" in verdict.reason and verdict.peak_ratio > 2.5
     assert 0.14 < verdict.min_loss < 0.17 and 0.4 < verdict.final_loss < 0.5
 
 
@@ -37,7 +37,7 @@ def test_a_noisy_healthy_loss_with_spikes_is_not_a_collapse():
             losses[spike] *= 5
         verdict = judge(STEPS, losses, warmup_steps=100)
         assert not verdict.collapsed, verdict.reason
-        assert verdict.reason == "" and verdict.step is None and verdict.peak_ratio < 2
+        assert verdict.reason == "" and verdict.step is None
 
 
 def test_a_jump_that_falls_back_or_creeps_up_only_a_little_is_not_a_collapse():
@@ -45,7 +45,7 @@ def test_a_jump_that_falls_back_or_creeps_up_only_a_little_is_not_a_collapse():
     losses[30:36] = [0.6] * 6  # six records up, then back to the level
     assert not judge(STEPS, losses, warmup_steps=100).collapsed
     creeping = _healthy(noise=0.02)
-    creeping[40:] = [v * 1.4 for v in creeping[40:]]  # up by less than half, for good
+    creeping[40:] = [v * 1.35 for v in creeping[40:]]  # up by less than 1.4x, for good
     assert not judge(STEPS, creeping, warmup_steps=100).collapsed
 
 
@@ -62,9 +62,13 @@ def test_a_collapse_during_the_warm_up_is_caught_after_it_and_the_factors_are_se
     verdict = judge(STEPS, losses, warmup_steps=100)
     assert verdict.collapsed and verdict.step == 110
     mild = _healthy(noise=0.02)
-    mild[30:] = [v * 1.8 for v in mild[30:]]
+    mild[30:] = [v * 1.3 for v in mild[30:]]
     assert not judge(STEPS, mild, warmup_steps=100).collapsed
-    assert judge(STEPS, mild, warmup_steps=100, criterion=Criterion(jump=1.6, stay=1.3)).collapsed
+    assert judge(STEPS, mild, warmup_steps=100, criterion=Criterion(jump=1.2, stay=1.15)).collapsed
+    # a collapse before the loss settled (tiny at lr 8e-3 on flat): 0.31 -> ~0.52 at the warm-up's end, for good
+    falling = [0.536, 0.437, 0.402, 0.358, 0.328, 0.327, 0.313, 0.332, 0.381]
+    shallow = falling + [0.52 * (1 + 0.03 * math.sin(i)) for i in range(len(STEPS) - len(falling))]
+    assert judge(STEPS, shallow, warmup_steps=100).collapsed
 
 
 def test_a_nan_loss_or_a_failed_run_is_a_collapse():

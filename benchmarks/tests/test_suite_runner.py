@@ -39,7 +39,7 @@ def test_two_image_sets_train_evaluate_and_report_then_a_second_call_reuses_them
     about = suite["about"]
     assert about["command"].startswith("python -m benchmarks.suite.defaults --preset tiny")
     assert about["date_utc"] and about["host"] and about["devices"] and about["commit"]
-    assert suite["criterion"] == {"jump": 2.0, "stay": 1.5, "window": 5, "min_records": 3}
+    assert suite["criterion"] == {"jump": 1.5, "stay": 1.4, "window": 5, "min_records": 3}
     runs = suite["runs"]
     assert [(r["set"], r["variant"], r["seed"]) for r in runs] == [("strokes", "short", 0), ("colour", "short", 0)]
     for run in runs:
