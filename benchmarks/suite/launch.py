@@ -181,7 +181,9 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             say: Callable[[str], None], **options: object) -> list[dict]:
     """Every spec trained and evaluated (``train_and_eval(..., **options)``) in slots;
     ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
-    ``result.json`` in its folder. Records come back in the order of ``specs``."""
+    ``result.json`` in its folder. Records come back in the order of ``specs``; a run a SIGINT cut
+    short has none."""
+    interrupted.clear()
 
     def one(spec: RunSpec, env: dict[str, str], where: str) -> dict:
         kept = spec.run_dir / "result.json"
@@ -199,4 +201,4 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
         say(f"{spec.label}: {record['summary']}")
         return record
 
-    return in_slots(specs, slots, one)
+    return [record for record in in_slots(specs, slots, one) if record]

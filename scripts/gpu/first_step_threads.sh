@@ -26,6 +26,6 @@ one() {  # label, then env assignments; the job is killed (its process group) on
 }
 mkdir -p "$WORK" "$OUT"
 for _ in $(seq "$REPEATS"); do
-  one "default compile workers" TORCHINDUCTOR_COMPILE_THREADS_UNSET=1
+  one "default compile workers"
   [ "${ONE_WORKER:-1}" = 1 ] && one "one compile worker     " TORCHINDUCTOR_COMPILE_THREADS=1
 done | tee "$OUT/first_step_threads.txt"

@@ -89,7 +89,7 @@ class CompileSwitch:
     def after_step(self) -> None:
         """After every step: the background compile may start once the first has run; the note and
         ``compiled`` record of the first compiled one."""
-        if self.background is not None and self.background.process.stdin is not None:
+        if self.background is not None:  # once: go() is a no-op after the first
             self.background.go()
         if self._started is None:
             return
