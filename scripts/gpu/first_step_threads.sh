@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Does the background compile slow a cold job's first (eager) step by taking the CPU? Cold starts
-# of `diffscale train --preset PRESET` (empty diffscale and Triton caches, bytecode kept, CUDA
-# libraries already read once), alternately with the background compile's default workers and with
-# one (TORCHINDUCTOR_COMPILE_THREADS=1), each stopped after its first step; the first-step line of each.
-# ONE_WORKER=0: the default workers only. Writes $OUT/first_step_threads.txt. Usage (repository root): OUT=DIR bash scripts/gpu/first_step_threads.sh
+# Where a cold job's first (eager) step goes on a fresh machine. Cold starts of `diffscale train
+# --preset PRESET` (empty diffscale and Triton caches, bytecode kept, CUDA libraries read once by one
+# process first), in the order JOBS names them, each stopped after its first step:
+#   default  compiled run: eager steps while a background process compiles (the default on a GPU)
+#   one      the same with one compile worker (TORCHINDUCTOR_COMPILE_THREADS=1)
+# The machine's first job also pays for reading what the warm-up did not (cuDNN, Triton, fonts):
+# compare a label with itself later in the order, not with the first job.
+# Writes $OUT/first_step_threads.txt (the first-step line of each) and each job's train.log and
+# background-compile.log as $OUT/logs.tgz. Usage (repository root): OUT=DIR bash scripts/gpu/first_step_threads.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
-PRESET=${PRESET:-small}; REPEATS=${REPEATS:-2}; WORK=${WORK:-/tmp/diffscale-first-step}
+PRESET=${PRESET:-small}; JOBS=${JOBS:-default one default one}; WORK=${WORK:-/tmp/diffscale-first-step}
 source scripts/gpu/env.sh
 unset PYTHONDONTWRITEBYTECODE TORCHINDUCTOR_CACHE_DIR
 export PYTHONPYCACHEPREFIX=$WORK/pycache PYTHONUNBUFFERED=1
 "$PY" -c "import torch, torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.training.background_compile
 torch.zeros(1, device='cuda').sum().item()" > /dev/null 2>&1
-one() {  # label, then env assignments; the job is killed (its process group) once it logged its first step
-  local label=$1 dir pid; shift; dir=$(mktemp -d "$WORK/run.XXXX")
-  env "$@" DIFFSCALE_CACHE_DIR="$dir/cache" TRITON_CACHE_DIR="$dir/triton" \
+one() {  # job number, label; the job is killed (its process group) once it logged its first step
+  local n=$1 label=$2 dir pid; local -a env=()
+  case $label in
+    default) ;;
+    one) env=(TORCHINDUCTOR_COMPILE_THREADS=1) ;;
+    *) echo "unknown job '$label' in JOBS (default, one)"; return ;;
+  esac
+  dir="$WORK/job$n-$label"; rm -rf "$dir"; mkdir -p "$dir"
+  env "${env[@]}" DIFFSCALE_CACHE_DIR="$dir/cache" TRITON_CACHE_DIR="$dir/triton" \
     setsid "$PY" -m diffscale train --preset "$PRESET" --out "$dir/run" > "$dir/out.log" 2>&1 &
   pid=$!
   for _ in $(seq 90); do
@@ -22,10 +32,11 @@ one() {  # label, then env assignments; the job is killed (its process group) on
     sleep 0.5
   done
   kill -KILL -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  echo "$label: $(grep -h -m1 'first step of this job' "$dir/run/train.log" 2>/dev/null || echo 'no first step in 45 s')"
+  printf '%s %-8s %s\n' "$n" "$label:" "$(grep -h -m1 'first step of this job' "$dir/run/train.log" 2>/dev/null \
+    || echo 'no first step in 45 s')"
 }
 mkdir -p "$WORK" "$OUT"
-for _ in $(seq "$REPEATS"); do
-  one "default compile workers"
-  [ "${ONE_WORKER:-1}" = 1 ] && one "one compile worker     " TORCHINDUCTOR_COMPILE_THREADS=1
-done | tee "$OUT/first_step_threads.txt"
+n=0
+for label in $JOBS; do n=$((n + 1)); one "$n" "$label"; done | tee "$OUT/first_step_threads.txt"
+(cd "$WORK" && find . -path '*/run/train.log' -o -name 'background-compile*.log' -o -name out.log \
+  | tar -czf "$OUT/logs.tgz" -T -)

@@ -86,20 +86,10 @@ class BackgroundCompile:
             process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env)
         assert process.stdin is not None
         with contextlib.suppress(BrokenPipeError):  # it failed at once: its log says why
-            process.stdin.write(json.dumps(cfg.to_dict()).encode() + b"\n")
-            process.stdin.flush()
+            process.stdin.write(json.dumps(cfg.to_dict()).encode())
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
         return cls(process, log)
-
-    def go(self) -> None:
-        """Let it compile: called after the training's first step. Until then it builds the run beside
-        the training but does not start the compiler, whose worker processes (one per core, each
-        importing torch and Triton) took the cores a fresh machine's first job needs for its own start
-        (first step 23.7 s with them, 13.1 s with one worker; docs/decisions.md)."""
-        stdin, self.process.stdin = self.process.stdin, None
-        if stdin is not None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                stdin.write(b"go\n")
-                stdin.close()
 
     def ended(self) -> bool:
         """Whether it has ended (successfully or not)."""
@@ -115,9 +105,6 @@ class BackgroundCompile:
 
     def stop(self) -> bool:
         """End it if it still runs; True when it had to be ended before it finished."""
-        if self.process.stdin is not None:  # never told to go: the end of its input lets it end too
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self.process.stdin.close()
         if self.ended():
             return False
         self.process.terminate()
@@ -153,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("SIGINT", "SIGUSR1", "SIGUSR2"):  # a terminal's ^C, a scheduler's time-limit warning
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
-    cfg = from_dict(json.loads(sys.stdin.readline()))
+    cfg = from_dict(json.loads(sys.stdin.read()))
     started = time.perf_counter()
     _compile_one_step(cfg, args.kernels, local_rank=args.local_rank, world_size=args.world_size)
     print(f"compiled: forward and backward built in {time.perf_counter() - started:.1f} s into {args.kernels}",
@@ -188,9 +175,6 @@ def _compile_one_step(cfg: RunConfig, kernels: Path, *, local_rank: int, world_s
         with tempfile.TemporaryDirectory(prefix="diffscale-background-compile-") as scratch:
             with build_run(cfg, Path(scratch), ctx, policy, console=console, say=say, compile_cache=True,
                            kernels=kernels) as run:
-                print("built the run; waiting for the training's first step before compiling", flush=True)
-                sys.stdin.readline()  # "go" after the training's first step; end of input (training gone) too
-                print("compiling", flush=True)
                 run.runner.step()
                 run.compile_cache.save_once()  # the traced network, where runtime.compile_cache keeps it
                 synchronize(device)

@@ -87,10 +87,7 @@ class CompileSwitch:
         self.switched_at = state.step
 
     def after_step(self) -> None:
-        """After every step: the background compile may start once the first has run; the note and
-        ``compiled`` record of the first compiled one."""
-        if self.background is not None:  # once: go() is a no-op after the first
-            self.background.go()
+        """After every step: the note and ``compiled`` record of the first compiled one."""
         if self._started is None:
             return
         state = self.run.state
