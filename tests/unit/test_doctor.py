@@ -85,6 +85,10 @@ CASES = {
     # under "Failures:" before the root cause
     "rank-killed-torchrun.log": ("rank-killed", "rank 1 on localhost was killed (SIGKILL) while it trained",
                                  "resumes from its newest checkpoint"),
+    # the same when the surviving rank exited 1 (its gloo "Connection reset by peer") before torchrun ended
+    # it: "Failures:" lists it with exit code 1 above the root cause, the killed rank (CI, 2026-11-29)
+    "rank-killed-torchrun-peer-exited.log": ("rank-killed", "rank 1 on localhost was killed (SIGKILL) while it "
+                                             "trained", "resumes from its newest checkpoint"),
     "segfault.log": ("segfault", "a process died of signal 11 (segmentation fault)", "PYTHONFAULTHANDLER=1"),
     "abort-at-exit.log": ("abort-at-exit", "a process aborted (SIGABRT) as its interpreter exited",
                           "torch.distributed.destroy_process_group()"),

@@ -55,19 +55,28 @@ def _port(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mappin
 
 RANK_KILLED = "rank-killed"
 _SIGNALS = {"Killed": "SIGKILL", "Terminated": "SIGTERM"}
-_FIRST_ENDED = re.compile(r"tasks? [\d,-]+: Exited with exit code|srun: (?:Terminating|forcing job termination)|"
-                          r"\*\*\* (?:STEP|JOB) \S+ .*CANCELLED|exitcode\s*:\s*[1-9]")
+_STEP_ENDED = re.compile(r"tasks? [\d,-]+: Exited with exit code|srun: (?:Terminating|forcing job termination)|"
+                         r"\*\*\* (?:STEP|JOB) \S+ .*CANCELLED")
+_RANK_EXITED = re.compile(r"exitcode\s*:\s*[1-9]")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
 def _killed_rank(values: Mapping[str, str], lines: Sequence[str], index: int) -> Mapping[str, str] | None:
     """Who was killed, by what -- unless something ended first (a rank's own exit, a cancelled step:
     then this kill is the launcher ending the others, not the cause). torchrun lists the workers it
-    ended itself under "Failures:" and the one that ended first under "Root Cause": only that one."""
-    if any(_FIRST_ENDED.search(line) for line in lines[:index]):
+    ended itself, or that ended after the first, under "Failures:" (before the root cause, in any
+    order: a rank whose peer was killed can exit 1 there) and the one that ended first under "Root
+    Cause": only that one counts, whatever its "Failures:" list holds."""
+    before = lines[:index]
+    if any(_STEP_ENDED.search(line) for line in before):
         return None
     if values.get("task") is not None:
+        if any(_RANK_EXITED.search(line) for line in before):
+            return None
         return {"who": f"rank {values['task']} on {values['host']}", "what": _SIGNALS[values["how"]]}
-    if any("Root Cause (first observed failure)" in line for line in lines[index + 1:]):
+    if any(_ROOT_CAUSE in line for line in lines[index + 1:]):
+        return None
+    if not any(_ROOT_CAUSE in line for line in before) and any(_RANK_EXITED.search(line) for line in before):
         return None
     near = lines[max(0, index - 6):index]
     rank = next((m.group(1) for line in reversed(near) if (m := re.search(r"\brank\s*:\s*(\d+)", line))), None)
