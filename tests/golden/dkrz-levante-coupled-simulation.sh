@@ -48,7 +48,7 @@ got_signal=0
 
 # The simulation has ended: its end marker tells the trainer following the spool to finish
 # with what it has read (or, after a failure, to stop with this status).
-if [ "$stopped" -eq 0 ]; then
+if [ "$stopped" -eq 0 ] && [ "$rc" -ne 143 ]; then  # 143: SIGTERM, a stop from outside
     printf '{"exit_status": %d}\n' "$rc" > '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/spool $x/.ended.json.tmp' && mv -f '/scratch/it'"'"'s a "weird" $HOME `date` dir
 line two/spool $x/.ended.json.tmp' '/scratch/it'"'"'s a "weird" $HOME `date` dir

@@ -20,6 +20,7 @@ import pytest
 from diffscale.cluster.planning.plan import PlanOptions, make_plan
 from diffscale.cluster.planning.shape import Shape
 from diffscale.cluster.planning.workload import DiffscaleRun, UserCommand
+from diffscale.cluster.scripts.shellparts import end_marker, outside_stop, wait_for
 from diffscale.config import presets
 from diffscale.runtime.distributed import port_from_job_id
 from diffscale.runtime.signals import EXIT_REQUEUE
@@ -207,3 +208,18 @@ def test_a_coupled_simulation_marks_its_spool_ended_with_its_status(profile_name
     assert json.loads((spool.directory / SPOOL_END_NAME).read_text()) == {"exit_status": rc}
     assert read_end(spool.directory) == rc
     assert [p.name for p in spool.directory.iterdir()] == [SPOOL_END_NAME]  # no temporary file left
+
+
+@pytest.mark.parametrize(("command", "marked"), [("exit 3", 3), ("kill -TERM $$", None), ("exit 0", 0)])
+def test_the_end_marker_says_how_the_command_ended_by_itself_and_nothing_after_a_sigterm(command, marked, tmp_path):
+    """A command ended by SIGTERM was stopped from outside (the scheduler's to tell) even when the
+    shell's own trap has not run: SLURM signals the step and the batch shell apart, and the step may
+    end first. Here the batch shell gets no signal at all."""
+    spool = tmp_path / "spool it's"
+    spool.mkdir()
+    script = "\n".join([*outside_stop(str(spool)), f"bash -c '{command}' &", "step_pid=$!",
+                        *wait_for("step_pid", "rc"), *end_marker(str(spool)), 'exit "$rc"'])
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == (143 if marked is None else marked), done.stderr
+    marker = spool / "ended.json"
+    assert (marker.read_text() == f'{{"exit_status": {marked}}}\n') if marked is not None else not marker.exists()

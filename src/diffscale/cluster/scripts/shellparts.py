@@ -167,8 +167,9 @@ def outside_stop(directory: str | None) -> list[str]:
 def end_marker(directory: str | None) -> list[str]:
     """Lines that write a spool's end marker (tasks/fields/spool.py, ``ended.json``) with the
     command's exit status ``$rc``, atomically, unless the job was stopped from outside
-    (``outside_stop``): the trainer following the spool then ends once it has read the files
-    before it."""
+    (``outside_stop``'s trap, or the command itself ended by SIGTERM, 143: SLURM signals the step
+    and the batch shell apart, so the step can end before the shell's trap has run): the trainer
+    following the spool then ends once it has read the files before it."""
     if directory is None:
         return []
     final = q(f"{directory.rstrip('/')}/{SPOOL_END_NAME}")
@@ -176,7 +177,7 @@ def end_marker(directory: str | None) -> list[str]:
     return [
         "# The simulation has ended: its end marker tells the trainer following the spool to finish",
         "# with what it has read (or, after a failure, to stop with this status).",
-        "if [ \"$stopped\" -eq 0 ]; then",
+        "if [ \"$stopped\" -eq 0 ] && [ \"$rc\" -ne 143 ]; then  # 143: SIGTERM, a stop from outside",
         f"    printf '{{\"exit_status\": %d}}\\n' \"$rc\" > {tmp} && mv -f {tmp} {final} ||",
         "        echo \"diffscale: could not write the spool's end marker: the trainer will wait\" >&2",
         "fi",
