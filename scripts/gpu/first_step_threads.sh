@@ -4,28 +4,47 @@
 # process first), in the order JOBS names them, each stopped after its first step:
 #   default  compiled run: eager steps while a background process compiles (the default on a GPU)
 #   one      the same with one compile worker (TORCHINDUCTOR_COMPILE_THREADS=1)
+#   dropped  default after dropping the page cache (root only): every file read from disk again
 # The machine's first job also pays for reading what the warm-up did not (cuDNN, Triton, fonts):
 # compare a label with itself later in the order, not with the first job.
 # Writes $OUT/first_step_threads.txt (the first-step line of each) and each job's train.log and
-# background-compile.log as $OUT/logs.tgz. Usage (repository root): OUT=DIR bash scripts/gpu/first_step_threads.sh
+# background-compile.log as $OUT/logs.tgz (out.log: the job's lines, each with its seconds since
+# launch) and $OUT/resident.txt (the libraries' bytes in the page cache).
+# Usage (repository root): OUT=DIR bash scripts/gpu/first_step_threads.sh
 set -uo pipefail
 OUT=${OUT:?set OUT to the folder the results go to}
 PRESET=${PRESET:-small}; JOBS=${JOBS:-default one default one}; WORK=${WORK:-/tmp/diffscale-first-step}
 source scripts/gpu/env.sh
 unset PYTHONDONTWRITEBYTECODE TORCHINDUCTOR_CACHE_DIR
 export PYTHONPYCACHEPREFIX=$WORK/pycache PYTHONUNBUFFERED=1
+mkdir -p "$WORK" "$OUT"
+# $OUT/resident.txt: how much of each large library the page cache holds, before and after each job
+LIBS=$("$PY" -c "import os, importlib.util as u
+print(' '.join(p for m in ('torch', 'triton', 'nvidia') if (s := u.find_spec(m)) for p in s.submodule_search_locations))")
+resident() {
+  command -v fincore > /dev/null || return 0
+  { echo "== $1"; find $LIBS -name '*.so*' -size +20M -print0 | xargs -0 fincore -b -n -o RES,SIZE,FILE | sort -n | tail -25
+  } >> "$OUT/resident.txt" 2>&1
+}
+resident "before anything"
 "$PY" -c "import torch, torch._inductor.compile_fx, diffusers, diffscale.training.loop, diffscale.training.background_compile
 torch.zeros(1, device='cuda').sum().item()" > /dev/null 2>&1
+resident "after the warm-up process"
 one() {  # job number, label; the job is killed (its process group) once it logged its first step
   local n=$1 label=$2 dir pid; local -a env=()
   case $label in
     default) ;;
     one) env=(TORCHINDUCTOR_COMPILE_THREADS=1) ;;
-    *) echo "unknown job '$label' in JOBS (default, one)"; return ;;
+    dropped) sync; echo 3 2>/dev/null > /proc/sys/vm/drop_caches \
+      || { echo "$n dropped: the page cache cannot be dropped here (not root)"; return; } ;;
+    *) echo "unknown job '$label' in JOBS (default, one, dropped)"; return ;;
   esac
   dir="$WORK/job$n-$label"; rm -rf "$dir"; mkdir -p "$dir"
-  env "${env[@]}" DIFFSCALE_CACHE_DIR="$dir/cache" TRITON_CACHE_DIR="$dir/triton" \
-    setsid "$PY" -m diffscale train --preset "$PRESET" --out "$dir/run" > "$dir/out.log" 2>&1 &
+  # out.log: every line with the seconds since the job's launch (where its wait goes)
+  env "${env[@]}" DIFFSCALE_CACHE_DIR="$dir/cache" TRITON_CACHE_DIR="$dir/triton" T0US="${EPOCHREALTIME/./}" \
+    setsid bash -c '"$0" -m diffscale train --preset "$1" --out "$2" 2>&1 | while IFS= read -r line; do
+      d=$(( (${EPOCHREALTIME/./} - T0US) / 10000 )); printf "%4d.%02d %s\n" $((d / 100)) $((d % 100)) "$line"
+      done' "$PY" "$PRESET" "$dir/run" > "$dir/out.log" 2>&1 &
   pid=$!
   for _ in $(seq 90); do
     grep -q 'first step of this job' "$dir/run/train.log" 2>/dev/null && break
@@ -34,8 +53,8 @@ one() {  # job number, label; the job is killed (its process group) once it logg
   kill -KILL -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   printf '%s %-8s %s\n' "$n" "$label:" "$(grep -h -m1 'first step of this job' "$dir/run/train.log" 2>/dev/null \
     || echo 'no first step in 45 s')"
+  resident "after job $n ($label)"
 }
-mkdir -p "$WORK" "$OUT"
 n=0
 for label in $JOBS; do n=$((n + 1)); one "$n" "$label"; done | tee "$OUT/first_step_threads.txt"
 (cd "$WORK" && find . -path '*/run/train.log' -o -name 'background-compile*.log' -o -name out.log \
