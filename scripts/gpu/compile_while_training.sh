@@ -9,7 +9,8 @@
 # not Python's. Writes $OUT/compile_while_training.json, $OUT/summary.txt and each job's log.
 # Usage (repository root):
 #   OUT=DIR bash scripts/gpu/compile_while_training.sh
-# Settings (environment): PRESETS (small medium), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
+# Settings (environment): PRESETS (small medium), SETS (config overrides of every job, space-separated,
+# e.g. "runtime.cudnn_benchmark_eager=off"), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
 # (240), BUDGET_S (530: the whole call's limit), WORK (/tmp/diffscale-compile-while-training),
 # SMOKE=1 (the one-level micro UNet compiled on a CPU: a dry run in a few minutes; its figures mean nothing).
 # Not in this call (it does not fit beside cold starts of small and medium): the time to the plain
@@ -24,9 +25,10 @@ BUDGET_S=${BUDGET_S:-530}
 source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator settings
 export PYTHONUNBUFFERED=1
 EXTRA=()
+for item in ${SETS:-}; do EXTRA+=(--set "$item"); done
 if [ "${SMOKE:-0}" = 1 ]; then
   PRESETS=tiny
-  EXTRA=(--set runtime.compile=on --set runtime.compile_while_training=on --set model.sample_size=8
+  EXTRA+=(--set runtime.compile=on --set runtime.compile_while_training=on --set model.sample_size=8
          --set "model.block_out_channels=[8]" --set "model.attention=[false]" --set model.layers_per_block=1
          --set model.norm_num_groups=8 --set train.batch_per_gpu=8 --set train.log_every=20
          --set train.steps=1000000)  # tiny's 1,200 eager steps end before the CPU has compiled

@@ -5,6 +5,7 @@
 #   default  compiled run: eager steps while a background process compiles (the default on a GPU)
 #   one      the same with one compile worker (TORCHINDUCTOR_COMPILE_THREADS=1)
 #   nobench  default without cuDNN's benchmark search (runtime.cudnn_benchmark=off)
+#   eagerheur  default searching only once compiled (runtime.cudnn_benchmark_eager=off)
 #   nojit    default with the driver's PTX JIT disabled (CUDA_DISABLE_PTX_JIT=1)
 #   dropped  default after dropping the page cache (root only): every file read from disk again
 # Each job starts on an empty CUDA JIT cache of its own (CUDA_CACHE_PATH; JIT_CACHE=home keeps the
@@ -40,10 +41,11 @@ one() {  # job number, label; the job is killed (its process group) once it logg
     default) ;;
     one) env=(TORCHINDUCTOR_COMPILE_THREADS=1) ;;
     nobench) args=(--set runtime.cudnn_benchmark=off) ;;
+    eagerheur) args=(--set runtime.cudnn_benchmark_eager=off) ;;
     nojit) env=(CUDA_DISABLE_PTX_JIT=1) ;;
     dropped) sync; echo 3 2>/dev/null > /proc/sys/vm/drop_caches \
       || { echo "$n dropped: the page cache cannot be dropped here (not root)"; return; } ;;
-    *) echo "unknown job '$label' in JOBS (default, one, nobench, nojit, dropped)"; return ;;
+    *) echo "unknown job '$label' in JOBS (default, one, nobench, eagerheur, nojit, dropped)"; return ;;
   esac
   dir="$WORK/job$n-$label"; rm -rf "$dir"; mkdir -p "$dir"
   [ "$JIT_CACHE" = job ] && env+=(CUDA_CACHE_PATH="$dir/nv")

@@ -1,6 +1,7 @@
 """How ``auto`` settings resolve per device. CUDA cannot run on CI, so its branch is fed a
 recorded device description (H100 properties); the CPU branch runs for real."""
 
+import io
 import types
 
 import pytest
@@ -279,3 +280,30 @@ def test_dynamos_warning_on_diffusers_version_checks_is_filtered():
     unfiltered = dynamo_warnings(filtered=False)
     assert unfiltered and re.match(DIFFUSERS_VERSION_CHECKS, unfiltered[0])
     assert dynamo_warnings(filtered=True) == []
+
+
+@pytest.mark.parametrize("eager_search", ["on", "off"])
+def test_the_eager_steps_while_compiling_search_cudnn_as_runtime_cudnn_benchmark_eager_says(
+        eager_search, tmp_path, monkeypatch):
+    """A run built to step eager until it compiles holds cuDNN's algorithm search under ``off`` and
+    gives it back (process-wide) once its eager stand-ins end (``Run.compile`` and ``Run.close``
+    end them the same way)."""
+    from rich.console import Console
+
+    from diffscale.config import ConfigSources, resolve_config
+    from diffscale.training.build import build_run, join
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # as configure_backends leaves a CUDA run
+    cfg = resolve_config(ConfigSources(preset="tiny", overrides=[
+        "runtime.compile=on", "runtime.compile_while_training=on", "runtime.cudnn_benchmark=on",
+        f"runtime.cudnn_benchmark_eager={eager_search}", "model.block_out_channels=[8]", "model.attention=[false]",
+        "model.norm_num_groups=8"]))
+    console = Console(file=io.StringIO())
+    ctx, policy = join(cfg, console, one_process=True)
+    run = build_run(cfg, tmp_path / "run", ctx, policy, console=console, eager_first=True)
+    try:
+        assert run.eager
+        assert torch.backends.cudnn.benchmark is (eager_search == "on")
+    finally:
+        run.close()
+    assert torch.backends.cudnn.benchmark is True

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from diffscale.config.choices import Attention, CompileMode, Device, Precision, Recipe, Toggle
 from diffscale.config.errors import fail as _fail
 
-RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "compile_cache", "generated_bytecode", "compile_while_training"})
+RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "cudnn_benchmark_eager", "compile_cache", "generated_bytecode",
+                                   "compile_while_training"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -53,6 +54,14 @@ class RuntimeConfig:
     """cuDNN times every algorithm for each convolution shape at its first call and keeps the
     fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
     job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
+    cudnn_benchmark_eager: Toggle = Toggle.ON
+    """cuDNN's algorithm search in the eager steps of a run that trains while compiling
+    (``runtime.compile_while_training``), where ``runtime.cudnn_benchmark`` searches at all:
+    ``on`` from the first eager step; ``off``: cuDNN's heuristics until the compiled step, whose
+    convolutions then search. On a machine whose CUDA JIT cache (``~/.nv/ComputeCache``) is empty
+    the search compiles kernels first: one H200's first step 22.8 s with it, 9.7 s without
+    (docs/measurements/2026-11-29.md); how fast eager steps run without it is not measured yet,
+    so ``on`` stays the default. Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     caching precompile), so a resumed job or a new run of the same network installs it instead of

@@ -207,6 +207,18 @@ def configure_backends(policy: DevicePolicy) -> None:
             torch.compiler.config.cache_key_tag = "|".join(tags + [f"sdpa={chosen.value}"])
 
 
+@contextlib.contextmanager
+def cudnn_search(on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark`` set to ``on`` in the block (process-wide), as it was after:
+    the eager steps of a run that trains while compiling, under ``runtime.cudnn_benchmark_eager``."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
 def _toggle(value: Toggle, auto: bool) -> bool:
     return auto if value == Toggle.AUTO else value == Toggle.ON
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from diffscale.config import RunConfig
+from diffscale.config import RunConfig, Toggle
 from diffscale.data.feed import Feed
 from diffscale.io.kernels import build_name, holds_files, kernels_root
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime import user_env
 from diffscale.runtime.compile_cache import CompileCache, open_compile_cache
-from diffscale.runtime.device import DevicePolicy, configure_backends, pick_device, resolve_policy
+from diffscale.runtime.device import DevicePolicy, configure_backends, cudnn_search, pick_device, resolve_policy
 from diffscale.runtime.distributed import DistContext, LaunchInfo, detect_launch, init_distributed
 from diffscale.runtime.flex_attention import sdpa_attention
 from diffscale.runtime.parallelize import compile_network, parallelize
@@ -87,7 +87,8 @@ class Run:
     say: Say = _quiet
     eager_until_compiled: contextlib.ExitStack | None = field(default=None, repr=False)
     """A compiled run that steps eager until ``compile``: the stand-ins its eager steps use (SDPA
-    for FlexAttention, a kernel only the compiler generates); None once compiled, or never eager."""
+    for FlexAttention, a kernel only the compiler generates; cuDNN without its algorithm search
+    under ``runtime.cudnn_benchmark_eager off``); None once compiled, or never eager."""
 
     @property
     def eager(self) -> bool:
@@ -167,6 +168,8 @@ def build_run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePol
     try:
         if eager:
             stand_ins.enter_context(sdpa_attention(state.net))
+            if policy.cudnn_benchmark and cfg.runtime.cudnn_benchmark_eager == Toggle.OFF:
+                stand_ins.enter_context(cudnn_search(False))  # the compiled step's convolutions search
             model = parallelize(state.net, cfg=cfg, ctx=ctx, policy=_uncompiled(policy), say=say,
                                 whole_steps=whole_steps)
         else:
