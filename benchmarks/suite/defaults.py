@@ -16,9 +16,10 @@ medium, large, xl: images; field-icon, field-large: fields; policy-tiny, policy:
 ``--variant LABEL KEY=VALUE ...`` (repeatable) trains every run once per variant with those
 overrides, e.g. a guard off and on (``--variant off train.divergence_guard=off --variant on
 train.divergence_guard=on``); without one, the preset's defaults are the only variant. ``--set``
-applies to every run. The run's seed is ``train.seed``; ``--steps`` sets ``train.steps`` (0: the
-preset's own), ``--seconds`` stops each run that long after it started (it checkpoints and exits
-85, and is judged on what it logged). The collapse criterion is benchmarks/suite/collapse.py's.
+applies to every run. The run's seed is ``train.seed``; ``--steps`` sets ``train.steps`` (default:
+500 past the run's warm-up, at least 600; 0: the preset's own), ``--seconds`` stops each run that
+long after it started (it checkpoints and exits 85, and is judged on what it logged). The collapse
+criterion is benchmarks/suite/collapse.py's.
 
 ``--plain SECONDS`` also measures time to quality on each image set: the plain recipe against the
 defaults, each trained SECONDS (benchmarks/suite/plain.py, by the time-to-quality benchmark).
@@ -55,6 +56,11 @@ from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import UserError
 from diffscale.io.atomic import write_text
 
+MIN_STEPS = 600
+AFTER_WARMUP = 500
+"""Steps a run trains at its full rate by default: the collapses seen came within 100 steps of the
+warm-up's end (medium on `textures`, tiny on the CPU; docs/measurements/2026-11-29.md)."""
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite.defaults", description=__doc__,
@@ -62,8 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", action="append", help="preset, repeatable (default tiny)")
     parser.add_argument("--sets", nargs="+", metavar="NAME", help="suite sets (default: all of each preset's task)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per set and variant (default 3)")
-    parser.add_argument("--steps", type=int, default=600, help="train.steps of every run (default 600; 0: the "
-                        "preset's own)")
+    parser.add_argument("--steps", type=int, help="train.steps of every run (default: 500 past the warm-up, at "
+                        f"least {MIN_STEPS}; 0: the preset's own)")
     parser.add_argument("--seconds", type=float, help="stop each run this many seconds after it started")
     parser.add_argument("--variant", nargs="+", action="append", metavar=("LABEL", "KEY=VALUE"),
                         help="train every run also with these overrides, repeatable")
@@ -87,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for flag, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
         if value < 1:
             parser.error(f"{flag} must be at least 1")
-    if args.steps < 0 or any(v is not None and v <= 0 for v in (args.seconds, args.plain)):
+    if (args.steps or 0) < 0 or any(v is not None and v <= 0 for v in (args.seconds, args.plain)):
         parser.error("--steps must be 0 or more, --seconds and --plain more than 0")
     if not 1 < args.stay <= args.jump:
         parser.error("the criterion needs 1 < --stay <= --jump")
@@ -130,8 +136,7 @@ def plan(args: argparse.Namespace, data_dir: Path) -> list[RunSpec]:
     """Every run: preset x set of its task x variant x seed, each config resolved once now so a typo
     in an override fails here, before anything trains."""
     specs = []
-    fixed = [*([f"train.steps={args.steps}"] if args.steps else []),
-             *([f"train.log_every={args.log_every}"] if args.log_every else [])]
+    fixed = [f"train.log_every={args.log_every}"] if args.log_every else []
     for preset in args.preset or ["tiny"]:
         task = resolve_config(ConfigSources(preset=preset)).task
         sets = [s for s in chosen(args.sets) if s.task == task]
@@ -141,14 +146,24 @@ def plan(args: argparse.Namespace, data_dir: Path) -> list[RunSpec]:
         for entry in sets:
             data = f"npz:{entry.path(data_dir, args.count or entry.default_count, 0)}"
             for label, overrides in variants(args.variant):
-                base = [*entry.overrides, *fixed, *args.set, *overrides]
-                resolve_config(ConfigSources(preset=preset, data=data, overrides=base))
+                rest = [*fixed, *args.set, *overrides]  # train.steps set here wins over the default
+                cfg = resolve_config(ConfigSources(preset=preset, data=data, overrides=[*entry.overrides, *rest]))
+                base = [*entry.overrides, *run_steps(args.steps, cfg.optim.warmup_steps), *rest]
                 for seed in range(args.seeds):
                     run_dir = args.out / "runs" / preset / entry.name / label / f"seed{seed}"
                     specs.append(RunSpec(preset, entry.name, task, label, seed, data,
                                          (*base, f"train.seed={seed}"), tuple(entry.eval_args(data_dir, args.count)),
                                          run_dir))
     return specs
+
+
+def run_steps(asked: int | None, warmup_steps: int) -> list[str]:
+    """The ``train.steps`` override of a run: ``asked`` (0: the preset's own, no override), else
+    ``AFTER_WARMUP`` steps at the full rate, at least ``MIN_STEPS``: a run that ends inside its
+    warm-up never trains at the learning rate under test (large's and xl's warm-ups are 1,000 steps)."""
+    if asked == 0:
+        return []
+    return [f"train.steps={asked if asked is not None else max(MIN_STEPS, warmup_steps + AFTER_WARMUP)}"]
 
 
 def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:

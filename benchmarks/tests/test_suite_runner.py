@@ -203,3 +203,21 @@ def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
     assert "the finished runs are kept; the same command trains the others" in printed
     assert not (run_dir / "result.json").exists()
     assert "colour/defaults/seed0: training" not in printed and not (out / "runs" / "tiny" / "colour").exists()
+
+
+def test_runs_train_500_steps_past_their_warm_up_unless_told(tmp_path):
+    """large's 1,000 warm-up steps would outlast a fixed 600-step run, which then never trained at the
+    learning rate under test; --steps, a --set or a variant's train.steps still decide where given."""
+    def steps(*argv: str) -> dict[tuple[str, str], list[str]]:
+        args = defaults.parse_args(["--sets", "textures", "--seeds", "1", "--out", str(tmp_path), *argv])
+        return {(spec.preset, spec.variant): [o for o in spec.overrides if o.startswith("train.steps=")]
+                for spec in defaults.plan(args, tmp_path / "data")}
+
+    assert steps("--preset", "tiny", "--preset", "large") == {
+        ("tiny", "defaults"): ["train.steps=600"], ("large", "defaults"): ["train.steps=1500"]}
+    assert steps("--preset", "large", "--variant", "long", "optim.warmup_steps=2000") == {
+        ("large", "long"): ["train.steps=2500"]}
+    assert steps("--preset", "large", "--steps", "300") == {("large", "defaults"): ["train.steps=300"]}
+    assert steps("--preset", "large", "--steps", "0") == {("large", "defaults"): []}
+    told = steps("--preset", "large", "--set", "train.steps=50")[("large", "defaults")]
+    assert told[-1] == "train.steps=50"  # the last override wins
