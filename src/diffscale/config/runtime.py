@@ -59,8 +59,8 @@ class RuntimeConfig:
     (``runtime.compile_while_training``), where ``runtime.cudnn_benchmark`` searches at all:
     ``on`` from the first eager step; ``off``: cuDNN's heuristics until the compiled step, whose
     convolutions then search. On a machine whose CUDA JIT cache (``~/.nv/ComputeCache``) is empty
-    the search compiles kernels first: one H200's first step 22.8 s with it, 9.7 s without
-    (docs/measurements/2026-11-29.md); how fast eager steps run without it is not measured yet,
+    the search compiles kernels first: small's first step on an H200 came at 22.8 s with it, 9.7 s
+    without (docs/benchmarks.md); how fast eager steps run without it is not measured yet,
     so ``on`` stays the default. Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
