@@ -8,19 +8,27 @@ for each preset, in a cache of its own (kernels, Triton's, the traced network, b
                   steady speed of a run compiled from the start
   warm            the same new run as it starts by default: eager while the background process loads
                   the kernels, then the switch
+  cold-compiled   (``--cold-compiled``) on an empty cache of its own, compiled before its first step
+                  (``runtime.compile_while_training=off``): the cold start as every run started before,
+                  the time its compiled speed is to be compared with
+
+Each preset's caches include an empty CUDA JIT cache of its own (``CUDA_CACHE_PATH``), as on a
+fresh machine or a new account: cuDNN's algorithm search compiles kernels into it.
 
 each timed from the command's start to its first optimizer step (the job's ``first step of this job``
 line) and to the compiled speed (its ``compiled from step N`` line, printed after the first
 compiled step; for the run compiled from the start, its first step), with the median samples/s
-of ``--windows`` logged windows after the switch's window (after the first window for the run
-compiled from the start). A job is ended (SIGKILL: no preview) once it has logged them.
+of ``--windows`` logged windows that start a whole window after the switch (after the first
+window for the run compiled from the start). A job is ended (SIGKILL: no preview) once it has
+logged them. The background process's log (its build, compile and dynamo's account) is kept too.
 
 ``python -m benchmarks.compile_while_training --preset small --preset medium --work DIR --out OUT``
 
 Writes ``OUT/compile_while_training.json`` (every job's times, rates and the switch's record) and
-``OUT/summary.txt`` (one line per preset and job), and each job's lines with their seconds since
-launch to ``OUT/PRESET-JOB.log``. ``--set KEY=VALUE`` passes overrides to every job (the CPU dry
-run: ``--preset tiny --set runtime.compile=on --set runtime.compile_while_training=on``).
+``OUT/summary.txt`` (one line per preset and job), each job's lines with their seconds since launch
+to ``OUT/PRESET-JOB.log`` and its background compile's log to ``OUT/PRESET-JOB-background.log``.
+``--set KEY=VALUE`` passes overrides to every job (the CPU dry run: ``--preset tiny --set
+runtime.compile=on --set runtime.compile_while_training=on``).
 """
 
 from __future__ import annotations
@@ -38,8 +46,11 @@ from typing import Any
 
 from diffscale.io.rundir import read_records
 
-JOBS = (("cold", ()), ("warm-compiled", ("runtime.compile_while_training=off",)), ("warm", ()))
+COMPILED_FIRST = ("runtime.compile_while_training=off",)
+JOBS = (("cold", ()), ("warm-compiled", COMPILED_FIRST), ("warm", ()))
 """(name, overrides): the jobs of each preset, in this order, on the same cache."""
+COLD_COMPILED = ("cold-compiled", COMPILED_FIRST)
+"""The job ``--cold-compiled`` adds, on an empty cache of its own."""
 MARKS = {"first_step_s": "first step of this job", "switch_started_s": "the background compile has built",
          "compiled_s": "compiled from step"}
 """What each job's log line starts with, for the seconds from its launch to it."""
@@ -51,14 +62,15 @@ def windows_after(run_dir: Path, since: int) -> list[float]:
 
 
 def steady_since(run_dir: Path) -> int | None:
-    """The step after which the windows ran compiled and hold no compile: one window past the switch
-    (``compiled`` record), or past the first window of a run compiled from its start; None: not yet."""
+    """The step after which the windows ran compiled and hold no compile: windows ending this step
+    or later start a whole window after the switch (``compiled`` record), as the run's own
+    ``compiled_speed`` record has it; or past the first window of a run compiled from its start; None: not yet."""
     training, events = read_records(run_dir)
     switch = next((e["step"] for e in events if e.get("kind") == "compiled"), None)
     first = next((e for e in events if e.get("kind") == "first_step"), None)
     if switch is not None:
         log_every = training[1]["step"] - training[0]["step"] if len(training) > 1 else None
-        return switch + log_every if log_every else None
+        return switch + 2 * log_every - 1 if log_every else None
     if first is not None and first.get("eager") is False and training:
         return int(training[0]["step"])
     return None
@@ -104,19 +116,34 @@ def job(args: list[str], run_dir: Path, env: dict[str, str], *, windows: int, lo
     return record
 
 
-def measure(preset: str, overrides: list[str], *, work: Path, out: Path, windows: int, limit_s: float) -> dict:
-    """The three jobs of ``preset`` on a cache of its own, made empty first."""
-    base = work / preset
+def empty_caches(base: Path) -> dict[str, str]:
+    """The environment of jobs on the caches under ``base``, made empty first."""
     shutil.rmtree(base, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    env.update(DIFFSCALE_CACHE_DIR=str(base / "cache"), PYTHONUNBUFFERED="1")
+    env.update(DIFFSCALE_CACHE_DIR=str(base / "cache"), CUDA_CACHE_PATH=str(base / "cuda-jit-cache"),
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def measure(preset: str, overrides: list[str], *, work: Path, out: Path, windows: int, limit_s: float,
+            cold_compiled: bool = False) -> dict:
+    """The three jobs of ``preset`` on a cache of its own, made empty first (and ``COLD_COMPILED``
+    on another)."""
     record: dict[str, Any] = {"preset": preset, "overrides": overrides, "windows": windows}
-    for name, extra in JOBS:
+    env = empty_caches(work / preset)
+    jobs = [(name, extra, work / preset) for name, extra in JOBS]
+    if cold_compiled:
+        jobs.append((*COLD_COMPILED, work / f"{preset}-cold-compiled"))
+    for name, extra, base in jobs:
+        if name == COLD_COMPILED[0]:
+            env = empty_caches(base)
         run_dir = base / name
         args = ["train", "--preset", preset, "--out", str(run_dir),
                 *[a for o in (*overrides, *extra) for a in ("--set", o)]]
         print(f"{preset} {name}: {' '.join(args)}", flush=True)
         record[name] = job(args, run_dir, env, windows=windows, log=out / f"{preset}-{name}.log", limit_s=limit_s)
+        if (run_dir / "background-compile.log").is_file():
+            shutil.copy(run_dir / "background-compile.log", out / f"{preset}-{name}-background.log")
         print(f"  {summary_line(preset, name, record[name])}", flush=True)
     return record
 
@@ -129,7 +156,7 @@ def summary_line(preset: str, name: str, job_record: dict[str, Any]) -> str:
     steady = job_record.get("steady_samples_per_s")
     compiled = job_record.get("compiled") or {}
     switch = (f"; switch at step {compiled['step']} ({compiled['switch_s']:.1f} s, eager "
-              f"{compiled['eager_samples_per_s']:,.0f} samples/s, background compile "
+              f"{compiled['eager_samples_per_s'] or 0:,.0f} samples/s, background compile "
               f"{compiled.get('background_compile_s') or 0:.1f} s)") if compiled else ""
     return (f"{preset} {name}: first step {s('first_step_s')}, compiled {s('compiled_s')}, steady "
             f"{f'{steady:,.0f}' if steady else '-'} samples/s{switch} [{job_record['ended_by']}]")
@@ -155,13 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=float, default=300.0, metavar="S", help="a job's time limit (default 300)")
     parser.add_argument("--work", type=Path, required=True, help="run dirs and caches (each preset's emptied first)")
     parser.add_argument("--out", type=Path, required=True, help="where the JSON, the summary and the logs go")
+    parser.add_argument("--cold-compiled", action="store_true",
+                        help="also a cold job compiled before its first step, on an empty cache of its own")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records, lines = [], []
     for preset in args.preset:
-        record = measure(preset, args.set, work=args.work, out=args.out, windows=args.windows, limit_s=args.limit)
+        record = measure(preset, args.set, work=args.work, out=args.out, windows=args.windows, limit_s=args.limit,
+                         cold_compiled=args.cold_compiled)
         records.append(record)
-        lines += [summary_line(preset, name, record[name]) for name, _ in JOBS] + [comparison(record)]
+        names = [name for name, _ in (*JOBS, COLD_COMPILED) if name in record]
+        lines += [summary_line(preset, name, record[name]) for name in names] + [comparison(record)]
         (args.out / "compile_while_training.json").write_text(json.dumps(records, indent=1) + "\n")
         (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

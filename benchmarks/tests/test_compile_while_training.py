@@ -9,7 +9,7 @@ def _write(run, records):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_the_steady_windows_start_one_window_after_the_switch_or_after_a_compiled_runs_first(tmp_path):
+def test_the_steady_windows_start_a_whole_window_after_the_switch_or_after_a_compiled_runs_first(tmp_path):
     from benchmarks.compile_while_training import steady_since, windows_after
 
     eager = tmp_path / "eager"
@@ -21,8 +21,13 @@ def test_the_steady_windows_start_one_window_after_the_switch_or_after_a_compile
                        {"step": 150, "loss": 1, "samples_per_s": 5.0}, {"step": 200, "loss": 1, "samples_per_s": 30.0},
                        {"step": 250, "loss": 1, "samples_per_s": 31.0}):
             out.write(json.dumps(record) + "\n")
-    assert steady_since(eager) == 150  # the window to 150 holds the switch's compile
-    assert windows_after(eager, 150) == [30.0, 31.0]
+    assert steady_since(eager) == 199  # the window to 150 holds the switch's compile
+    assert windows_after(eager, 199) == [30.0, 31.0]
+    between = tmp_path / "between"  # switched between logged steps: the window to 200 holds steps 131-150
+    _write(between, [r for r in map(json.loads, (eager / "metrics.jsonl").read_text().splitlines())])
+    (between / "metrics.jsonl").write_text((between / "metrics.jsonl").read_text().replace('"step": 100, "switch_s"',
+                                                                                          '"step": 130, "switch_s"'))
+    assert steady_since(between) == 229 and windows_after(between, 229) == [31.0]
     compiled = tmp_path / "compiled"
     _write(compiled, [{"kind": "first_step", "step": 1, "eager": False, "since_start_s": 20.0},
                       {"step": 50, "loss": 1, "samples_per_s": 3.0}, {"step": 100, "loss": 1, "samples_per_s": 29.0}])

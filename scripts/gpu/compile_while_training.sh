@@ -10,7 +10,8 @@
 # Usage (repository root):
 #   OUT=DIR bash scripts/gpu/compile_while_training.sh
 # Settings (environment): PRESETS (small medium), SETS (config overrides of every job, space-separated,
-# e.g. "runtime.cudnn_benchmark_eager=off"), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
+# e.g. "runtime.cudnn_benchmark_eager=off"), COLD_COMPILED=1 (also a cold job compiled before its first
+# step, on an empty cache of its own: the cold start as before), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
 # (240), BUDGET_S (530: the whole call's limit), WORK (/tmp/diffscale-compile-while-training),
 # SMOKE=1 (the one-level micro UNet compiled on a CPU: a dry run in a few minutes; its figures mean nothing).
 # Not in this call (it does not fit beside cold starts of small and medium): the time to the plain
@@ -26,6 +27,7 @@ source scripts/gpu/env.sh  # PY, PYTHONPATH, carried wheels, NCCL and allocator 
 export PYTHONUNBUFFERED=1
 EXTRA=()
 for item in ${SETS:-}; do EXTRA+=(--set "$item"); done
+[ "${COLD_COMPILED:-0}" = 1 ] && EXTRA+=(--cold-compiled)
 if [ "${SMOKE:-0}" = 1 ]; then
   PRESETS=tiny
   EXTRA+=(--set runtime.compile=on --set runtime.compile_while_training=on --set model.sample_size=8

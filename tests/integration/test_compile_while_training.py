@@ -1,6 +1,6 @@
 """Training while the step compiles (``runtime.compile_while_training on``) on the CPU, where inductor
 compiles C++ kernels: a compiled run takes its first steps eager while a background process
-compiles the same step, then every rank switches to it at a logged step; checkpoints written on
+compiles the same step, then every rank switches to it at the same step; checkpoints written on
 either side of the switch resume on the other; compile off stays eager.
 
 One run compiles cold (the module's fixture, most of this file's time: inductor's first compile
@@ -29,15 +29,16 @@ from diffscale.config import ConfigSources, resolve_config
 from diffscale.io.kernels import build_name, kernels_root
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime.signals import EXIT_REQUEUE
+from diffscale.training.switch import CHECK_EVERY
 
 from helpers import micro_args
 
 pytestmark = pytest.mark.integration
 
 LOG_EVERY = 20
-"""Also the checkpoint interval: the switch's logged step has a checkpoint, the last state of the eager steps."""
 ONE_LEVEL = ("model.block_out_channels=[8]", "model.attention=[false]", f"train.log_every={LOG_EVERY}",
-             f"train.checkpoint_every={LOG_EVERY}", "train.keep_checkpoints=12")
+             f"train.checkpoint_every={CHECK_EVERY}", "train.keep_checkpoints=12")
+"""Checkpoints as often as the switch is decided: the switch's step has one, the last state of the eager steps."""
 COMPILED = ("runtime.compile=on", "runtime.compile_while_training=on")
 STEPS = 1_000_000
 """Never reached: the runs that switch are stopped by a signal."""
@@ -90,12 +91,12 @@ def _stopped_when(cmd: list[str], seen: Callable[[subprocess.Popen], bool], out:
 @pytest.fixture(scope="module")
 def switched(tmp_path_factory) -> tuple[Path, str]:
     """A run that starts eager while its background process compiles cold, switches, and is stopped
-    once it has written two checkpoints on the compiled side."""
+    once it has said its compiled speed and written two checkpoints on the compiled side."""
     run = tmp_path_factory.mktemp("switch") / "run"
 
     def two_compiled_checkpoints(_: subprocess.Popen) -> bool:
-        compiled = _kinds(run, "compiled")
-        return bool(compiled) and len([s for s in _checkpoint_steps(run) if s > compiled[0]["step"]]) >= 2
+        compiled, speed = _kinds(run, "compiled"), _kinds(run, "compiled_speed")
+        return bool(compiled and speed) and len([s for s in _checkpoint_steps(run) if s > compiled[0]["step"]]) >= 2
 
     cmd = [sys.executable, "-m", "diffscale", "train", "--device", "cpu", "--out", str(run),
            *micro_args(*ONE_LEVEL, *COMPILED, steps=STEPS)]
@@ -112,12 +113,16 @@ def test_a_compiled_run_trains_eager_until_its_background_compile_is_built_then_
     first, compiled, speed = first[0], compiled[0], speed[0]
     switch = compiled["step"]
     # the first step did not wait for the compile: it came first, then windows of eager steps, each
-    # logged while the background process still compiled (the switch is decided at every logged step)
+    # logged while the background process still compiled (the switch is decided every CHECK_EVERY
+    # steps, between logged steps too)
     assert records[0] == first and first["step"] == 1 and first["eager"] is True
     eager_windows = [r["step"] for r in records[:records.index(compiled)] if "loss" in r]
     assert eager_windows == list(range(LOG_EVERY, switch + 1, LOG_EVERY)) and switch >= 2 * LOG_EVERY
+    assert switch % CHECK_EVERY == 0
     assert compiled["background_compile_s"] > 0 and compiled["switch_s"] > 0 and compiled["eager_samples_per_s"] > 0
-    assert speed["compiled_from_step"] == switch and speed["step"] == switch + 2 * LOG_EVERY
+    # the compiled speed: the first logged window that starts a whole window after the switch
+    first_clean_window = -(-(switch + 2 * LOG_EVERY) // LOG_EVERY) * LOG_EVERY
+    assert speed["compiled_from_step"] == switch and speed["step"] == first_clean_window
     assert speed["same_step_every_rank"] is True and speed["samples_per_s"] > 0
     # the log says what runs
     assert "| eager while compiling, then compiled |" in out
@@ -167,27 +172,27 @@ def _resume(source: Path, step: int, out: Path, until: int, *overrides: str, in_
 
 
 def test_checkpoints_written_before_the_switch_resume_after_it_and_the_other_way_round(switched, tmp_path):
-    """The switch's logged step is checkpointed before its first compiled step: the last eager state."""
+    """The switch's step is checkpointed before its first compiled step: the last eager state."""
     run, _ = switched
     switch = _kinds(run, "compiled")[0]["step"]
-    after = switch + LOG_EVERY
-    assert {switch - LOG_EVERY, switch, after, after + LOG_EVERY} <= set(_checkpoint_steps(run))
+    after = switch + CHECK_EVERY
+    assert {switch - CHECK_EVERY, switch, after, after + CHECK_EVERY} <= set(_checkpoint_steps(run))
     # before the switch, resumed eager: bit for bit (the same kernels ran)
-    _resume(run, switch - LOG_EVERY, tmp_path / "eager", switch, "runtime.compile=off", in_process=True)
+    _resume(run, switch - CHECK_EVERY, tmp_path / "eager", switch, "runtime.compile=off", in_process=True)
     _assert_equal(_weights(tmp_path / "eager", switch), _weights(run, switch))
     # the eager steps' last state, resumed in a job compiled from its start (on the kernels the switch
     # loaded): bit for bit with the steps the run took after its switch
     _resume(run, switch, tmp_path / "compiled", after, "runtime.compile_while_training=off", in_process=False)
     _assert_equal(_weights(tmp_path / "compiled", after), _weights(run, after))
     # after the switch, resumed eager: the same math in other kernels
-    _resume(run, after, tmp_path / "back", after + LOG_EVERY, "runtime.compile=off", in_process=True)
-    end = after + LOG_EVERY
+    _resume(run, after, tmp_path / "back", after + CHECK_EVERY, "runtime.compile=off", in_process=True)
+    end = after + CHECK_EVERY
     _assert_close(_weights(tmp_path / "back", end), _weights(run, end), _weights(run, after))
 
 
 def test_two_torchrun_ranks_switch_at_the_same_step(switched, tmp_path):
     """Rank 1 starts no background compile (one a node): were the switch decided by each rank alone,
-    it would compile at its first logged step, rank 0 later. The kernels are the single-process
+    it would compile at its first check, rank 0 later. The kernels are the single-process
     run's (TORCHINDUCTOR_CACHE_DIR set as a user sets it): its network compiles to the same graphs
     under DDP, whose background process builds them as a rank does, DDP included."""
     single, _ = switched
@@ -212,7 +217,7 @@ def test_two_torchrun_ranks_switch_at_the_same_step(switched, tmp_path):
 
 def test_a_background_compile_that_fails_leaves_the_compile_to_the_training_process(switched, tmp_path):
     """Its process killed (as the kernel's OOM killer would): the run goes on eager, says so at the next
-    logged step and compiles by itself, from the kernels the module's first run left."""
+    check and compiles by itself, from the kernels the module's first run left."""
     import psutil
 
     run = tmp_path / "run"

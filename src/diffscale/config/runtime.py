@@ -29,7 +29,7 @@ class RuntimeConfig:
     """``diffscale train``: a compiled run's first steps run eager (bf16 autocast, fused AdamW, the
     data on the device: everything of the fast recipe that needs no compiler) while a background
     process builds the same step compiled into the kernel cache; once it has, every rank compiles
-    from that cache at the same logged step and trains on compiled (the log says ``eager while
+    from that cache at the same step (it looks every 10 steps) and trains on compiled (the log says ``eager while
     compiling``, then ``compiled from step N``; metrics.jsonl a ``compiled`` and a ``compiled_speed``
     record; the process's output ``RUN_DIR/background-compile.log``). A cold first step waited
     minutes for inductor before. ``auto``: on for compiled training on CUDA whose data does not

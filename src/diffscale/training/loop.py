@@ -148,14 +148,14 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
     stop_at = min(target, max_steps) if max_steps else target
     eager_first = compiles_while_training(cfg, policy)
     kernels = run_compile_cache(run_dir, cfg, ctx.world_size, policy.name) if eager_first else None
-    opened = _Opened()  # metrics.jsonl, TensorBoard and the background compile: once the run passed its checks
+    opened = _Opened()
 
     def announce(run_state: RunState, whole_steps: bool) -> None:
         # first what can still refuse the run (a tracker that is on but not installed), then what starts it
         opened.telemetry = open_telemetry(run_dir, cfg, main=ctx.is_main, on_gpu=policy.device.type == "cuda",
                                           start_step=run_state.step, console=console)
-        if kernels is not None and ctx.local_rank == 0:  # it imports and builds while this process goes on
-            opened.background = BackgroundCompile.start(cfg, run_dir, ctx, kernels)
+        if opened.background is not None:
+            opened.background.keep_log(run_dir, ctx.info.node_rank)
         say(_banner(policy, ctx, cfg, count_parameters(run_state.net), run_state.task.describe_data(), whole_steps,
                     eager_first))
         if kernels is not None:
@@ -166,6 +166,8 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
                 "optim.warmup_steps to reach it)")
 
     try:  # closes metrics.jsonl also when the run is refused before its first step
+        if kernels is not None and ctx.local_rank == 0:  # it imports and builds while this process builds too
+            opened.background = BackgroundCompile.start(cfg, ctx, kernels)
         with build_run(cfg, run_dir, ctx, policy, console=console, say=say, checkpoint=start.checkpoint,
                        prepare=start.prepare, compile_cache=True, announce=announce, eager_first=eager_first,
                        feed=lambda run_state: _feed(run_state, opened.opened(), stop, say)) as run:
@@ -192,7 +194,9 @@ def _run(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: DevicePolicy, 
 
 @dataclass
 class _Opened:
-    """What a run opens once it passed its checks (a refused run writes nothing), closed at its end."""
+    """What a run opens, closed at its end: metrics.jsonl, TensorBoard and the background compile's log
+    once it passed its checks (a refused run writes nothing); the background compile itself as soon as
+    its config is settled."""
 
     telemetry: Telemetry | None = None
     background: BackgroundCompile | None = None
@@ -229,7 +233,7 @@ def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say
     """Steps until ``stop_at`` or a stop request; returns the signal that stopped it (if any)
     and the preview files written on the way. After the first compiled step the traced network
     is cached (``runtime.compile_cache``): forward and backward have compiled by then. A run that
-    trains while compiling switches to the compiled step at a logged step (``switch``)."""
+    trains while compiling switches to the compiled step at a step boundary (``switch``)."""
     run_state, runner = run.state, run.runner
     t, ctx = run_state.cfg.train, run_state.ctx
     clock = _Clock(run_state.step, stop_at)
@@ -257,7 +261,9 @@ def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say
                 continue
             if ctx.any_true(stop.requested):
                 return _stop(run_state, runner, stop, f"at step {run_state.step}", say), samples
-            switch.at_log_step(record)
+            switch.at_step(record)
+        else:
+            switch.at_step(None)
         if run_state.step % t.checkpoint_every == 0 or run_state.step == stop_at:
             run_state.save(runner.batcher)
         if t.sample_every and run_state.step % t.sample_every == 0 and run_state.step != stop_at:

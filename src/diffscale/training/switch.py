@@ -2,17 +2,21 @@
 (``runtime.compile_while_training``; the background process: ``training/background_compile.py``)
 switches to the compiled step here, at a step boundary.
 
-At each logged step every rank says whether its node's background compile has ended (ranks that
-started none: yes), and the process group takes the answer together (``DistContext.any_true``),
-so every rank compiles at the same step and none waits in a collective for another. The compile
-then loads what the background process built (seconds: the kernels and, for one process, the
-traced network come from the cache); a background compile that failed leaves the compile to the
-training process, as a run that does not train while compiling does it. A step's math is the
-same before and after (the same loss, clipping, fused AdamW and EMA on the same weights: only the
-kernels differ), so checkpoints written before the switch resume compiled and the other way round.
+Every ``CHECK_EVERY`` steps (and at each logged step) every rank says whether its node's background
+compile has ended (ranks that started none: yes), and the process group takes the answer together
+(``DistContext.any_true``), so every rank compiles at the same step and none waits in a collective
+for another. Checking between logged steps, not only at them, saves half a logged window on
+average (small's is 7.8 s of eager steps on an H200); the check is one small all-reduce on
+several ranks, nothing on one, and ends with the switch. The compile then loads what the
+background process built (seconds: the kernels and, for one process, the traced network come
+from the cache); a background compile that failed leaves the compile to the training process, as
+a run that does not train while compiling does it. A step's math is the same before and after
+(the same loss, clipping, fused AdamW and EMA on the same weights: only the kernels differ), so
+checkpoints written before the switch resume compiled and the other way round.
 
 The log says ``compiled from step N``; metrics.jsonl gets a ``compiled`` record (the step, the
-switch's seconds, the eager speed) and, one logged window later, a ``compiled_speed`` record.
+switch's seconds, the eager speed of the last logged window) and, once a whole logged window has
+run compiled after the switch's, a ``compiled_speed`` record.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from diffscale.training.telemetry import Telemetry, seconds_since_process_start
 
 Say = Callable[[str], None]
 
+CHECK_EVERY = 10
+"""Steps between two looks at the background compile, on every rank at the same steps."""
+
 
 def start_note(kernels: Path, log: Path | None) -> str:
     """What a run that trains while compiling says before its first step."""
@@ -42,7 +49,7 @@ def start_note(kernels: Path, log: Path | None) -> str:
         ahead = (f"for the first time (minutes on a GPU; the kernels are kept in {kernels}, so later jobs of "
                  "this network switch sooner)")
     return (f"eager while compiling: training starts now on eager steps; a background process compiles the step "
-            f"{ahead}{where}; every rank switches to the compiled step at a logged step once it is built")
+            f"{ahead}{where}; every rank switches to the compiled step once it is built")
 
 
 class CompileSwitch:
@@ -56,18 +63,24 @@ class CompileSwitch:
         self._eager_rate = 0.0
         self._speed_at: int | None = None
 
-    def at_log_step(self, record: dict[str, Any]) -> None:
-        """At a logged step, on every rank: compile once every node's background compile has ended,
-        and one logged window after the switch's own say how fast the compiled steps run."""
+    def at_step(self, record: dict[str, Any] | None) -> None:
+        """After a step, on every rank (``record``: the logged window's metrics at a logged step,
+        else None): every ``CHECK_EVERY`` steps and at logged steps, compile once every node's
+        background compile has ended; one logged window after the switch's, say how fast the
+        compiled steps run."""
         step = self.run.state.step
         if self.run.eager:
+            if record is not None:
+                self._eager_rate = float(record["samples_per_s"])
+            if record is None and step % CHECK_EVERY:
+                return
             ended = self.background is None or self.background.ended()
             if not self.run.state.ctx.any_true(not ended):
-                self._switch(record)
-        elif self._speed_at is not None and step >= self._speed_at:
+                self._switch()
+        elif record is not None and self._speed_at is not None and step >= self._speed_at:
             self._compiled_speed(record)
 
-    def _switch(self, record: dict[str, Any]) -> None:
+    def _switch(self) -> None:
         state = self.run.state
         failed = state.ctx.any_true(self.background is not None and self.background.failed)
         took = self.background.took_s if self.background is not None else None
@@ -79,7 +92,6 @@ class CompileSwitch:
             built = f" in {took:.1f} s" if took is not None else ""
             self.say(f"the background compile has built the step{built}: compiling from its kernels at step "
                      f"{state.step}")
-        self._eager_rate = float(record["samples_per_s"])
         self._started = time.perf_counter()
         if state.device.type == "cuda":  # the eager steps' cached blocks go back before the compiled ones come
             torch.cuda.empty_cache()
@@ -95,14 +107,15 @@ class CompileSwitch:
         took = time.perf_counter() - self._started
         self._started = None
         assert self.switched_at is not None
-        self.say(f"compiled from step {self.switched_at}: the switch took {took:.1f} s "
-                 f"(eager until then: {self._eager_rate:,.0f} samples/s)")
+        eager = f" (eager until then: {self._eager_rate:,.0f} samples/s)" if self._eager_rate else ""
+        self.say(f"compiled from step {self.switched_at}: the switch took {took:.1f} s{eager}")
         background = self.background.took_s if self.background is not None else None
         self.telemetry.event({"kind": "compiled", "step": self.switched_at, "switch_s": round(took, 2),
                               "eager_samples_per_s": self._eager_rate,
                               "background_compile_s": None if background is None else round(background, 2),
                               "since_start_s": round(seconds_since_process_start(), 2), "time": time.time()})
-        # the logged window after the switch holds its compile; the one after that is the compiled speed
+        # the logged window holding the switch's first step holds its compile; a window ending a whole
+        # window later holds none of it: the compiled speed
         self._speed_at = self.switched_at + 2 * state.cfg.train.log_every
 
     def _compiled_speed(self, record: dict[str, Any]) -> None:
