@@ -54,14 +54,14 @@ class RuntimeConfig:
     """cuDNN times every algorithm for each convolution shape at its first call and keeps the
     fastest (``torch.backends.cudnn.benchmark``): steadier steps for a longer first step of every
     job, resumed ones too (``auto``: on CUDA; no effect elsewhere). Not part of the compiled graph."""
-    cudnn_benchmark_eager: Toggle = Toggle.ON
+    cudnn_benchmark_eager: Toggle = Toggle.OFF
     """cuDNN's algorithm search in the eager steps of a run that trains while compiling
     (``runtime.compile_while_training``), where ``runtime.cudnn_benchmark`` searches at all:
-    ``on`` from the first eager step; ``off``: cuDNN's heuristics until the compiled step, whose
-    convolutions then search. On a machine whose CUDA JIT cache (``~/.nv/ComputeCache``) is empty
-    the search compiles kernels first: small's first step on an H200 came at 22.8 s with it, 9.7 s
-    without (docs/benchmarks.md); how fast eager steps run without it is not measured yet,
-    so ``on`` stays the default. Not part of the compiled graph."""
+    ``on`` from the first eager step; ``off`` (default): cuDNN's heuristics until the compiled
+    step, whose convolutions then search. On a machine whose CUDA JIT cache (``~/.nv/ComputeCache``)
+    is empty the search compiles kernels first: small's cold first step on an H200 came at 25.8 s
+    with it and 10.8 s without, for eager steps 20 % slower until the switch, which came at the same
+    time (docs/decisions.md, "cuDNN's algorithm search in the eager steps"). Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     caching precompile), so a resumed job or a new run of the same network installs it instead of
