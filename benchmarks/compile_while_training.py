@@ -11,6 +11,9 @@ for each preset, in a cache of its own (kernels, Triton's, the traced network, b
   cold-compiled   (``--cold-compiled``) on an empty cache of its own, compiled before its first step
                   (``runtime.compile_while_training=off``): the cold start as every run started before,
                   the time its compiled speed is to be compared with
+  background-alone (``--background-alone``) the background compile of a cold job, run by itself on
+                  an empty cache of its own and an idle GPU: what the eager steps beside it cost it
+                  (its log, with dynamo's account, beside the cold job's background log)
 
 Each preset's caches include an empty CUDA JIT cache of its own (``CUDA_CACHE_PATH``), as on a
 fresh machine or a new account: cuDNN's algorithm search compiles kernels into it.
@@ -45,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from diffscale.io.rundir import read_records
+
+BACKGROUND_DONE = "the first step compiled and ran in"
+"""The background process's line after its step: the seconds of its compile."""
 
 COMPILED_FIRST = ("runtime.compile_while_training=off",)
 JOBS = (("cold", ()), ("warm-compiled", COMPILED_FIRST), ("warm", ()))
@@ -125,6 +131,39 @@ def empty_caches(base: Path) -> dict[str, str]:
     return env
 
 
+def background_alone(preset: str, overrides: list[str], *, work: Path, out: Path, limit_s: float) -> dict[str, Any]:
+    """The background compile of ``preset``'s cold job, run by itself on empty caches: seconds
+    from its launch to its exit and its own compile line."""
+    from diffscale.config import ConfigSources, resolve_config
+    from diffscale.training.background_compile import compile_threads
+
+    base = work / f"{preset}-background-alone"
+    env = empty_caches(base)
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = str(compile_threads(1))  # as a one-rank run starts it
+    cfg = resolve_config(ConfigSources(preset=preset, overrides=list(overrides)))
+    log = out / f"{preset}-background-alone.log"
+    argv = [sys.executable, "-m", "diffscale.training.background_compile", "--kernels", str(base / "kernels")]
+    start = time.perf_counter()
+    print(f"{preset} background-alone: {' '.join(argv[1:])}", flush=True)
+    try:
+        done = subprocess.run(argv, input=json.dumps(cfg.to_dict()), text=True, capture_output=True, env=env,
+                              timeout=limit_s)
+        output, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as expired:
+        output, code = "".join(_text(part) for part in (expired.stdout, expired.stderr)), None
+    took = time.perf_counter() - start
+    log.write_text(output)
+    line = next((text for text in output.splitlines() if text.startswith(BACKGROUND_DONE)), "")
+    record = {"took_s": round(took, 2), "exit_code": code, "compile_line": line}
+    print(f"  {preset} background-alone: {took:.1f} s to its exit (exit {code}); {line or 'no compile line'}",
+          flush=True)
+    return record
+
+
+def _text(part: str | bytes | None) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+
+
 def measure(preset: str, overrides: list[str], *, work: Path, out: Path, windows: int, limit_s: float,
             cold_compiled: bool = False) -> dict:
     """The three jobs of ``preset`` on a cache of its own, made empty first (and ``COLD_COMPILED``
@@ -184,15 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the JSON, the summary and the logs go")
     parser.add_argument("--cold-compiled", action="store_true",
                         help="also a cold job compiled before its first step, on an empty cache of its own")
+    parser.add_argument("--background-alone", action="store_true",
+                        help="also the background compile by itself on an idle GPU, on an empty cache of its own")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     records, lines = [], []
     for preset in args.preset:
         record = measure(preset, args.set, work=args.work, out=args.out, windows=args.windows, limit_s=args.limit,
                          cold_compiled=args.cold_compiled)
+        if args.background_alone:
+            record["background-alone"] = background_alone(preset, args.set, work=args.work, out=args.out,
+                                                          limit_s=args.limit)
         records.append(record)
         names = [name for name, _ in (*JOBS, COLD_COMPILED) if name in record]
         lines += [summary_line(preset, name, record[name]) for name in names] + [comparison(record)]
+        if "background-alone" in record:
+            alone = record["background-alone"]
+            lines.append(f"{preset} background-alone: {alone['took_s']:.1f} s to its exit; {alone['compile_line']}")
         (args.out / "compile_while_training.json").write_text(json.dumps(records, indent=1) + "\n")
         (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -11,7 +11,8 @@
 #   OUT=DIR bash scripts/gpu/compile_while_training.sh
 # Settings (environment): PRESETS (small medium), SETS (config overrides of every job, space-separated,
 # e.g. "runtime.cudnn_benchmark_eager=off"), COLD_COMPILED=1 (also a cold job compiled before its first
-# step, on an empty cache of its own: the cold start as before), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
+# step, on an empty cache of its own: the cold start as before), ALONE=1 (also the background compile
+# by itself on an idle GPU: what the eager steps beside it cost it), WINDOWS (5: steady windows a job logs), JOB_LIMIT_S
 # (240), BUDGET_S (530: the whole call's limit), WORK (/tmp/diffscale-compile-while-training),
 # SMOKE=1 (the one-level micro UNet compiled on a CPU: a dry run in a few minutes; its figures mean nothing).
 # Not in this call (it does not fit beside cold starts of small and medium): the time to the plain
@@ -28,6 +29,7 @@ export PYTHONUNBUFFERED=1
 EXTRA=()
 for item in ${SETS:-}; do EXTRA+=(--set "$item"); done
 [ "${COLD_COMPILED:-0}" = 1 ] && EXTRA+=(--cold-compiled)
+[ "${ALONE:-0}" = 1 ] && EXTRA+=(--background-alone)
 if [ "${SMOKE:-0}" = 1 ]; then
   PRESETS=tiny
   EXTRA+=(--set runtime.compile=on --set runtime.compile_while_training=on --set model.sample_size=8

@@ -158,13 +158,14 @@ class HeldOutput:
         return path
 
     def _relay(self, stream: IO[bytes]) -> None:
-        for line in stream:
-            with self._lock:
-                if self._file is None:
-                    self._held.append(line)
-                else:
-                    self._file.write(line)
-                    self._file.flush()
+        with stream:
+            for line in stream:
+                with self._lock:
+                    if self._file is None:
+                        self._held.append(line)
+                    else:
+                        self._file.write(line)
+                        self._file.flush()
         with self._lock:
             self._ended = True
             if self._file is not None:
