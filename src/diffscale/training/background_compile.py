@@ -8,7 +8,7 @@ compiles forward and backward into the run's kernel folder (inductor's FX graph 
 caches, Triton's kernels and, where ``runtime.compile_cache`` is on, the traced network), and
 exits. The training process then compiles from that folder, which takes seconds instead of
 minutes. It starts as soon as the run's config is settled, before the training process builds its
-data and network, so that its own imports and build run beside those (about 5 s of a cold small
+data and network, so that its own imports and build run beside those (4 s sooner in a cold small
 job on an H200); its output is held until the run has passed its checks (a refused run writes
 nothing), then goes to ``RUN_DIR/background-compile.log`` (``-nodeK`` on the other nodes), with
 the seconds its build and its compile took and dynamo's own account of the compile.
