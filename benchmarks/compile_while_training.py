@@ -135,14 +135,13 @@ def background_alone(preset: str, overrides: list[str], *, work: Path, out: Path
     """The background compile of ``preset``'s cold job, run by itself on empty caches: seconds
     from its launch to its exit and its own compile line."""
     from diffscale.config import ConfigSources, resolve_config
-    from diffscale.training.background_compile import compile_threads
+    from diffscale.training.background_compile import command, environment
 
     base = work / f"{preset}-background-alone"
-    env = empty_caches(base)
-    env["TORCHINDUCTOR_COMPILE_THREADS"] = str(compile_threads(1))  # as a one-rank run starts it
+    env = environment(empty_caches(base), local_world_size=1)  # as a one-process run starts it
     cfg = resolve_config(ConfigSources(preset=preset, overrides=list(overrides)))
     log = out / f"{preset}-background-alone.log"
-    argv = [sys.executable, "-m", "diffscale.training.background_compile", "--kernels", str(base / "kernels")]
+    argv = command(base / "kernels")
     start = time.perf_counter()
     print(f"{preset} background-alone: {' '.join(argv[1:])}", flush=True)
     try:
@@ -169,13 +168,14 @@ def measure(preset: str, overrides: list[str], *, work: Path, out: Path, windows
     """The three jobs of ``preset`` on a cache of its own, made empty first (and ``COLD_COMPILED``
     on another)."""
     record: dict[str, Any] = {"preset": preset, "overrides": overrides, "windows": windows}
-    env = empty_caches(work / preset)
     jobs = [(name, extra, work / preset) for name, extra in JOBS]
     if cold_compiled:
         jobs.append((*COLD_COMPILED, work / f"{preset}-cold-compiled"))
+    emptied: dict[Path, dict[str, str]] = {}
     for name, extra, base in jobs:
-        if name == COLD_COMPILED[0]:
-            env = empty_caches(base)
+        if base not in emptied:  # a cache's first job finds it empty; the next ones what it left
+            emptied[base] = empty_caches(base)
+        env = emptied[base]
         run_dir = base / name
         args = ["train", "--preset", preset, "--out", str(run_dir),
                 *[a for o in (*overrides, *extra) for a in ("--set", o)]]

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -78,15 +79,11 @@ class BackgroundCompile:
     def start(cls, cfg: RunConfig, ctx: DistContext, kernels: Path) -> BackgroundCompile:
         """Start it for ``cfg`` as this node's rank ``ctx.local_rank`` device sees it, compiling into
         ``kernels``; its output is held until ``keep_log``."""
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+        env = environment(os.environ, ctx.info.local_world_size)
         if user_env.USER_COMPILE_CACHE is None:  # the folder is passed; set by the user, it is passed on as set
             env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads(ctx.info.local_world_size)))
-        env["PYTHONUNBUFFERED"] = "1"
-        argv = [sys.executable, "-m", "diffscale.training.background_compile", "--kernels", str(kernels),
-                "--local-rank", str(ctx.local_rank), "--world-size", str(ctx.world_size)]
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=env)
+        process = subprocess.Popen(command(kernels, ctx.local_rank, ctx.world_size), stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert process.stdin is not None and process.stdout is not None
         with contextlib.suppress(BrokenPipeError):  # it failed at once: its log says why
             process.stdin.write(json.dumps(cfg.to_dict()).encode())
@@ -170,6 +167,21 @@ class HeldOutput:
             self._ended = True
             if self._file is not None:
                 self._file.close()
+
+
+def command(kernels: Path, local_rank: int = 0, world_size: int = 1) -> list[str]:
+    """The background process's command line (its run's config goes to its stdin as JSON)."""
+    return [sys.executable, "-m", "diffscale.training.background_compile", "--kernels", str(kernels),
+            "--local-rank", str(local_rank), "--world-size", str(world_size)]
+
+
+def environment(base: Mapping[str, str], local_world_size: int) -> dict[str, str]:
+    """``base`` as the background process gets it: without the launcher's variables (it is no rank
+    of the run), with its compile workers (``compile_threads``, unless set) and unbuffered output."""
+    env = {k: v for k, v in base.items() if k not in LAUNCH_VARS}
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(compile_threads(local_world_size)))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def compile_threads(local_world_size: int) -> int:
