@@ -40,6 +40,7 @@ MICRO = [
     "train.batch_per_gpu=8",
     "train.log_every=2",
     "train.checkpoint_every=4",
+    "train.divergence_patience_steps=4",  # the guard's 2 windows, as at the image presets' log_every
     "train.sample_count=4",
     "train.sample_steps=3",
     "optim.warmup_steps=2",

@@ -143,7 +143,7 @@ def read_metrics(path: Path) -> Metrics:
     return out
 
 
-def guard_replay(losses: list[float], train: dict) -> int | None:
+def guard_replay(steps: list[int], losses: list[float], train: dict) -> int | None:
     """The index of the logged window at which diffscale's divergence guard, with the run's
     ``train`` settings (its config.yaml section; absent keys: the shipped defaults), would first
     have restored, or None. On a run trained with the guard off this is the live guard's first
@@ -153,11 +153,12 @@ def guard_replay(losses: list[float], train: dict) -> int | None:
     from diffscale.training.guard import GuardState, judge
 
     shipped = TrainConfig()
-    settings = {name: train.get(name, getattr(shipped, name))
-                for name in ("divergence_rise", "divergence_patience", "divergence_noise")}
+    settings = {name: train.get(name, getattr(shipped, name)) for name in (
+        "divergence_rise", "divergence_patience", "divergence_noise", "divergence_patience_steps")}
     state = GuardState()
-    for index, loss in enumerate(losses):
+    for index, (step, loss) in enumerate(zip(steps, losses, strict=True)):
         if judge(state, loss, rise=settings["divergence_rise"], patience=settings["divergence_patience"],
-                 noise=settings["divergence_noise"]).diverged:
+                 noise=settings["divergence_noise"], steps=step - (steps[index - 1] if index else 0),
+                 patience_steps=settings["divergence_patience_steps"]).diverged:
             return index
     return None

@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, help="where the set files are written and read (default OUT/data)")
     parser.add_argument("--count", type=int, help="images / pairs / episodes per set (default: each set's own)")
     parser.add_argument("--gpus", default="auto", help="GPUs to run on, one run each: auto (every GPU listed), "
-                        "none (the CPU), or indices 0,1,...")
+                        "none (the CPU), or indices 0,1,... (among those CUDA_VISIBLE_DEVICES allows, where set)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once on a CPU (default 1)")
     parser.add_argument("--no-eval", action="store_true", help="skip diffscale eval (no quality score)")
     parser.add_argument("--eval-count", type=int, help="diffscale eval --count: samples, members or rollouts")
@@ -116,14 +116,25 @@ def variants(items: list[list[str]] | None) -> list[tuple[str, tuple[str, ...]]]
 
 def gpu_slots(choice: str) -> tuple[str, ...]:
     """The GPUs ``--gpus`` names: ``none``, indices, or ``auto`` (those CUDA_VISIBLE_DEVICES allows,
-    else every GPU nvidia-smi lists)."""
+    else every GPU nvidia-smi lists). Under CUDA_VISIBLE_DEVICES an index counts among the GPUs it
+    allows, as in torch (``CUDA_VISIBLE_DEVICES=1 ... --gpus 0,0`` runs both on GPU 1): each run's
+    own CUDA_VISIBLE_DEVICES would otherwise name a GPU the caller kept it from."""
     if choice == "none":
         return ()
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = tuple(g.strip() for g in visible_env.split(",") if g.strip()) if visible_env is not None else None
     if choice != "auto":
-        return tuple(g.strip() for g in choice.split(",") if g.strip())
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        asked = tuple(g.strip() for g in choice.split(",") if g.strip())
+        if visible is None:
+            return asked
+        outside = [g for g in asked if not (g.isdigit() and int(g) < len(visible))]
+        if outside:
+            raise UserError(f"--gpus {choice}: {', '.join(outside)} is not among the {len(visible)} GPU(s) "
+                            f"CUDA_VISIBLE_DEVICES={visible_env} allows",
+                            f"count from 0 among those (0-{len(visible) - 1}), or unset CUDA_VISIBLE_DEVICES")
+        return tuple(visible[int(g)] for g in asked)
     if visible is not None:
-        return tuple(g.strip() for g in visible.split(",") if g.strip())
+        return visible
     try:
         done = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
                               text=True, timeout=30)
@@ -177,7 +188,7 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
         train = written.get("train", {})
         # with the guard off: where it would have restored (the same run up to there), None if nowhere
         guard_off = not train.get("divergence_guard", True)
-        replayed = guard_replay(metrics.losses, train) if guard_off else None
+        replayed = guard_replay(metrics.steps, metrics.losses, train) if guard_off else None
         verdict = judge(metrics.steps, metrics.losses, warmup_steps=warmup, exit_code=outcome["exit_code"],
                         criterion=criterion)
         score = report.quality(spec.task, outcome["eval"])

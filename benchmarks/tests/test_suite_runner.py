@@ -108,7 +108,7 @@ def test_a_run_trained_with_the_guard_off_says_where_the_guard_would_have_restor
             0.639, 0.789, 0.779, 0.594, 0.699, 0.525, 0.956, 0.444, 0.861, 0.574]
     records = []
     for name, train in (("shipped", "divergence_guard: false"),
-                        ("factor", "divergence_guard: false\n  divergence_noise: 0.0"),
+                        ("factor", "divergence_guard: false\n  divergence_noise: 0.0\n  divergence_patience_steps: 0"),
                         ("on", "divergence_guard: true")):
         run_dir = tmp_path / name
         run_dir.mkdir()
@@ -125,6 +125,23 @@ def test_a_run_trained_with_the_guard_off_says_where_the_guard_would_have_restor
     assert not on["guard_off"] and on["guard_would_restore_at"] is None  # the live guard decided there
     assert "The divergence guard would have restored in 1 of the 2 runs trained with it off." in summary_table(
         summarize(records))
+
+
+def test_gpu_indices_count_among_the_gpus_cuda_visible_devices_allows(monkeypatch):
+    """Two suites side by side on a two-GPU host, one under CUDA_VISIBLE_DEVICES=1 with --gpus 0,0:
+    its runs go to GPU 1, not to GPU 0 beside the other suite's."""
+    from diffscale.errors import UserError
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert defaults.gpu_slots("0,0,1") == ("0", "0", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert defaults.gpu_slots("0,0,0") == ("1", "1", "1") and defaults.gpu_slots("auto") == ("1",)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert defaults.gpu_slots("1,0") == ("3", "2")
+    with pytest.raises(UserError) as refused:
+        defaults.gpu_slots("0,2")
+    assert "--gpus 0,2: 2 is not among the 2 GPU(s) CUDA_VISIBLE_DEVICES=2,3 allows" in str(refused.value)
+    assert defaults.gpu_slots("none") == ()
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -119,19 +119,20 @@ def test_resume_on_a_different_world_size_keeps_the_effective_batch(tmp_path, si
     _assert_close(_weights(single_reference)[1], _weights(run)[1])
 
 
-def test_two_ranks_take_the_divergence_guards_decisions_together(tmp_path):
+@pytest.mark.parametrize("log_every", [2, 20])  # 20: the guard's early 10-step windows between logged ones
+def test_two_ranks_take_the_divergence_guards_decisions_together(tmp_path, log_every):
     """A far too high learning rate after a healthy start: both ranks go back to the same state at
     the same steps (a rank that did not would hang or part ways at the next all-reduce), as one
     process at the same effective batch does."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
+    too_high = ["--set", "optim.lr=0.1", "--set", f"train.log_every={log_every}"]
     healthy = micro_args("train.batch_per_gpu=4", "train.grad_accum=2", "optim.schedule=constant", steps=50)
     assert main(["train", "--out", str(single), "--max-steps", "30", *healthy]) == 0
-    assert main(["train", "--out", str(single), "--resume", "auto", *healthy, "--set", "optim.lr=0.1"]) == 0
+    assert main(["train", "--out", str(single), "--resume", "auto", *healthy, *too_high]) == 0
     both = micro_args("train.batch_per_gpu=4", "optim.schedule=constant", steps=50)
     first = torchrun("train", "--out", str(ddp), "--max-steps", "30", *both, extra=("--standalone",))
     assert first.returncode == 0, first.stdout + first.stderr
-    proc = torchrun("train", "--out", str(ddp), "--resume", "auto", *both, "--set", "optim.lr=0.1",
-                    extra=("--standalone",))
+    proc = torchrun("train", "--out", str(ddp), "--resume", "auto", *both, *too_high, extra=("--standalone",))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stderr.count("warning: divergence at step") >= 1  # said once per restore, by rank 0
 

@@ -67,6 +67,35 @@ def test_a_heavy_tailed_loss_swinging_past_the_rise_factor_is_noise_and_a_collap
     assert _judged(COLLAPSE).index(True) == _judged(COLLAPSE, noise=0.0).index(True) == 7
 
 
+# Logged windows (10 steps each) of xl on the suite's `strokes`, seed 0, steps 450-800, the guard off
+# (two H200, 2026-11-29): the loss rose 1.5 x for 40 steps inside the warm-up and fell back by itself;
+# the run ended healthy at 0.0031.
+XL_BUMP = [0.0081, 0.0063, 0.0055, 0.0057, 0.0062, 0.0078, 0.0063, 0.0071, 0.0062, 0.0057, 0.0063, 0.0061, 0.006,
+           0.006, 0.0062, 0.0059, 0.0092, 0.0077, 0.01, 0.0092, 0.0058, 0.0064, 0.0061, 0.0054, 0.0049, 0.006,
+           0.0068, 0.005, 0.0043, 0.0054, 0.0042, 0.0063, 0.0041, 0.005, 0.0049, 0.006]
+
+
+def _judged_in_steps(losses, steps, patience_steps=SHIPPED.divergence_patience_steps):
+    state = GuardState()
+    return [judge(state, loss, rise=SHIPPED.divergence_rise, patience=SHIPPED.divergence_patience,
+                  noise=SHIPPED.divergence_noise, steps=steps, patience_steps=patience_steps).diverged
+            for loss in losses]
+
+
+def test_a_rise_must_also_last_its_steps_so_short_windows_do_not_make_the_guard_hastier():
+    """Two 10-step windows in a row above the level took xl's 40-step bump for a divergence (at step
+    640); held to 100 steps, as two of the image presets' 50-step windows are, it passes, and a
+    collapse that stays is caught 8 windows later than by the windows alone."""
+    assert _judged_in_steps(XL_BUMP, 10, patience_steps=0).index(True) == 19
+    assert not any(_judged_in_steps(XL_BUMP, 10))
+    assert not any(_judged_in_steps(RAIN, 10))
+    windows_alone = _judged_in_steps(COLLAPSE, 10, patience_steps=0).index(True)
+    assert _judged_in_steps(COLLAPSE, 10).index(True) == windows_alone + 8
+    # 50-step windows: two in a row, as before
+    level = [0.8, 0.5, 0.3, 0.2, 0.16, 0.15, 0.15, 0.14]
+    assert _judged_in_steps([*level, 0.43, 0.44], 50)[-2:] == [False, True]
+
+
 def test_the_guard_state_survives_a_checkpoint_as_json():
     state = GuardState()
     for loss in (0.5, 0.4, 0.3):
@@ -129,14 +158,32 @@ def test_a_run_that_keeps_diverging_stops_naming_the_learning_rate_to_set(health
     assert "after 3 restores of an earlier state" in err and "train with --set optim.lr=0.031 or lower" in err
 
 
-def test_a_run_that_never_diverges_is_bit_for_bit_the_same_with_the_guard_off(tmp_path):
+@pytest.mark.parametrize("log_every", [2, 20])  # 20: the guard reads its early 10-step windows between logs
+def test_a_run_that_never_diverges_is_bit_for_bit_the_same_with_the_guard_off(tmp_path, log_every):
     on, off = tmp_path / "on", tmp_path / "off"
-    assert _train(on, steps=24) == 0
-    assert _train(off, "train.divergence_guard=off", steps=24) == 0
+    assert _train(on, f"train.log_every={log_every}", steps=24) == 0
+    assert _train(off, f"train.log_every={log_every}", "train.divergence_guard=off", steps=24) == 0
     (name_on, a), (name_off, b) = _weights(on), _weights(off)
     assert name_on == name_off and a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not _records(on)[1]
+
+
+def test_early_in_a_run_the_guard_judges_10_step_windows_between_longer_logged_ones(healthy_start, capsys):
+    """Logged every 40 steps, the far too high learning rate from step 30 is judged at step 50, a
+    step no record is logged at, and the run goes back to the state kept at step 28; with the early
+    windows off the guard sees only the logged windows (at 40 and 80) and does not restore by step 50."""
+    late = healthy_start.parent / "late"
+    assert _train(late, max_steps=HEALTHY) == 0
+    capsys.readouterr()
+    for run, extra in ((healthy_start, ()), (late, ("train.divergence_early_steps=0",))):
+        assert _train(run, TOO_HIGH, "train.log_every=40", *extra, steps=120, resume=True) == 0
+    said = capsys.readouterr().err
+    assert said.count("warning: divergence at step 50: the loss") == 1 and "went back to step 28" in said
+    training, restores = _records(healthy_start)
+    assert [(r["step"], r["restored_step"]) for r in restores] == [(50, 28)]
+    assert {r["step"] for r in training if r["step"] > HEALTHY} == {40, 80, 120}  # logged as asked
+    assert all(r["step"] > 50 for r in _records(late)[1])
 
 
 def test_a_resumed_run_takes_the_same_decision_at_the_same_step(tmp_path, capsys):

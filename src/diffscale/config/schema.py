@@ -218,6 +218,16 @@ class TrainConfig:
     taken for a divergence; 0: the rise factor alone."""
     divergence_patience: int = 2
     """Logged windows in a row above that level before the guard restores (a lone spike passes)."""
+    divergence_patience_steps: int = 100
+    """Steps in a row above that level before the guard restores, besides ``divergence_patience``
+    windows: with short logged windows (a small ``log_every``) a rise a few dozen steps long that
+    falls back by itself passes, as it does in the image presets' 50-step windows (a collapse stays
+    up for hundreds of steps); 0: the windows alone."""
+    divergence_early_steps: int = 300
+    """Steps from a run's start over which the guard judges every 10 steps where ``log_every`` is
+    longer (reading the loss from the device that often then, and only then): a collapse in the
+    first hundred steps is over before two longer windows give the guard a level to judge it by;
+    0: the logged windows only."""
     divergence_keep_every: int = 200
     """Steps between the good states the guard keeps in memory (at the next log step; checkpoint
     steps too): on the device where it fits twice over, else in host memory."""
@@ -252,6 +262,10 @@ class TrainConfig:
         if not 0.0 <= self.divergence_noise < float("inf"):
             _fail("train.divergence_noise", f"must be 0 or a positive number of noise widths (got "
                   f"{self.divergence_noise})", "use e.g. 5, or 0 to judge by train.divergence_rise alone")
+        if self.divergence_early_steps < 0:
+            _fail("train.divergence_early_steps", "is negative", "use 0 (the logged windows only) or a number of steps")
+        if self.divergence_patience_steps < 0:
+            _fail("train.divergence_patience_steps", "is negative", "use 0 (windows alone) or a number of steps")
         if self.divergence_max_restores < 0:
             _fail("train.divergence_max_restores", "is negative", "use 0 (stop at the first divergence) or more")
 

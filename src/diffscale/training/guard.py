@@ -7,7 +7,10 @@ within a few dozen steps and stays there, and the run ends "normally" far above 
 mean over every rank, so every rank takes the same decision -- against the loss's recent level
 (the median of the last ``LEVEL_WINDOWS`` healthy windows: robust to noise, where the lowest
 window so far is not): ``train.divergence_rise`` times above it, and ``train.divergence_noise``
-noise widths above it, for ``train.divergence_patience`` windows in a row is a divergence. The
+noise widths above it, for ``train.divergence_patience`` windows and ``train.divergence_patience_steps``
+steps in a row is a divergence (in steps too, so a short ``log_every`` does not make it hastier);
+over the first ``train.divergence_early_steps`` it judges every ``EARLY_WINDOW_STEPS`` steps where
+the logged windows are longer (an early collapse is over before they give it a level). The
 noise width is the window-to-window spread of the last ``NOISE_WINDOWS`` healthy windows (their
 successive differences' median size, as a standard deviation: a falling trend adds little): a
 loss noisy by nature -- a heavy-tailed target in small batches -- swings past any fixed factor.
@@ -37,6 +40,16 @@ NOISE_WINDOWS = 20
 """Healthy windows kept, whose window-to-window spread is the loss's noise width."""
 FIRST_JUDGED_WINDOW = 4
 """Windows seen before the guard judges one: the first ones fall fast from the untrained loss."""
+EARLY_WINDOW_STEPS = 10
+"""Steps of the windows judged between logged ones over a run's first ``train.divergence_early_steps``."""
+
+
+def judges_early(cfg: RunConfig, step: int) -> bool:
+    """Whether the guard judges a window ending at ``step`` between two logged ones (a function of
+    the step alone: every rank, and a resumed run, judges at the same steps)."""
+    t = cfg.train
+    return (t.divergence_guard and t.log_every > EARLY_WINDOW_STEPS and 0 < step <= t.divergence_early_steps
+            and step % EARLY_WINDOW_STEPS == 0 and step % t.log_every != 0)
 
 
 @dataclass
@@ -50,6 +63,8 @@ class GuardState:
     """Windows judged or counted so far."""
     above: int = 0
     """Windows in a row above ``rise x level``."""
+    above_steps: int = 0
+    """The steps those windows cover."""
     kept_step: int = -1
     """Step of the good state kept (-1: none yet): one that a healthy window followed."""
     pending_step: int = -1
@@ -58,7 +73,7 @@ class GuardState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> GuardState:
-        known = {"recent", "seen", "above", "kept_step", "pending_step"}
+        known = {"recent", "seen", "above", "above_steps", "kept_step", "pending_step"}
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,21 +106,25 @@ class Verdict:
     """Whether the window counts as healthy (a state kept now is a good one)."""
 
 
-def judge(state: GuardState, loss: float, *, rise: float, patience: int, noise: float) -> Verdict:
-    """Update ``state`` with one window's mean loss and say whether the run diverged: ``rise`` times
-    its recent level and ``noise`` noise widths above it, ``patience`` windows in a row."""
+def judge(state: GuardState, loss: float, *, rise: float, patience: int, noise: float, steps: int = 1,
+          patience_steps: int = 0) -> Verdict:
+    """Update ``state`` with the mean loss of one window of ``steps`` steps and say whether the run
+    diverged: ``rise`` times its recent level and ``noise`` noise widths above it, ``patience``
+    windows and ``patience_steps`` steps in a row (a non-finite loss: the windows alone)."""
     state.seen += 1
     if not math.isfinite(loss):
         state.above += 1
+        state.above_steps += steps
         return Verdict(state.above >= patience, f"the loss is {loss}", healthy=False)
     level, width = state.level, state.noise_width
     if state.seen >= FIRST_JUDGED_WINDOW and level is not None and loss > max(rise * level, level + noise * width):
         state.above += 1
+        state.above_steps += steps
         why = f"the loss {loss:.4g} is {loss / level:.1f}x its recent level {level:.4g}"
         if noise and width:
             why += f", {(loss - level) / width:.0f} noise widths above it"
-        return Verdict(state.above >= patience, why, healthy=False)
-    state.above = 0
+        return Verdict(state.above >= patience and state.above_steps >= patience_steps, why, healthy=False)
+    state.above = state.above_steps = 0
     state.recent = [*state.recent, loss][-NOISE_WINDOWS:]
     return Verdict(False)
 

@@ -263,6 +263,8 @@ def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say
                 return _stop(run_state, runner, stop, f"at step {run_state.step}", say), samples
             switch.at_step(record)
         else:
+            if recovery.between_windows(runner):  # the guard's early window went back to a good state
+                continue
             switch.at_step(None)
         if run_state.step % t.checkpoint_every == 0 or run_state.step == stop_at:
             run_state.save(runner.batcher)

@@ -78,6 +78,8 @@ class StepRunner:
         self._bad_total = torch.zeros((), device=device)
         self._steps = 0
         self._data_wait_s = 0.0
+        self._parts: list[tuple[WindowMetrics, int]] = []
+        """Parts of the open logged window already read for the divergence guard (``drain_part``)."""
         cfg = run_state.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(run_state.ctx.world_size)
@@ -169,7 +171,25 @@ class StepRunner:
 
     def drain_metrics(self, ctx: DistContext) -> WindowMetrics:
         """The window's mean loss and gradient norm over every rank, and its skipped steps;
-        starts a new window. The one host synchronisation of the loop."""
+        starts a new window. The one host synchronisation of the loop (with ``drain_part``'s)."""
+        last, steps = self._drain(ctx)
+        if not self._parts:
+            return last
+        parts, self._parts = [*self._parts, (last, steps)], []
+        total = sum(n for _, n in parts) or 1
+        return WindowMetrics(loss=sum(m.loss * n for m, n in parts) / total,
+                             grad_norm=sum(m.grad_norm * n for m, n in parts) / total,
+                             nonfinite=sum(m.nonfinite for m, _ in parts),
+                             data_wait_s=sum(m.data_wait_s for m, _ in parts))
+
+    def drain_part(self, ctx: DistContext) -> float:
+        """The mean loss over every rank of the steps since the last drain, read for the divergence
+        guard between logged windows; the window logged next still covers those steps."""
+        part, steps = self._drain(ctx)
+        self._parts.append((part, steps))
+        return part.loss
+
+    def _drain(self, ctx: DistContext) -> tuple[WindowMetrics, int]:
         steps = max(self._steps, 1)
         waited = torch.full((), self._data_wait_s, device=self._loss_sum.device)
         packed = ctx.all_mean(torch.stack([self._loss_sum / steps, self._norm_sum / steps, waited]).float())
@@ -180,7 +200,7 @@ class StepRunner:
         self._bad_total.zero_()
         self._steps = 0
         self._data_wait_s = 0.0
-        return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite, data_wait_s=data_wait_s)
+        return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite, data_wait_s=data_wait_s), steps
 
     def nonfinite_in_a_row(self) -> int:
         """Consecutive steps ending with non-finite gradients (reads the device: call at log steps)."""
@@ -192,6 +212,7 @@ class StepRunner:
         self.batcher.close()
         self.batcher = batcher
         self._bad_run.zero_()
+        self._parts = []  # the steps they covered were undone
         if self.whole is not None:  # the optimizer's state tensors were replaced
             self.whole.reset()
 
