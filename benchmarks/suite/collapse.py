@@ -141,24 +141,3 @@ def read_metrics(path: Path) -> Metrics:
     out.steps = sorted(curve)
     out.losses = [curve[s] for s in out.steps]
     return out
-
-
-def guard_replay(steps: list[int], losses: list[float], train: dict) -> int | None:
-    """The index of the logged window at which diffscale's divergence guard, with the run's
-    ``train`` settings (its config.yaml section; absent keys: the shipped defaults), would first
-    have restored, or None. On a run trained with the guard off this is the live guard's first
-    decision: a run is unchanged until its first restore (up to the losses' rounding in
-    metrics.jsonl)."""
-    from diffscale.config import TrainConfig
-    from diffscale.training.guard import GuardState, judge
-
-    shipped = TrainConfig()
-    settings = {name: train.get(name, getattr(shipped, name)) for name in (
-        "divergence_rise", "divergence_patience", "divergence_noise", "divergence_patience_steps")}
-    state = GuardState()
-    for index, (step, loss) in enumerate(zip(steps, losses, strict=True)):
-        if judge(state, loss, rise=settings["divergence_rise"], patience=settings["divergence_patience"],
-                 noise=settings["divergence_noise"], steps=step - (steps[index - 1] if index else 0),
-                 patience_steps=settings["divergence_patience_steps"]).diverged:
-            return index
-    return None

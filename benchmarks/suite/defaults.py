@@ -48,9 +48,10 @@ from pathlib import Path
 import yaml
 
 from benchmarks.suite import plain, report
-from benchmarks.suite.collapse import Criterion, guard_replay, judge, read_metrics
+from benchmarks.suite.collapse import Criterion, judge, read_metrics
 from benchmarks.suite.launch import RunSpec, Slots, run_all
 from benchmarks.suite.plain import PlainSpec, run_plain
+from benchmarks.suite.replay import replayed as guard_replayed
 from benchmarks.suite.sets import chosen
 from diffscale.config import ConfigSources, resolve_config
 from diffscale.errors import UserError
@@ -188,7 +189,7 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
         train = written.get("train", {})
         # with the guard off: where it would have restored (the same run up to there), None if nowhere
         guard_off = not train.get("divergence_guard", True)
-        replayed = guard_replay(metrics.steps, metrics.losses, train) if guard_off else None
+        replayed = guard_replayed(metrics.steps, metrics.losses, train, None) if guard_off else None
         verdict = judge(metrics.steps, metrics.losses, warmup_steps=warmup, exit_code=outcome["exit_code"],
                         criterion=criterion)
         score = report.quality(spec.task, outcome["eval"])
@@ -196,14 +197,14 @@ def finish(criterion: Criterion) -> Callable[[RunSpec, dict], dict]:
         summary = (f"{'COLLAPSED: ' + verdict.reason if verdict.collapsed else 'healthy'}, final loss "
                    f"{verdict.final_loss if verdict.final_loss is None else round(verdict.final_loss, 4)}, "
                    f"restores {metrics.restores}, {name} {score if score is None else round(score, 4)}"
-                   + (f", the guard would have restored at step {metrics.steps[replayed]}" if replayed is not None
+                   + (f", the guard would have restored at step {replayed}" if replayed is not None
                       else ""))
         return {"preset": spec.preset, "set": spec.set_name, "task": spec.task, "variant": spec.variant,
                 "seed": spec.seed, "overrides": list(spec.overrides), "run_dir": str(spec.run_dir),
                 "steps_reached": metrics.steps[-1] if metrics.steps else 0, "warmup_steps": warmup,
                 "restores": metrics.restores, "nonfinite_skipped": metrics.nonfinite_skipped, **asdict(verdict),
                 "guard_off": guard_off,
-                "guard_would_restore_at": metrics.steps[replayed] if replayed is not None else None,
+                "guard_would_restore_at": replayed,
                 "quality": score, **outcome, "summary": summary}
 
     return record

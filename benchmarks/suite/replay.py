@@ -51,9 +51,9 @@ def replayed(steps: list[int], losses: list[float], train: dict, log_every: int 
     get = {name: train.get(name, getattr(shipped, name)) for name in (
         "divergence_rise", "divergence_patience", "divergence_noise", "divergence_patience_steps",
         "divergence_early_steps")}
-    every = log_every or (steps[1] - steps[0] if len(steps) > 1 else 1)
+    # as logged: each logged window alone (a window of 1 step always ends one)
     state = GuardState()
-    for index, count, loss in judged_windows(steps, losses, every, get["divergence_early_steps"]):
+    for index, count, loss in judged_windows(steps, losses, log_every or 1, get["divergence_early_steps"]):
         if guard_judge(state, loss, rise=get["divergence_rise"], patience=get["divergence_patience"],
                        noise=get["divergence_noise"], steps=count,
                        patience_steps=get["divergence_patience_steps"]).diverged:
