@@ -6,6 +6,13 @@ from __future__ import annotations
 import json
 
 from benchmarks.suite import replay
+from benchmarks.suite.collapse import read_metrics
+from benchmarks.tests.test_suite_runner import MICRO
+from diffscale.cli import main
+from diffscale.config import TrainConfig
+from diffscale.runtime import checkpoint as ckpt
+from diffscale.training.guard import GuardState
+from diffscale.training.guard import judge as guard_judge
 
 # tiny at lr 8e-3 on the suite's `clouds` (CI CPU): 10-step windows, the loss doubled at step ~80-90
 # and stayed; padded to 400 steps at its level
@@ -54,3 +61,21 @@ def test_runs_trained_with_the_guard_on_or_logged_too_seldom_are_left_out(tmp_pa
     (tmp_path / "runs" / "a" / "config.yaml").write_text("train:\n  divergence_guard: true\n")
     assert _said(capsys, tmp_path).startswith("0 runs")
     assert _said(capsys, tmp_path, "--log-every", "25").startswith("0 runs")  # not a multiple of 10
+
+
+def test_the_live_guard_judges_the_windows_its_replay_judges(tmp_path, monkeypatch):
+    """A run logged every 20 steps (the guard reading 10-step windows between logs) holds, in its
+    checkpoint, the same judged window losses as the replay of the same run logged every 10 steps:
+    at a logged step it judges the steps since its last read, not the whole logged window."""
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
+    settings = [arg for item in [*MICRO, "train.steps=60", "train.checkpoint_every=60"] for arg in ("--set", item)]
+    logged, live = tmp_path / "every10", tmp_path / "every20"
+    assert main(["train", "--out", str(logged), *settings, "--set", "train.log_every=10",
+                 "--set", "train.divergence_guard=off"]) == 0
+    assert main(["train", "--out", str(live), *settings, "--set", "train.log_every=20"]) == 0
+    metrics, shipped, state = read_metrics(logged / "metrics.jsonl"), TrainConfig(), GuardState()
+    for _, count, loss in replay.judged_windows(metrics.steps, metrics.losses, 20, shipped.divergence_early_steps):
+        guard_judge(state, loss, rise=shipped.divergence_rise, patience=shipped.divergence_patience,
+                    noise=shipped.divergence_noise, steps=count, patience_steps=shipped.divergence_patience_steps)
+    kept = GuardState.from_dict(ckpt.load_checkpoint(ckpt.list_checkpoints(live)[-1]).meta.guard)
+    assert kept.seen == state.seen == 6 and kept.recent == state.recent

@@ -80,6 +80,9 @@ class StepRunner:
         self._data_wait_s = 0.0
         self._parts: list[tuple[WindowMetrics, int]] = []
         """Parts of the open logged window already read for the divergence guard (``drain_part``)."""
+        self.last_read_loss = math.nan
+        """The mean loss of the steps the last drain read (a logged window, or its part since the last
+        ``drain_part``): the window the divergence guard judges."""
         cfg = run_state.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(run_state.ctx.world_size)
@@ -173,6 +176,7 @@ class StepRunner:
         """The window's mean loss and gradient norm over every rank, and its skipped steps;
         starts a new window. The one host synchronisation of the loop (with ``drain_part``'s)."""
         last, steps = self._drain(ctx)
+        self.last_read_loss = last.loss
         if not self._parts:
             return last
         parts, self._parts = [*self._parts, (last, steps)], []
@@ -187,6 +191,7 @@ class StepRunner:
         guard between logged windows; the window logged next still covers those steps."""
         part, steps = self._drain(ctx)
         self._parts.append((part, steps))
+        self.last_read_loss = part.loss
         return part.loss
 
     def _drain(self, ctx: DistContext) -> tuple[WindowMetrics, int]:
