@@ -25,9 +25,15 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", PYTHON
 
 
 def _first_record(run: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Wait until the run has written a training record and printed its progress line (after the
+    record and TensorBoard's scalars: a kill between them on a busy machine left no line to read)."""
     deadline = time.monotonic() + timeout
-    metrics = run / "metrics.jsonl"
-    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+    metrics, console = run / "metrics.jsonl", run / "train.log"
+
+    def printed() -> bool:
+        return console.is_file() and any(line.startswith("step ") for line in console.read_text().splitlines())
+
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1 and printed()):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "no training record appeared"
         time.sleep(0.1)
