@@ -27,15 +27,14 @@ def judged_windows(steps: list[int], losses: list[float], log_every: int,
                    early_steps: int) -> Iterator[tuple[int, int, float]]:
     """(index of the logged window it ends at, its steps, its mean loss) of each window the guard of
     a run logged every ``log_every`` steps judges, from windows logged every few steps (a divisor)."""
-    from diffscale.training.guard import EARLY_WINDOW_STEPS
+    from diffscale.training.guard import early_window_ends
 
     total, count, previous = 0.0, 0, 0
     for index, (step, loss) in enumerate(zip(steps, losses, strict=True)):
         steps_in = step - previous
         previous = step
         total, count = total + loss * steps_in, count + steps_in
-        early = log_every > EARLY_WINDOW_STEPS and step <= early_steps and step % EARLY_WINDOW_STEPS == 0
-        if step % log_every == 0 or early or index == len(steps) - 1:
+        if step % log_every == 0 or early_window_ends(step, log_every, early_steps) or index == len(steps) - 1:
             yield index, count, (loss if count == steps_in else total / count)
             total, count = 0.0, 0
 

@@ -44,12 +44,18 @@ EARLY_WINDOW_STEPS = 10
 """Steps of the windows judged between logged ones over a run's first ``train.divergence_early_steps``."""
 
 
+def early_window_ends(step: int, log_every: int, early_steps: int) -> bool:
+    """Whether one of the guard's early windows ends at ``step`` in a run logged every ``log_every``
+    steps (a logged step may be one too); shared with the suite's replay of the guard."""
+    return log_every > EARLY_WINDOW_STEPS and 0 < step <= early_steps and step % EARLY_WINDOW_STEPS == 0
+
+
 def judges_early(cfg: RunConfig, step: int) -> bool:
     """Whether the guard judges a window ending at ``step`` between two logged ones (a function of
     the step alone: every rank, and a resumed run, judges at the same steps)."""
     t = cfg.train
-    return (t.divergence_guard and t.log_every > EARLY_WINDOW_STEPS and 0 < step <= t.divergence_early_steps
-            and step % EARLY_WINDOW_STEPS == 0 and step % t.log_every != 0)
+    return (t.divergence_guard and step % t.log_every != 0
+            and early_window_ends(step, t.log_every, t.divergence_early_steps))
 
 
 @dataclass

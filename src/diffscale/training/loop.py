@@ -257,8 +257,7 @@ def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say
         if run_state.step % t.log_every == 0 or run_state.step == stop_at:
             record = _metrics(run_state, runner, meter, lr, clock)
             telemetry.log(record)
-            # the guard judges the steps read last: after its early windows, the logged window's tail
-            if recovery.after_window(runner, runner.last_read_loss):  # went back to a good state
+            if recovery.after_window(runner):  # went back to a good state
                 continue
             if ctx.any_true(stop.requested):
                 return _stop(run_state, runner, stop, f"at step {run_state.step}", say), samples

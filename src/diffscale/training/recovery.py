@@ -29,25 +29,27 @@ class Recovery:
         # resumed: the states the first run kept, as it kept them
         self.kept = self._resumed(run_state.guard.kept_step, runner) if self.on else None
         self.pending = self._resumed(run_state.guard.pending_step, runner) if self.on else None
-        self.window_from = run_state.step  # where the logged window now open began
 
     def between_windows(self, runner: StepRunner) -> bool:
         """At a step that is not logged: the guard's early window where one ends here (the loss
         read from the device); True when it went back to a good state."""
         if not judges_early(self.run_state.cfg, self.run_state.step):
             return False
-        return self.after_window(runner, runner.drain_part(self.run_state.ctx))
+        runner.drain_part(self.run_state.ctx)
+        return self.after_window(runner)
 
-    def after_window(self, runner: StepRunner, loss: float) -> bool:
+    def after_window(self, runner: StepRunner) -> bool:
+        """After the runner's last read (a logged window, or its tail after early windows): judge the
+        steps it read."""
         t, step = self.run_state.cfg.train, self.run_state.step
-        window_steps, self.window_from = step - self.window_from, step
         nonfinite = runner.nonfinite_in_a_row() >= t.max_nonfinite_steps
         if not self.on:
             if nonfinite:
                 self._roll_back_to_checkpoint(runner)
             return nonfinite
-        verdict = judge(self.run_state.guard, loss, rise=t.divergence_rise, patience=t.divergence_patience,
-                        noise=t.divergence_noise, steps=window_steps, patience_steps=t.divergence_patience_steps)
+        verdict = judge(self.run_state.guard, runner.last_read_loss, rise=t.divergence_rise,
+                        patience=t.divergence_patience, noise=t.divergence_noise, steps=runner.last_read_steps,
+                        patience_steps=t.divergence_patience_steps)
         if nonfinite or verdict.diverged:
             why = f"the loss was non-finite for {t.max_nonfinite_steps} steps in a row" if nonfinite else verdict.why
             self._restore(runner, why)
@@ -92,7 +94,6 @@ class Recovery:
         run_state.roll_back(kept_copy(target, run_state.device))
         run_state.guard.above = run_state.guard.above_steps = 0
         self.pending, run_state.guard.pending_step = None, -1
-        self.window_from = run_state.step
         runner.restart(run_state.make_batcher())
         lr = learning_rate(cfg, run_state.step, runner.effective, run_state.lr_backoff)
         self.say(f"warning: divergence at step {step}: {why}; went back to step {target.step} and halved the "

@@ -83,6 +83,8 @@ class StepRunner:
         self.last_read_loss = math.nan
         """The mean loss of the steps the last drain read (a logged window, or its part since the last
         ``drain_part``): the window the divergence guard judges."""
+        self.last_read_steps = 0
+        """The steps that drain read."""
         cfg = run_state.cfg
         self.clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         self.effective = cfg.effective_batch(run_state.ctx.world_size)
@@ -176,7 +178,6 @@ class StepRunner:
         """The window's mean loss and gradient norm over every rank, and its skipped steps;
         starts a new window. The one host synchronisation of the loop (with ``drain_part``'s)."""
         last, steps = self._drain(ctx)
-        self.last_read_loss = last.loss
         if not self._parts:
             return last
         parts, self._parts = [*self._parts, (last, steps)], []
@@ -186,13 +187,10 @@ class StepRunner:
                              nonfinite=sum(m.nonfinite for m, _ in parts),
                              data_wait_s=sum(m.data_wait_s for m, _ in parts))
 
-    def drain_part(self, ctx: DistContext) -> float:
-        """The mean loss over every rank of the steps since the last drain, read for the divergence
-        guard between logged windows; the window logged next still covers those steps."""
-        part, steps = self._drain(ctx)
-        self._parts.append((part, steps))
-        self.last_read_loss = part.loss
-        return part.loss
+    def drain_part(self, ctx: DistContext) -> None:
+        """Read the mean loss over every rank of the steps since the last drain (``last_read_loss``)
+        for the divergence guard between logged windows; the window logged next still covers them."""
+        self._parts.append(self._drain(ctx))
 
     def _drain(self, ctx: DistContext) -> tuple[WindowMetrics, int]:
         steps = max(self._steps, 1)
@@ -205,6 +203,7 @@ class StepRunner:
         self._bad_total.zero_()
         self._steps = 0
         self._data_wait_s = 0.0
+        self.last_read_loss, self.last_read_steps = loss, steps
         return WindowMetrics(loss=loss, grad_norm=norm, nonfinite=nonfinite, data_wait_s=data_wait_s), steps
 
     def nonfinite_in_a_row(self) -> int:
