@@ -10,8 +10,9 @@ the plain recipe's budget (target: at most 25 %).
 
 ``python -m benchmarks.cold_quality --preset small --seconds 240 --out DIR``
 
-``--plain-json FILE`` reads the plain recipe's record from an earlier ``quality_time.json`` instead
-of training it. Writes ``DIR/cold_quality.json`` (provenance, the plain recipe's record, the cold
+``--plain-json FILE`` reads the plain recipe's record from a ``quality_time.json`` instead of
+training it: an earlier one, or one the plain recipe writes meanwhile on another GPU of the machine
+(read once the cold run is scored). Writes ``DIR/cold_quality.json`` (provenance, the plain recipe's record, the cold
 run's points and events, the summary) and ``DIR/cold_quality.md``; the runs stay under DIR
 (``plain/``, ``cold/run``, ``cold/cache``).
 """
@@ -49,7 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-steps", type=int, default=20, help="sampling steps per evaluation (default 20)")
     parser.add_argument("--sampler", choices=["ddim", "dpmsolver", "ddpm"], default="ddim")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="overrides of both runs")
-    parser.add_argument("--plain-json", type=Path, help="the plain recipe's quality_time.json, trained earlier")
+    parser.add_argument("--plain-json", type=Path, help="the plain recipe's quality_time.json, trained earlier or "
+                        "meanwhile on another GPU: read once the cold run is scored (waited for up to --plain-wait s)")
+    parser.add_argument("--plain-wait", type=float, default=600.0,
+                        help="seconds to wait for --plain-json (default 600)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs and the results")
     args = parser.parse_args(argv)
     if not (args.seconds > 0 and args.checkpoint_every > 0 and args.evals > 0 and args.eval_steps > 0):
@@ -74,6 +78,11 @@ def plain_record(args: argparse.Namespace) -> dict[str, Any]:
                "--out", str(path.parent)]
         print(f"[cold-quality] the plain recipe, {args.seconds:g} s: {' '.join(cmd[1:])}", flush=True)
         subprocess.run(cmd, check=True)
+    waited = time.perf_counter()
+    while not path.exists() and time.perf_counter() - waited < args.plain_wait:
+        time.sleep(2.0)  # the plain recipe still trains beside this run, on another GPU
+    if not path.exists():
+        raise SystemExit(f"{path}: not there after {args.plain_wait:g} s (the plain recipe's quality_time.json)")
     runs = json.loads(path.read_text())["runs"]
     plain = next((r for r in runs if r["recipe"] == "plain" and r["preset"] == args.preset), None)
     if plain is None:
@@ -179,11 +188,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    plain = plain_record(args)
+    plain = plain_record(args) if args.plain_json is None else None  # trained first, on this GPU
     run_dir, started, stopped = cold_run(args)
     training, records = read_records(run_dir)
     logged = {r["step"]: r["time"] for r in training if "time" in r}  # when each step was logged
     points = scored_points(run_dir, logged, started, stopped, args)
+    plain = plain or plain_record(args)
     result, events = summary(plain, points), _events(records, started)
     command = shlex.join(["python", "-m", "benchmarks.cold_quality", *(sys.argv[1:] if argv is None else argv)])
     about = {**provenance(args, command=command),

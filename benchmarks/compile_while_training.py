@@ -187,6 +187,12 @@ def measure(preset: str, overrides: list[str], *, work: Path, out: Path, windows
     return record
 
 
+def _paused(compiled: dict[str, Any]) -> str:
+    """The eager steps' pause for the background compile's kernel timing, where the run recorded one."""
+    paused = compiled.get("paused_for_tuning_s")
+    return "" if paused is None else f", eager steps paused {paused:.1f} s"
+
+
 def summary_line(preset: str, name: str, job_record: dict[str, Any]) -> str:
     def s(key: str) -> str:
         value = job_record.get(key)
@@ -196,7 +202,7 @@ def summary_line(preset: str, name: str, job_record: dict[str, Any]) -> str:
     compiled = job_record.get("compiled") or {}
     switch = (f"; switch at step {compiled['step']} ({compiled['switch_s']:.1f} s, eager "
               f"{compiled['eager_samples_per_s'] or 0:,.0f} samples/s, background compile "
-              f"{compiled.get('background_compile_s') or 0:.1f} s)") if compiled else ""
+              f"{compiled.get('background_compile_s') or 0:.1f} s{_paused(compiled)})") if compiled else ""
     return (f"{preset} {name}: first step {s('first_step_s')}, compiled {s('compiled_s')}, steady "
             f"{f'{steady:,.0f}' if steady else '-'} samples/s{switch} [{job_record['ended_by']}]")
 

@@ -5,7 +5,10 @@
 # Bytecode is kept first (torch's installation may ship none), so the cold start pays the compile,
 # not Python's. About 9 minutes at the defaults; two calls where one cannot hold it: PART=plain
 # trains the plain recipe into $OUT/plain, then PART=cold PLAIN_JSON=FILE (that call's
-# quality_time.json, carried into the tree) the cold run and the scores.
+# quality_time.json, carried into the tree) the cold run and the scores; or both in one call on a
+# two-GPU machine, side by side, each pinned to a GPU and half the cores (CUDA_VISIBLE_DEVICES=N
+# taskset -c ...): PART=plain OUT=P on one, PART=cold PLAIN_JSON=P/plain/quality_time.json on the
+# other (read once the cold run is scored).
 # Writes $OUT/cold_quality.json and .md (the plain recipe's quality_time.json under $OUT/plain).
 # Usage (repository root): OUT=DIR bash scripts/gpu/cold_quality.sh
 # Settings (environment): PRESET (small), SECONDS_EACH (240), CHECKPOINT_EVERY (200), PART (all, plain,

@@ -9,7 +9,7 @@ from diffscale.config.choices import Attention, CompileMode, Device, Precision, 
 from diffscale.config.errors import fail as _fail
 
 RUNTIME_OUTSIDE_GRAPH = frozenset({"cudnn_benchmark", "cudnn_benchmark_eager", "compile_cache", "generated_bytecode",
-                                   "compile_while_training"})
+                                   "compile_while_training", "eager_pauses_for_tuning"})
 """Runtime settings that leave the compiled graph as it is (runs that differ only there share kernels)."""
 
 
@@ -62,6 +62,12 @@ class RuntimeConfig:
     is empty the search compiles kernels first: small's cold first step on an H200 came at 25.8 s
     with it and 10.8 s without, for eager steps 20 % slower until the switch, which came at the same
     time (docs/decisions.md, "cuDNN's algorithm search in the eager steps"). Not part of the compiled graph."""
+    eager_pauses_for_tuning: Toggle = Toggle.ON
+    """In a run that trains while compiling (``runtime.compile_while_training``), the eager steps
+    wait while the background process times kernel configurations on the GPU (Triton's
+    autotuning), so that it times them, and finishes, as on an idle GPU: beside the eager steps
+    its timing took 22.2 s instead of 10.1 s (small, cold, an H200). ``off``: the eager steps run
+    throughout (``auto``: on). Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's
     caching precompile), so a resumed job or a new run of the same network installs it instead of

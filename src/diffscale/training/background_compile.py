@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -48,6 +49,10 @@ MEMORY_SHARE = 0.5
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                "TORCHELASTIC_ERROR_FILE")
 """The launcher's variables, not passed on: the background process is no rank of the run."""
+TUNING_WAIT_S = 5.0
+"""The longest the eager steps wait for one kernel timing of the background process."""
+TUNING_POLL_S = 0.001
+"""How often a waiting eager step looks whether the timing has ended."""
 
 
 def compiles_while_training(cfg: RunConfig, policy: DevicePolicy) -> bool:
@@ -70,10 +75,15 @@ class BackgroundCompile:
 
     process: subprocess.Popen[bytes]
     output: HeldOutput
+    tuning_marker: Path | None = None
+    """The file that exists while it times kernel configurations on the GPU (None: the eager steps
+    do not pause, ``runtime.eager_pauses_for_tuning`` off)."""
     started: float = field(default_factory=time.perf_counter)
     """``time.perf_counter()`` when it started."""
     took_s: float | None = None
     """Seconds from its start to its end, once it has ended."""
+    paused_s: float = 0.0
+    """Seconds the eager steps waited for its kernel timing (``wait_while_tuning``)."""
 
     @classmethod
     def start(cls, cfg: RunConfig, ctx: DistContext, kernels: Path) -> BackgroundCompile:
@@ -82,14 +92,34 @@ class BackgroundCompile:
         env = environment(os.environ, ctx.info.local_world_size)
         if user_env.USER_COMPILE_CACHE is None:  # the folder is passed; set by the user, it is passed on as set
             env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        process = subprocess.Popen(command(kernels, ctx.local_rank, ctx.world_size), stdin=subprocess.PIPE,
+        marker = None
+        if cfg.runtime.eager_pauses_for_tuning != Toggle.OFF:  # per process: jobs sharing a kernel folder do not wait
+            marker = Path(tempfile.gettempdir()) / f"diffscale-tuning-{os.getpid()}-{ctx.local_rank}"
+            marker.unlink(missing_ok=True)
+        process = subprocess.Popen(command(kernels, ctx.local_rank, ctx.world_size, marker), stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert process.stdin is not None and process.stdout is not None
         with contextlib.suppress(BrokenPipeError):  # it failed at once: its log says why
             process.stdin.write(json.dumps(cfg.to_dict()).encode())
         with contextlib.suppress(BrokenPipeError):
             process.stdin.close()
-        return cls(process, HeldOutput.read(process.stdout))
+        return cls(process, HeldOutput.read(process.stdout), marker)
+
+    def wait_while_tuning(self) -> float:
+        """Before an eager step: wait while it times kernel configurations on the GPU (a timing takes
+        a fraction of a second; at most ``TUNING_WAIT_S``), and return the seconds waited."""
+        marker = self.tuning_marker
+        if marker is None or not marker.exists():
+            return 0.0
+        began = time.perf_counter()
+        while marker.exists() and time.perf_counter() - began < TUNING_WAIT_S:
+            if self.ended():  # ended while timing (killed): its marker is left behind
+                marker.unlink(missing_ok=True)
+                break
+            time.sleep(TUNING_POLL_S)
+        waited = time.perf_counter() - began
+        self.paused_s += waited
+        return waited
 
     @property
     def log(self) -> Path | None:
@@ -115,6 +145,8 @@ class BackgroundCompile:
 
     def stop(self) -> bool:
         """End it if it still runs; True when it had to be ended before it finished."""
+        if self.tuning_marker is not None:
+            self.tuning_marker.unlink(missing_ok=True)
         if self.ended():
             return False
         self.process.terminate()
@@ -169,10 +201,11 @@ class HeldOutput:
                 self._file.close()
 
 
-def command(kernels: Path, local_rank: int = 0, world_size: int = 1) -> list[str]:
+def command(kernels: Path, local_rank: int = 0, world_size: int = 1, tuning_marker: Path | None = None) -> list[str]:
     """The background process's command line (its run's config goes to its stdin as JSON)."""
+    marker = ["--tuning-marker", str(tuning_marker)] if tuning_marker is not None else []
     return [sys.executable, "-m", "diffscale.training.background_compile", "--kernels", str(kernels),
-            "--local-rank", str(local_rank), "--world-size", str(world_size)]
+            "--local-rank", str(local_rank), "--world-size", str(world_size), *marker]
 
 
 def environment(base: Mapping[str, str], local_world_size: int) -> dict[str, str]:
@@ -203,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=Path, required=True, help="the kernel folder to compile into")
     parser.add_argument("--local-rank", type=int, default=0, help="whose GPU on this node")
     parser.add_argument("--world-size", type=int, default=1, help="the run's world size")
+    parser.add_argument("--tuning-marker", type=Path, help="a file to keep while timing kernels on the GPU")
     args = parser.parse_args(argv)
     _end_with(os.getppid())
     for name in ("SIGINT", "SIGUSR1", "SIGUSR2"):  # a terminal's ^C, a scheduler's time-limit warning
@@ -210,10 +244,36 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     cfg = from_dict(json.loads(sys.stdin.read()))
     started = time.perf_counter()
+    if args.tuning_marker is not None:
+        mark_kernel_timing(args.tuning_marker)
     _compile_one_step(cfg, args.kernels, local_rank=args.local_rank, world_size=args.world_size)
     print(f"compiled: forward and backward built in {time.perf_counter() - started:.1f} s into {args.kernels}",
           flush=True)
     return 0
+
+
+def mark_kernel_timing(marker: Path) -> bool:
+    """Keep ``marker`` while Triton times a kernel's configurations (inductor's autotuning at a
+    kernel's first run), so that the training process pauses its eager steps meanwhile; False
+    where this torch has no such hook (nothing is marked, the eager steps do not pause)."""
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return False
+    timing = getattr(CachingAutotuner, "benchmark_all_configs", None)
+    if timing is None:
+        return False
+
+    @functools.wraps(timing)
+    def timed_alone(self: object, *args: object, **kwargs: object) -> object:
+        marker.touch()
+        try:
+            return timing(self, *args, **kwargs)
+        finally:
+            marker.unlink(missing_ok=True)
+
+    CachingAutotuner.benchmark_all_configs = timed_alone  # type: ignore[method-assign]
+    return True
 
 
 def _compile_one_step(cfg: RunConfig, kernels: Path, *, local_rank: int, world_size: int) -> None:

@@ -241,6 +241,7 @@ def _loop(run: Run, telemetry: Telemetry, stop: StopFlag, stop_at: int, say: Say
     samples: list[Path] = []
     first_step = True
     while run_state.step < stop_at:
+        switch.before_step()
         try:
             lr = runner.step()
         except StopWaiting as waiting:  # a stop while the task's batcher waited for data

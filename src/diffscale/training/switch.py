@@ -63,6 +63,13 @@ class CompileSwitch:
         self._eager_rate = 0.0
         self._speed_at: int | None = None
 
+    def before_step(self) -> None:
+        """Before an eager step: wait while the background process times kernels on the GPU
+        (``runtime.eager_pauses_for_tuning``; only the rank that started it: the others wait for
+        that rank in their next collective)."""
+        if self.run.eager and self.background is not None:
+            self.background.wait_while_tuning()
+
     def at_step(self, record: dict[str, Any] | None) -> None:
         """After a step, on every rank (``record``: the logged window's metrics at a logged step,
         else None): every ``CHECK_EVERY`` steps and at logged steps, compile once every node's
@@ -107,11 +114,14 @@ class CompileSwitch:
         took = time.perf_counter() - self._started
         self._started = None
         assert self.switched_at is not None
-        eager = f" (eager until then: {self._eager_rate:,.0f} samples/s)" if self._eager_rate else ""
-        self.say(f"compiled from step {self.switched_at}: the switch took {took:.1f} s{eager}")
+        paused = self.background.paused_s if self.background is not None else 0.0
+        eager = f"eager until then: {self._eager_rate:,.0f} samples/s" if self._eager_rate else ""
+        if paused:
+            eager += f"{'; ' if eager else ''}paused {paused:.1f} s while the compile timed kernels"
+        self.say(f"compiled from step {self.switched_at}: the switch took {took:.1f} s{f' ({eager})' if eager else ''}")
         background = self.background.took_s if self.background is not None else None
         self.telemetry.event({"kind": "compiled", "step": self.switched_at, "switch_s": round(took, 2),
-                              "eager_samples_per_s": self._eager_rate,
+                              "eager_samples_per_s": self._eager_rate, "paused_for_tuning_s": round(paused, 2),
                               "background_compile_s": None if background is None else round(background, 2),
                               "since_start_s": round(seconds_since_process_start(), 2), "time": time.time()})
         # the logged window holding the switch's first step holds its compile; a window ending a whole
