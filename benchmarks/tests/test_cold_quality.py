@@ -44,3 +44,23 @@ def test_the_summary_is_the_first_crossing_as_a_share_of_the_plain_budget():
     assert result["reach_plain_final_s"] == 45.0  # 100 -> 20 between 30 and 50 s: 40 at 45 s
     assert result["share_of_plain_time"] == 45.0 / 240.0 and result["target_met"] is (45.0 / 240.0 <= TARGET_SHARE)
     assert summary(plain, points[:1])["reach_plain_final_s"] is None and not summary(plain, points[:1])["target_met"]
+
+
+def test_a_plain_record_trained_beside_the_cold_run_is_waited_for_and_a_missing_one_is_named(tmp_path):
+    import argparse
+    import threading
+
+    import pytest
+
+    from benchmarks.cold_quality import plain_record
+
+    path = tmp_path / "plain" / "quality_time.json"
+    args = argparse.Namespace(plain_json=path, plain_wait=60.0, preset="tiny")
+    path.parent.mkdir()
+    writer = threading.Timer(0.5, lambda: _plain(path, fd=5.0, seconds=240.0))  # the other GPU's run ends
+    writer.start()
+    assert plain_record(args)["points"][-1]["fd"] == 5.0
+    writer.join()
+    args = argparse.Namespace(plain_json=tmp_path / "none.json", plain_wait=0.1, preset="tiny")
+    with pytest.raises(SystemExit, match=r"none\.json: not there after 0\.1 s"):
+        plain_record(args)

@@ -64,9 +64,10 @@ class RuntimeConfig:
     time (docs/decisions.md, "cuDNN's algorithm search in the eager steps"). Not part of the compiled graph."""
     eager_pauses_for_tuning: Toggle = Toggle.ON
     """In a run that trains while compiling (``runtime.compile_while_training``), the eager steps
-    wait while the background process times kernel configurations on the GPU (Triton's
-    autotuning), so that it times them, and finishes, as on an idle GPU: beside the eager steps
-    its timing took 22.2 s instead of 10.1 s (small, cold, an H200). ``off``: the eager steps run
+    pause while the background process times kernel configurations on the GPU (Triton's
+    autotuning, in bursts of seconds), their queued kernels run first: with the GPU busy beside it
+    that timing took 21.6 s instead of 9.7 s and the compile 118 s instead of 95 s (small, cold, an
+    H200; docs/decisions.md, "Training while the step compiles"). ``off``: the eager steps run
     throughout (``auto``: on). Not part of the compiled graph."""
     compile_cache: Toggle = Toggle.AUTO
     """Keep dynamo's traced network with the compiled kernels (the kernel folder's dynamo/, torch's

@@ -13,6 +13,7 @@ job on an H200); its output is held until the run has passed its checks (a refus
 nothing), then goes to ``RUN_DIR/background-compile.log`` (``-nodeK`` on the other nodes), with
 the seconds its build and its compile took and dynamo's own account of the compile.
 
+While it times kernel configurations on the GPU the eager steps pause (``training/tuning_pause.py``).
 The process takes at most ``MEMORY_SHARE`` of the GPU's memory: a compile that needs more fails
 there, not in the training process, which then compiles by itself. It leaves as many cores to the
 ranks as there are ranks on the node, ignores the signals a scheduler sends before a time limit
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -32,13 +32,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from diffscale.config import RunConfig, Toggle, from_dict
 from diffscale.runtime import user_env
+from diffscale.training import tuning_pause
 
 if TYPE_CHECKING:
     from diffscale.runtime.device import DevicePolicy
@@ -49,10 +50,6 @@ MEMORY_SHARE = 0.5
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                "TORCHELASTIC_ERROR_FILE")
 """The launcher's variables, not passed on: the background process is no rank of the run."""
-TUNING_WAIT_S = 5.0
-"""The longest the eager steps wait for one kernel timing of the background process."""
-TUNING_POLL_S = 0.001
-"""How often a waiting eager step looks whether the timing has ended."""
 
 
 def compiles_while_training(cfg: RunConfig, policy: DevicePolicy) -> bool:
@@ -95,7 +92,7 @@ class BackgroundCompile:
         marker = None
         if cfg.runtime.eager_pauses_for_tuning != Toggle.OFF:  # per process: jobs sharing a kernel folder do not wait
             marker = Path(tempfile.gettempdir()) / f"diffscale-tuning-{os.getpid()}-{ctx.local_rank}"
-            marker.unlink(missing_ok=True)
+            tuning_pause.remove(marker)  # a file of an earlier process of this number
         process = subprocess.Popen(command(kernels, ctx.local_rank, ctx.world_size, marker), stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert process.stdin is not None and process.stdout is not None
@@ -105,19 +102,12 @@ class BackgroundCompile:
             process.stdin.close()
         return cls(process, HeldOutput.read(process.stdout), marker)
 
-    def wait_while_tuning(self) -> float:
-        """Before an eager step: wait while it times kernel configurations on the GPU (a timing takes
-        a fraction of a second; at most ``TUNING_WAIT_S``), and return the seconds waited."""
-        marker = self.tuning_marker
-        if marker is None or not marker.exists():
+    def wait_while_tuning(self, drain: Callable[[], None]) -> float:
+        """Before an eager step: while it times kernels on the GPU, ``drain`` the GPU (wait for the
+        queued kernels) and wait (``tuning_pause``); the seconds waited."""
+        if self.tuning_marker is None:
             return 0.0
-        began = time.perf_counter()
-        while marker.exists() and time.perf_counter() - began < TUNING_WAIT_S:
-            if self.ended():  # ended while timing (killed): its marker is left behind
-                marker.unlink(missing_ok=True)
-                break
-            time.sleep(TUNING_POLL_S)
-        waited = time.perf_counter() - began
+        waited = tuning_pause.wait_while_tuning(self.tuning_marker, drain=drain, gone=self.ended)
         self.paused_s += waited
         return waited
 
@@ -146,7 +136,7 @@ class BackgroundCompile:
     def stop(self) -> bool:
         """End it if it still runs; True when it had to be ended before it finished."""
         if self.tuning_marker is not None:
-            self.tuning_marker.unlink(missing_ok=True)
+            tuning_pause.remove(self.tuning_marker)
         if self.ended():
             return False
         self.process.terminate()
@@ -245,35 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = from_dict(json.loads(sys.stdin.read()))
     started = time.perf_counter()
     if args.tuning_marker is not None:
-        mark_kernel_timing(args.tuning_marker)
+        tuning_pause.mark_kernel_timing(args.tuning_marker)
     _compile_one_step(cfg, args.kernels, local_rank=args.local_rank, world_size=args.world_size)
     print(f"compiled: forward and backward built in {time.perf_counter() - started:.1f} s into {args.kernels}",
           flush=True)
     return 0
-
-
-def mark_kernel_timing(marker: Path) -> bool:
-    """Keep ``marker`` while Triton times a kernel's configurations (inductor's autotuning at a
-    kernel's first run), so that the training process pauses its eager steps meanwhile; False
-    where this torch has no such hook (nothing is marked, the eager steps do not pause)."""
-    try:
-        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
-    except ImportError:
-        return False
-    timing = getattr(CachingAutotuner, "benchmark_all_configs", None)
-    if timing is None:
-        return False
-
-    @functools.wraps(timing)
-    def timed_alone(self: object, *args: object, **kwargs: object) -> object:
-        marker.touch()
-        try:
-            return timing(self, *args, **kwargs)
-        finally:
-            marker.unlink(missing_ok=True)
-
-    CachingAutotuner.benchmark_all_configs = timed_alone  # type: ignore[method-assign]
-    return True
 
 
 def _compile_one_step(cfg: RunConfig, kernels: Path, *, local_rank: int, world_size: int) -> None:

@@ -14,8 +14,10 @@ a run that does not train while compiling does it. A step's math is the same bef
 (the same loss, clipping, fused AdamW and EMA on the same weights: only the kernels differ), so
 checkpoints written before the switch resume compiled and the other way round.
 
-The log says ``compiled from step N``; metrics.jsonl gets a ``compiled`` record (the step, the
-switch's seconds, the eager speed of the last logged window) and, once a whole logged window has
+Before each eager step the rank that started the background process gives it the GPU while it
+times kernels (``training/tuning_pause.py``). The log says ``compiled from step N``; metrics.jsonl
+gets a ``compiled`` record (the step, the switch's seconds, the eager speed of the last logged
+window, the seconds the eager steps paused) and, once a whole logged window has
 run compiled after the switch's, a ``compiled_speed`` record.
 """
 
@@ -68,7 +70,8 @@ class CompileSwitch:
         (``runtime.eager_pauses_for_tuning``; only the rank that started it: the others wait for
         that rank in their next collective)."""
         if self.run.eager and self.background is not None:
-            self.background.wait_while_tuning()
+            device = self.run.state.device
+            self.background.wait_while_tuning(drain=lambda: synchronize(device))
 
     def at_step(self, record: dict[str, Any] | None) -> None:
         """After a step, on every rank (``record``: the logged window's metrics at a logged step,
