@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,3 +206,12 @@ def run_in_terminal(*args: str, columns: int = 80, timeout: float = 300) -> tupl
     code = proc.wait(timeout=timeout)
     text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
     return code, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+def eventually(condition: Callable[[], object], what: str, poll: float = 0.05) -> None:
+    """Wait until ``condition()`` holds; fail with ``what`` after a minute (a guard against a hang,
+    not a measurement: on a busy machine it holds later, not never)."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(poll)

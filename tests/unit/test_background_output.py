@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 from diffscale.training.background_compile import HeldOutput
 
-
-def _wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + 60  # a guard against a hang, not a measurement
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+from helpers import eventually
 
 
 def test_output_printed_before_the_log_is_kept_lands_in_it_with_what_follows(tmp_path):
@@ -25,12 +19,12 @@ def test_output_printed_before_the_log_is_kept_lands_in_it_with_what_follows(tmp
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert child.stdout is not None
     output = HeldOutput.read(child.stdout)
-    _wait_for(lambda: output._held, "the first line was never read")
+    eventually(lambda: output._held, "the first line was never read")
     assert output.path is None and not list(tmp_path.glob("*.log"))  # held: nothing written yet
     log = output.keep(tmp_path / "background-compile.log")
     go.touch()
     assert child.wait(timeout=60) == 0
-    _wait_for(lambda: output._ended, "the end of its output was never read")
+    eventually(lambda: output._ended, "the end of its output was never read")
     assert output.path == log and log.read_text() == "before\nafter\n"
 
 
@@ -39,6 +33,6 @@ def test_a_process_that_ended_before_the_log_was_kept_leaves_all_its_output_ther
     assert child.stdout is not None
     output = HeldOutput.read(child.stdout)
     assert child.wait(timeout=60) == 0
-    _wait_for(lambda: output._ended, "the end of its output was never read")
+    eventually(lambda: output._ended, "the end of its output was never read")
     log = output.keep(tmp_path / "background-compile.log")
     assert log.read_text() == "only line\n"

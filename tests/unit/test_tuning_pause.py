@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,12 +19,7 @@ from diffscale.training import tuning_pause
 from diffscale.training.background_compile import BackgroundCompile, HeldOutput
 from diffscale.training.tuning_pause import TimingBursts, drained_path, mark_kernel_timing, wait_while_tuning
 
-
-def _eventually(condition, what: str) -> None:
-    deadline = time.monotonic() + 60  # a guard against a hang, not a measurement
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
+from helpers import eventually
 
 
 def test_a_timing_starts_once_the_training_process_has_drained_the_gpu_and_the_burst_outlives_it(tmp_path):
@@ -36,7 +30,7 @@ def test_a_timing_starts_once_the_training_process_has_drained_the_gpu_and_the_b
     drained_steps: list[str] = []
 
     def training() -> None:  # the eager loop: a step, then the pause before the next
-        _eventually(marker.exists, "no burst was opened")
+        eventually(marker.exists, "no burst was opened")
         wait_while_tuning(marker, drain=lambda: drained_steps.append("drained"), gone=lambda: False)
 
     trainer = threading.Thread(target=training)
@@ -57,10 +51,10 @@ def test_the_training_process_says_drained_again_when_a_new_burst_opens_while_it
     trainer = threading.Thread(target=lambda: waited.append(
         wait_while_tuning(marker, drain=lambda: None, gone=lambda: False)))
     trainer.start()
-    _eventually(drained_path(marker).exists, "the trainer never said it had drained")
+    eventually(drained_path(marker).exists, "the trainer never said it had drained")
     marker.unlink()
     bursts.wrap(lambda: None)()  # a new burst: it drops the old drained file and waits for a new one
-    _eventually(lambda: not marker.exists(), "the burst never closed")
+    eventually(lambda: not marker.exists(), "the burst never closed")
     trainer.join(timeout=60)
     assert waited and waited[0] > 0
 
@@ -83,7 +77,7 @@ def test_triton_timing_is_wrapped_and_its_errors_go_on(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="failed to run"):
         CachingAutotuner.benchmark_all_configs(object(), fail=True)
     assert seen == [True, True]
-    _eventually(lambda: not marker.exists(), "the burst never closed after an error")
+    eventually(lambda: not marker.exists(), "the burst never closed after an error")
 
 
 def _background(code: str, marker) -> BackgroundCompile:
