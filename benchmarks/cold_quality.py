@@ -188,12 +188,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    plain = plain_record(args) if args.plain_json is None else None  # trained first, on this GPU
+    plain = plain_record(args) if args.plain_json is None else None  # trained first, on this GPU; else read last
     run_dir, started, stopped = cold_run(args)
     training, records = read_records(run_dir)
     logged = {r["step"]: r["time"] for r in training if "time" in r}  # when each step was logged
     points = scored_points(run_dir, logged, started, stopped, args)
-    plain = plain or plain_record(args)
+    if plain is None:  # trained beside this run on another GPU, or earlier
+        plain = plain_record(args)
     result, events = summary(plain, points), _events(records, started)
     command = shlex.join(["python", "-m", "benchmarks.cold_quality", *(sys.argv[1:] if argv is None else argv)])
     about = {**provenance(args, command=command),

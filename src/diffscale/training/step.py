@@ -181,7 +181,7 @@ class StepRunner:
         if not self._parts:
             return last
         parts, self._parts = [*self._parts, (last, steps)], []
-        total = sum(n for _, n in parts) or 1
+        total = sum(n for _, n in parts)  # each part covers at least one step
         return WindowMetrics(loss=sum(m.loss * n for m, n in parts) / total,
                              grad_norm=sum(m.grad_norm * n for m, n in parts) / total,
                              nonfinite=sum(m.nonfinite for m, _ in parts),
