@@ -37,8 +37,11 @@ pytestmark = pytest.mark.integration
 
 LOG_EVERY = 20
 ONE_LEVEL = ("model.block_out_channels=[8]", "model.attention=[false]", f"train.log_every={LOG_EVERY}",
-             f"train.checkpoint_every={CHECK_EVERY}", "train.keep_checkpoints=12")
-"""Checkpoints as often as the switch is decided: the switch's step has one, the last state of the eager steps."""
+             f"train.checkpoint_every={CHECK_EVERY}", "train.keep_checkpoints=60")
+"""Checkpoints as often as the switch is decided: the switch's step has one, the last state of the eager steps.
+Kept: 60, so the one before the switch outlives the steps taken between the compiled speed's record and
+the stop (12 kept held only ~40 of them, a third of a second of the micro network's steps on the CPU: a
+slow look at the run pruned it)."""
 COMPILED = ("runtime.compile=on", "runtime.compile_while_training=on")
 STEPS = 1_000_000
 """Never reached: the runs that switch are stopped by a signal."""
