@@ -10,7 +10,8 @@ Each run is ``diffscale train --preset P --data npz:SET_FILE --out DIR/runs/P/SE
 then ``diffscale eval RUN --json``: the Frechet distance (``fd``) for images, the CRPS on the set's
 held-out pairs for fields, the rollouts' success rate in the set's environment for policies.
 Runs go side by side, one per GPU (``--gpus``, default every GPU nvidia-smi lists), or on a CPU
-``--jobs`` at a time sharing the cores. A preset trains on the sets of its own task (tiny, small,
+``--jobs`` at a time sharing the cores; on GPUs the seeds of one set and variant start after its
+first run has compiled the step. A preset trains on the sets of its own task (tiny, small,
 medium, large, xl: images; field-icon, field-large: fields; policy-tiny, policy: policies).
 
 ``--variant LABEL KEY=VALUE ...`` (repeatable) trains every run once per variant with those
@@ -248,8 +249,8 @@ def _main(args: argparse.Namespace, command: str) -> int:
     def say(text: str) -> None:
         print(f"[suite] {text}", flush=True)
 
-    records = run_all(specs, slots, finish(criterion), say, budget_s=args.seconds, evaluate=not args.no_eval,
-                      eval_count=args.eval_count)
+    records = run_all(specs, slots, finish(criterion), say, stagger=bool(gpus), budget_s=args.seconds,
+                      evaluate=not args.no_eval, eval_count=args.eval_count)
     rows = run_plain(comparisons, slots, args.plain, args.set, args.eval_count, say) if comparisons else []
     summary = report.summarize(records)
     about = report.provenance(command)

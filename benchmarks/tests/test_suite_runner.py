@@ -238,3 +238,42 @@ def test_runs_train_500_steps_past_their_warm_up_unless_told(tmp_path):
     assert steps("--preset", "large", "--steps", "0") == {("large", "defaults"): []}
     told = steps("--preset", "large", "--set", "train.steps=50")[("large", "defaults")]
     assert told[-1] == "train.steps=50"  # the last override wins
+
+
+def test_on_gpus_the_seeds_of_one_step_start_after_its_first_run_has_logged_a_step(tmp_path):
+    """Staggered as on GPUs (here on two CPU slots): of two seeds of one set and variant, whichever
+    claims the step first trains; the other starts once that run has logged a step (its kernels are
+    in the cache by then); a run of another set does not wait; nothing is left waiting when the first
+    run fails before its first step."""
+    from benchmarks.suite.launch import STEP_LOGGED, Slots, run_all
+
+    def spec(name: str, seed: int, *extra: str) -> RunSpec:
+        return RunSpec("tiny", name, "images", "v", seed, "builtin:mix",
+                       (*MICRO, "train.steps=30", "train.log_every=10", f"train.seed={seed}", *extra), (),
+                       tmp_path / name / f"seed{seed}")
+
+    said: list[tuple[str, list[str]]] = []
+
+    def say(text: str) -> None:  # what each run's log holds when a run starts
+        logs = {p.parent.name + "/" + p.stem: p.read_text() for p in tmp_path.glob("*/seed*.log")}
+        said.append((text, [name for name, log in logs.items() if STEP_LOGGED.search(log)]))
+
+    def record(_: RunSpec, outcome: dict) -> dict:
+        return {"exit_code": outcome["exit_code"], "summary": ""}
+
+    specs = [spec("a", 0), spec("a", 1), spec("b", 0)]
+    records = run_all(specs, Slots(jobs=2, cores=2), record, say, stagger=True, budget_s=None, evaluate=False,
+                      eval_count=None)
+    assert [r["exit_code"] for r in records] == [0, 0, 0]
+    waited = [text.split(":")[0] for text, _ in said if "waits for the first run of its step" in text]
+    assert len(waited) == 1 and waited[0] in ("tiny/a/v/seed0", "tiny/a/v/seed1"), said
+    leader = "a/seed1" if waited[0].endswith("seed0") else "a/seed0"
+    started = next(stepped for text, stepped in said if text == f"{waited[0]}: training")
+    assert leader in started  # the leader had logged a step when the other seed started
+    assert next(stepped for text, stepped in said if text == "tiny/b/v/seed0: training") is not None
+    assert not any("tiny/b/v/seed0: waits" in text for text, _ in said)
+
+    failing = [spec("c", 0, "model.sample_size=-1"), spec("c", 1, "model.sample_size=-1")]
+    records = run_all(failing, Slots(jobs=2, cores=2), record, lambda text: None, stagger=True, budget_s=None,
+                      evaluate=False, eval_count=None)
+    assert [r["exit_code"] for r in records] == [2, 2]
