@@ -124,6 +124,9 @@ def test_a_compiled_run_trains_eager_until_its_background_compile_is_built_then_
     assert switch % CHECK_EVERY == 0
     assert compiled["background_compile_s"] > 0 and compiled["switch_s"] > 0 and compiled["eager_samples_per_s"] > 0
     assert compiled["paused_for_tuning_s"] == 0  # on a CPU inductor times no Triton kernels: nothing to wait for
+    # dynamo's account of the switch: the forward traced; its phases take no more than the switch did
+    account = compiled["switch_account"]
+    assert 0 < account["_compile.compile_inner"] <= compiled["switch_s"], account
     # the compiled speed: the first logged window that starts a whole window after the switch
     first_clean_window = -(-(switch + 2 * LOG_EVERY) // LOG_EVERY) * LOG_EVERY
     assert speed["compiled_from_step"] == switch and speed["step"] == first_clean_window

@@ -16,9 +16,9 @@ checkpoints written before the switch resume compiled and the other way round.
 
 Before each eager step the rank that started the background process gives it the GPU while it
 times kernels (``training/tuning_pause.py``). The log says ``compiled from step N``; metrics.jsonl
-gets a ``compiled`` record (the step, the switch's seconds, the eager speed of the last logged
-window, the seconds the eager steps paused) and, once a whole logged window has
-run compiled after the switch's, a ``compiled_speed`` record.
+gets a ``compiled`` record (the step, the switch's seconds and dynamo's account of them, the eager
+speed of the last logged window, the seconds the eager steps paused) and, once a whole logged
+window has run compiled after the switch's, a ``compiled_speed`` record.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ def start_note(kernels: Path, log: Path | None) -> str:
                  "this network switch sooner)")
     return (f"eager while compiling: training starts now on eager steps; a background process compiles the step "
             f"{ahead}{where}; every rank switches to the compiled step once it is built")
+
+
+def dynamo_account() -> dict[str, float]:
+    """Dynamo's own account of this process's compiles so far, in seconds per timed phase (those of
+    0.05 s or more): at the switch, what the switch's seconds went to (the eager steps compile nothing)."""
+    names, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+    seconds = {name: round(float(str(value)), 2) for name, value in zip(names, values, strict=True)}
+    return {name: value for name, value in seconds.items() if value >= 0.05}
 
 
 class CompileSwitch:
@@ -126,6 +134,7 @@ class CompileSwitch:
         self.telemetry.event({"kind": "compiled", "step": self.switched_at, "switch_s": round(took, 2),
                               "eager_samples_per_s": self._eager_rate, "paused_for_tuning_s": round(paused, 2),
                               "background_compile_s": None if background is None else round(background, 2),
+                              "switch_account": dynamo_account(),
                               "since_start_s": round(seconds_since_process_start(), 2), "time": time.time()})
         # the logged window holding the switch's first step holds its compile; a window ending a whole
         # window later holds none of it: the compiled speed
