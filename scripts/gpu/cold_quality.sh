@@ -43,6 +43,4 @@ fi
 "$PY" -m benchmarks.cold_quality "${ARGS[@]}" --out "$WORK/out"
 cp "$WORK/out/cold_quality.json" "$WORK/out/cold_quality.md" "$OUT/"
 [ -f "$WORK/out/plain/quality_time.json" ] && mkdir -p "$OUT/plain" && cp "$WORK/out/plain/quality_time.json" "$OUT/plain/"
-{ echo "$(date -u +%Y-%m-%dT%H:%MZ), tree of $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')"
-} | tee -a "$OUT/cold_quality.md"
+provenance | tee -a "$OUT/cold_quality.md"

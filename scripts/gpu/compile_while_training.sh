@@ -57,8 +57,6 @@ rc=$?
 [ "$rc" = 124 ] && echo "stopped at the call's budget of ${BUDGET_S} s: the presets measured so far are in $OUT" \
   | tee -a "$OUT/summary.txt"
 echo "== $(( $(date +%s) - START )) s in all (exit $rc)"
-{ echo "$(date -u +%Y-%m-%dT%H:%MZ), tree of $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (modified)')"
-  "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')"
-} | tee -a "$OUT/summary.txt"
+provenance | tee -a "$OUT/summary.txt"
 cat "$OUT/summary.txt"
 exit "$rc"

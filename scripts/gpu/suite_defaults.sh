@@ -18,7 +18,5 @@ timeout --signal=INT --kill-after=20 "${BUDGET_S:-540}" "$PY" -m benchmarks.suit
 echo "suite exit $?" >> "$OUT/suite.log"
 (cd "$WORK/out" && find runs -name result.json -o -name metrics.jsonl | tar -czf "$OUT/suite-runs.tgz" -T -)
 for f in suite.json suite.md; do [ -f "$WORK/out/$f" ] && cp "$WORK/out/$f" "$OUT/"; done
-{ echo "$(date -u +%Y-%m-%dT%H:%MZ), tree of $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')"
-} >> "$OUT/suite.log"
+provenance >> "$OUT/suite.log"
 tail -40 "$OUT/suite.log"
