@@ -3,11 +3,12 @@ for each preset, in a cache of its own (kernels, Triton's, the traced network, b
 
   cold            ``diffscale train`` on the empty cache, as it starts by default: eager steps while a
                   background process compiles the step, then the switch to the compiled step
-  warm, compiled  a new run of the same network on the kernels the cold job left, compiled before its
-                  first step (``runtime.compile_while_training=off``, as every run started before): the
-                  steady speed of a run compiled from the start
-  warm            the same new run as it starts by default: eager while the background process loads
-                  the kernels, then the switch
+  warm            a new run of the same network on the kernels the cold job left, as it starts by
+                  default: compiled before its first step, the kernel cache holding a whole build of
+                  the step (since 2026-11-30; before, eager while the background process loaded the
+                  kernels): the steady speed of a run compiled from the start
+  warm-eager      the same new run eager first (``runtime.compile_while_training=on``): eager while the
+                  background process loads the kernels, then the switch
   cold-compiled   (``--cold-compiled``) on an empty cache of its own, compiled before its first step
                   (``runtime.compile_while_training=off``): the cold start as every run started before,
                   the time its compiled speed is to be compared with
@@ -53,7 +54,7 @@ BACKGROUND_DONE = "the first step compiled and ran in"
 """The background process's line after its step: the seconds of its compile."""
 
 COMPILED_FIRST = ("runtime.compile_while_training=off",)
-JOBS = (("cold", ()), ("warm-compiled", COMPILED_FIRST), ("warm", ()))
+JOBS = (("cold", ()), ("warm", ()), ("warm-eager", ("runtime.compile_while_training=on",)))
 """(name, overrides): the jobs of each preset, in this order, on the same cache."""
 COLD_COMPILED = ("cold-compiled", COMPILED_FIRST)
 """The job ``--cold-compiled`` adds, on an empty cache of its own."""
@@ -209,9 +210,9 @@ def summary_line(preset: str, name: str, job_record: dict[str, Any]) -> str:
 
 def comparison(record: dict[str, Any]) -> str:
     """Steady speed after the switch against the run compiled from the start, per eager-first job."""
-    reference = record["warm-compiled"].get("steady_samples_per_s")
+    reference = record["warm"].get("steady_samples_per_s")
     parts = []
-    for name in ("cold", "warm"):
+    for name in ("cold", "warm-eager"):
         steady = record[name].get("steady_samples_per_s")
         if steady and reference:
             parts.append(f"{name} {100 * (steady / reference - 1):+.1f} %")

@@ -48,7 +48,7 @@ def test_the_summary_compares_the_steady_speed_after_the_switch_with_a_run_compi
     cold["compiled"]["paused_for_tuning_s"] = 9.84  # runs since the pause for kernel timing record it
     assert summary_line("small", "cold", cold).endswith(
         "background compile 118.0 s, eager steps paused 9.8 s) [enough windows]")
-    assert summary_line("small", "warm-compiled", reference) == (
-        "small warm-compiled: first step 17.0 s, compiled -, steady 31,000 samples/s [enough windows]")
-    record = {"preset": "small", "cold": cold, "warm-compiled": reference, "warm": {"steady_samples_per_s": None}}
+    assert summary_line("small", "warm", reference) == (
+        "small warm: first step 17.0 s, compiled -, steady 31,000 samples/s [enough windows]")
+    record = {"preset": "small", "cold": cold, "warm": reference, "warm-eager": {"steady_samples_per_s": None}}
     assert comparison(record) == "small: steady after the switch vs compiled from the start: cold -0.3 %"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training while the step compiles (runtime.compile_while_training), in one call on one GPU
 # (about 8 minutes on one H200): for each preset, on an empty cache of its own (kernels, Triton's,
-# the traced network, built-in data), a cold start, a warm new run compiled before its first step
-# (as every run started before) and a warm new run as it starts by default, each timed from the
+# the traced network, built-in data), a cold start, a warm new run as it starts by default (compiled
+# before its first step, from the whole build the cold start left) and one eager first, each timed from the
 # command's start to its first optimizer step and to the compiled speed, with the steady samples/s
 # after the switch against the run compiled from the start (python -m benchmarks.compile_while_training).
 # Bytecode is kept first (torch's installation may ship none), so the cold starts pay the compile,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from diffscale.config import ConfigSources, resolve_config
-from diffscale.io.kernels import KernelCache, build_name, torch_part
+from diffscale.io.kernels import STEP_BUILT, KernelCache, build_name, mark_step_built, step_built, torch_part
 from diffscale.runtime.device import resolve_policy
 
 
@@ -24,11 +24,13 @@ def test_kernel_folders_are_named_by_gpu_kind_and_torch_release_and_listed_witho
     root = tmp_path / "kernels"
     for build, graph, filled in (("nvidia-h200-torch-2.11.0-cu130", "aaaa", True),
                                  ("nvidia-a100-sxm4-80gb-torch-2.11.0-cu130", "aaaa", True),
-                                 ("nvidia-h200-torch-2.11.0-cu130", "bbbb", False),  # an empty folder: cold
+                                 ("nvidia-h200-torch-2.11.0-cu130", "bbbb", False),  # a killed compile's part: cold
                                  ("nvidia-l40s-torch-2.11.0-cu130", "cccc", True)):
-        (root / build / graph).mkdir(parents=True)
+        (root / build / graph / "fxgraph").mkdir(parents=True)
         if filled:
-            (root / build / graph / "fxgraph").mkdir()
+            mark_step_built(root / build / graph)
+    assert step_built(root / "nvidia-l40s-torch-2.11.0-cu130" / "cccc")
+    assert not step_built(root / "nvidia-h200-torch-2.11.0-cu130" / "bbbb") and not step_built(tmp_path / "none")
     cache = KernelCache.read(root)
     assert cache.root == str(root) and cache.torch_version  # read from the installed package's metadata
     assert set(cache.compiled) == {("nvidia-h200-torch-2.11.0-cu130", "aaaa"),
@@ -78,6 +80,27 @@ def test_a_run_following_a_spool_compiles_before_its_first_step_unless_asked():
     assert compiles_while_training(cfg, policy)
 
 
+@pytest.mark.parametrize("setting, built, trains_beside", [
+    ("auto", False, True), ("auto", True, False), ("on", True, True), ("off", False, False)])
+def test_a_cuda_run_compiles_first_where_its_kernel_folder_holds_a_whole_build(tmp_path, monkeypatch, setting, built,
+                                                                               trains_beside):
+    """Under ``auto`` a warm start compiles before its first step (seconds), as its compiled speed then
+    comes soonest; a cold one, or a folder a killed compile left, trains eager beside the background
+    compile; ``on`` always does, ``off`` never."""
+    from diffscale.runtime.distributed import DistContext, LaunchInfo
+    from diffscale.training.loop import _trains_beside
+
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "set here so that the test's end restores it")
+    cfg, policy = _policy("cuda", compile_while_training=setting)
+    ctx = DistContext(info=LaunchInfo(launcher="single"), device=torch.device("cpu"))
+    kernels = tmp_path / "cache" / "kernels" / build_name(policy.name, torch.__version__) / cfg.graph_key(1)
+    (kernels / "fxgraph").mkdir(parents=True)
+    if built:
+        mark_step_built(kernels)
+    assert _trains_beside(cfg, tmp_path / "run", ctx, policy) == (kernels.resolve() if trains_beside else None)
+
+
 def test_plan_says_whether_a_job_starts_warm_or_cold_and_tells_the_job_where_the_cache_is(tmp_path, cli):
     """`diffscale plan` (no torch) on a cluster whose home holds the user's cache: cold until the cache
     holds this network's kernels for the partition's GPU kind and this torch release; the script
@@ -102,8 +125,12 @@ def test_plan_says_whether_a_job_starts_warm_or_cold_and_tells_the_job_where_the
     assert "compiles them before its first step (minutes)" in plan("--set", "runtime.compile_while_training=off")
     h200 = cache / "kernels" / build_name("NVIDIA H200", metadata.version("torch")) / key
     (h200 / "fxgraph").mkdir(parents=True)
+    assert "kernel cache: cold" in plan()  # kernels, but not a whole step's build (a killed compile's)
+    (h200 / STEP_BUILT).write_text("")
+    warm, version = plan(), metadata.version("torch")
     assert (f"kernel cache: warm -- {cache / 'kernels'}/{h200.parent.name}/{key} holds this network's kernels for "
-            "H200 and torch") in plan()
+            f"H200 and torch {version}: it compiles from them in seconds, before its first step") in warm
+    assert "it trains eager while a background process loads them" in plan("--set", "runtime.compile_while_training=on")
     # the L40S partition's GPUs have none yet
     done = cli("plan", "--cluster", "nyu-torch", "--partition", "l40s", "--gpus-per-node", "1", "--preset", "small",
                "--account", "lab", "--out", str(tmp_path / "run"), env={**env, "COLUMNS": "400"})

@@ -33,8 +33,10 @@ class RuntimeConfig:
     compiling``, then ``compiled from step N``; metrics.jsonl a ``compiled`` and a ``compiled_speed``
     record; the process's output ``RUN_DIR/background-compile.log``). A cold first step waited
     minutes for inductor before. ``auto``: on for compiled training on CUDA whose data does not
-    arrive over time (a spool); ``on``: wherever the run compiles (the CPU too); ``off``: compile
-    before the first step, as bench, the online trainer and sampling do. No effect where
+    arrive over time (a spool), unless the kernel cache holds a whole build of the step already (a
+    warm start compiles before its first step, in seconds, and reaches its compiled speed sooner);
+    ``on``: wherever the run compiles (the CPU too), warm or cold; ``off``: compile before the first
+    step, as bench, the online trainer and sampling do. No effect where
     ``runtime.compile`` is off. Not part of the compiled graph (docs/decisions.md, "Training while
     the step compiles")."""
     compile_mode: CompileMode = CompileMode.AUTO

@@ -36,6 +36,28 @@ def kernels_root() -> Path:
     return cache_dir() / "kernels"
 
 
+STEP_BUILT = "step-built"
+"""The file a kernel folder gets once a training step compiled through it has run (``mark_step_built``):
+it holds a whole build of the step, not the part a killed compile left."""
+
+
+def step_built(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole build of a training step (``STEP_BUILT``)."""
+    try:
+        return (folder / STEP_BUILT).is_file()
+    except OSError:
+        return False
+
+
+def mark_step_built(folder: Path) -> None:
+    """Mark ``folder`` as holding a whole build; a cache the job cannot write to stays unmarked (its
+    next runs then train eager while a background process loads the kernels, as on a cold cache)."""
+    try:
+        (folder / STEP_BUILT).write_text("a training step compiled through this folder ran\n")
+    except OSError:
+        pass
+
+
 def holds_files(folder: Path) -> bool:
     """Whether ``folder`` exists and holds anything (an empty folder is a cold cache)."""
     try:
@@ -47,7 +69,7 @@ def holds_files(folder: Path) -> bool:
 @dataclass(frozen=True)
 class KernelCache:
     """What the user's kernel cache held when a job was planned: its folder, as the planning host
-    resolved it, and the (BUILD, GRAPH) folders in it that hold kernels."""
+    resolved it, and the (BUILD, GRAPH) folders in it that hold a whole build of a step (``step_built``)."""
 
     root: str
     compiled: tuple[tuple[str, str], ...] = ()
@@ -68,7 +90,7 @@ class KernelCache:
         try:
             builds = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
             for build in builds:
-                compiled += [(build.name, g.name) for g in sorted(build.iterdir()) if holds_files(g)]
+                compiled += [(build.name, g.name) for g in sorted(build.iterdir()) if step_built(g)]
         except OSError:
             pass
         return cls(str(root), tuple(compiled), version)

@@ -275,6 +275,7 @@ def _compile_one_step(cfg: RunConfig, kernels: Path, *, local_rank: int, world_s
                 run.runner.step()
                 run.compile_cache.save_once()  # the traced network, where runtime.compile_cache keeps it
                 synchronize(device)
+                run.mark_step_built()
                 say(f"the first step compiled and ran in {time.perf_counter() - compiling:.1f} s; dynamo's "
                     f"account of it:\n{torch._dynamo.utils.compile_times(repr='str', aggregate=True)}")
     finally:

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from diffscale.config import RunConfig, Toggle
 from diffscale.data.feed import Feed
-from diffscale.io.kernels import build_name, holds_files, kernels_root
+from diffscale.io.kernels import build_name, holds_files, kernels_root, mark_step_built
 from diffscale.runtime import checkpoint as ckpt
 from diffscale.runtime import user_env
 from diffscale.runtime.compile_cache import CompileCache, open_compile_cache
@@ -108,6 +108,12 @@ class Run:
         model = compile_network(self.runner.model, cfg=state.cfg, policy=state.policy, say=self.say,
                                 whole_steps=self.whole_steps, cache=self.compile_cache)
         self.runner.use_compiled(model)
+
+    def mark_step_built(self) -> None:
+        """After a step that ran compiled: its kernel folder holds a whole build of the step, which
+        the next run of this network compiles from before its first step (``io/kernels.py``)."""
+        if self.compile_dir is not None and not self.eager:
+            mark_step_built(self.compile_dir)
 
     def close(self) -> None:
         try:

@@ -125,6 +125,7 @@ class CompileSwitch:
         took = time.perf_counter() - self._started
         self._started = None
         assert self.switched_at is not None
+        self.run.mark_step_built()
         paused = self.background.paused_s if self.background is not None else 0.0
         eager = f"eager until then: {self._eager_rate:,.0f} samples/s" if self._eager_rate else ""
         if paused:

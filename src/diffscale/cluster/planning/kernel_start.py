@@ -22,8 +22,11 @@ def start_note(run: DiffscaleRun, gpu_type: str | None, world_size: int) -> str 
     gpu = gpu_type or "its GPU"
     torch_release = f"torch {cache.torch_version}" if cache.torch_version else "this torch"
     if same_torch or (builds and not cache.torch_version):
+        how = ("it trains eager while a background process loads them, then switches (runtime.compile_while_training "
+               "on)" if runtime.compile_while_training == Toggle.ON else "it compiles from them in seconds, before "
+               "its first step")
         return (f"kernel cache: warm -- {cache.root}/{(same_torch or builds)[0]}/{key} holds this network's kernels "
-                f"for {gpu} and {torch_release}: the job compiles from them in seconds")
+                f"for {gpu} and {torch_release}: {how}")
     if runtime.compile_while_training == Toggle.OFF:
         how = "the job compiles them before its first step (minutes)"
     else:
