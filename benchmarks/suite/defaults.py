@@ -246,8 +246,9 @@ def _main(args: argparse.Namespace, command: str) -> int:
     where = f"GPUs {', '.join(gpus)}" if gpus else f"the CPU ({slots.cores} cores)"
     print(f"[suite] {len(specs)} runs, {slots.count} at a time on {where}", flush=True)
 
-    def say(text: str) -> None:
-        print(f"[suite] {text}", flush=True)
+    def say(text: str) -> None:  # runs in several threads: one write a line keeps lines whole
+        sys.stdout.write(f"[suite] {text}\n")
+        sys.stdout.flush()
 
     records = run_all(specs, slots, finish(criterion), say, stagger=bool(gpus), budget_s=args.seconds,
                       evaluate=not args.no_eval, eval_count=args.eval_count)

@@ -106,15 +106,17 @@ class Slots:
 
 def run_logged(command: list[str], env: dict[str, str], log: Path, budget_s: float | None,
                on_line: Callable[[str], None] | None = None) -> tuple[int, float, str]:
-    """Run ``command`` with its output appended to ``log`` (each stdout line also to ``on_line``); at
-    ``budget_s`` ask it to stop (SIGTERM: diffscale checkpoints and exits 85). Returns (exit code,
-    seconds, stdout's last line)."""
+    """Run ``command`` with its output appended to ``log``; at ``budget_s`` ask it to stop (SIGTERM:
+    diffscale checkpoints and exits 85). With ``on_line``, stderr joins stdout and each line also goes
+    there as it comes: ``diffscale train`` reports its steps on stderr when stdout is not a terminal
+    (stdout keeps the run folder). Returns (exit code, seconds, the last line read)."""
     start = time.perf_counter()
     last = ""
     with open(log, "a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
-        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=out, text=True) as process:
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                              stderr=out if on_line is None else subprocess.STDOUT, text=True) as process:
             assert process.stdout is not None
             try:
                 with _stop_at(process, budget_s):
@@ -122,6 +124,7 @@ def run_logged(command: list[str], env: dict[str, str], log: Path, budget_s: flo
                         out.write(line)
                         last = line.strip() or last
                         if on_line is not None:
+                            out.flush()  # the log holds the line before anyone acts on it
                             on_line(line)
                     process.wait()
             except BaseException:

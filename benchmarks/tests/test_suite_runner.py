@@ -277,3 +277,28 @@ def test_on_gpus_the_seeds_of_one_step_start_after_its_first_run_has_logged_a_st
     records = run_all(failing, Slots(jobs=2, cores=2), record, lambda text: None, stagger=True, budget_s=None,
                       evaluate=False, eval_count=None)
     assert [r["exit_code"] for r in records] == [2, 2]
+
+
+def test_the_lines_a_run_writes_on_stderr_reach_on_line_while_it_runs(tmp_path):
+    """``diffscale train`` logs its steps on stderr when stdout is a pipe: the stagger's leader is read
+    there. The child writes a step line on stderr and exits 0 only once ``on_line`` has seen it (a file
+    the callback writes), so a line held back until the child ends fails the test instead of hanging it."""
+    import sys
+
+    from benchmarks.suite.launch import STEP_LOGGED, run_logged
+
+    seen = tmp_path / "seen"
+    child = ("import sys, time, pathlib\n"
+             "print('step 10/30  loss 0.5', file=sys.stderr, flush=True)\n"
+             f"p = pathlib.Path({str(seen)!r}); end = time.monotonic() + 60\n"
+             "while not p.exists() and time.monotonic() < end: time.sleep(0.05)\n"
+             "print('/run/folder'); sys.exit(0 if p.exists() else 1)\n")
+
+    def on_line(line: str) -> None:
+        if STEP_LOGGED.search(line):
+            seen.write_text(line)
+
+    code, _, last = run_logged([sys.executable, "-c", child], {}, tmp_path / "run.log", None, on_line)
+    assert code == 0 and seen.read_text().startswith("step 10/30")
+    assert last == "/run/folder"
+    assert "step 10/30" in (tmp_path / "run.log").read_text()
