@@ -46,8 +46,29 @@ interrupted = threading.Event()
 """Set when the call is interrupted: no further run starts, no interrupted run is kept."""
 
 STEP_LOGGED = re.compile(r"\bstep \d+/\d+ |first step of this job")
-"""A line of ``diffscale train`` after a step ran (compiled, where it compiles): its progress
-(``step 50/20000  loss ...``) or its first step's note."""
+"""A line of ``diffscale train`` after a step ran: its progress (``step 50/20000  loss ...``) or
+its first step's note."""
+BUILT = re.compile(r"the background compile has built the step|\bcompiled from step \d+")
+"""A line of a run that trains eager while compiling once its compiled step is in the kernel cache:
+the background process built it (and marked the folder whole), or the run switched to it."""
+
+
+class KernelsReady:
+    """Reads one run's output lines and says when its compiled step is in the kernel cache, so runs
+    of the same step load it instead of compiling it beside it: at its first step where it compiles
+    first (or compiles nothing), and where it trains eager while compiling (``runtime.
+    compile_while_training``; its start note and first step say ``eager while compiling``) only once
+    its background compile has built the step or it switched to compiled steps."""
+
+    def __init__(self) -> None:
+        self.eager_first = False
+
+    def __call__(self, line: str) -> bool:
+        if BUILT.search(line):
+            return True
+        if "eager while compiling" in line:
+            self.eager_first = True
+        return not self.eager_first and bool(STEP_LOGGED.search(line))
 
 
 @dataclass(frozen=True)
@@ -197,7 +218,7 @@ def in_slots(items: list[T], slots: Slots, work: Callable[[T, dict[str, str], st
 
 class CompileLeaders:
     """Runs that compile the same step (one preset, set and variant): the first to claim it leads,
-    the others wait for its first logged step (or its end) before they start."""
+    the others wait until its compiled step is in the kernel cache (``KernelsReady``), or its end."""
 
     def __init__(self) -> None:
         self._ready: dict[tuple[str, str, str], threading.Event] = {}
@@ -217,8 +238,8 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             say: Callable[[str], None], *, stagger: bool = False, **options: object) -> list[dict]:
     """Every spec trained and evaluated (``train_and_eval(..., **options)``) in slots;
     ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
-    ``result.json`` in its folder. With ``stagger``, runs of one step start after the first of them
-    has logged a step (``CompileLeaders``). Records come back in the order of ``specs``; a run a
+    ``result.json`` in its folder. With ``stagger``, runs of one step start once the first of them
+    has its compiled step in the kernel cache (``CompileLeaders``). Records come back in the order of ``specs``; a run a
     SIGINT cut short has none."""
     interrupted.clear()
     leaders = CompileLeaders() if stagger else None
@@ -235,8 +256,10 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
                 if interrupted.is_set():
                     return {}
         say(f"{spec.label}: training{where}")
+        kernels_ready = KernelsReady()
+
         def step_logged(line: str) -> None:
-            if ready is not None and STEP_LOGGED.search(line):
+            if ready is not None and kernels_ready(line):
                 ready.set()
 
         try:

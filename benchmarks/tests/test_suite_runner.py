@@ -302,3 +302,32 @@ def test_the_lines_a_run_writes_on_stderr_reach_on_line_while_it_runs(tmp_path):
     assert code == 0 and seen.read_text().startswith("step 10/30")
     assert last == "/run/folder"
     assert "step 10/30" in (tmp_path / "run.log").read_text()
+
+
+@pytest.mark.parametrize("lines, ready_at", [
+    # compiled first (as logged by an H200 run, 2026-11-30): ready at its first step
+    (["[    5.9 s] diffscale | cuda: NVIDIA H200 | bf16 | compiled (CUDA graphs)",
+      "[   89.7 s] first step of this job (step 1) 89.7 s after it started: compiled",
+      "step 10/600  loss 0.5 ..."], 1),
+    # eager while compiling: not at its eager steps, once the background process has built the step
+    (["[    5.9 s] diffscale | cuda: NVIDIA H200 | bf16 | eager while compiling, then compiled (CUDA graphs)",
+      "[    5.9 s] eager while compiling: training starts now on eager steps; a background process compiles",
+      "[    8.3 s] first step of this job (step 1) 8.3 s after it started: eager while compiling",
+      "step 10/600  loss 0.5  12681 samples/s",
+      "[  103.5 s] the background compile has built the step in 101.0 s: compiling from its kernels at step 480",
+      "[  111.4 s] compiled from step 480: the switch took 7.9 s"], 4),
+    # the background compile failed: once the run compiled the step itself
+    (["eager while compiling: training starts now on eager steps; a background process compiles",
+      "step 10/600  loss 0.5",
+      "warning: the background compile failed (its log: x): the training process compiles the step itself now",
+      "step 480/600  loss 0.2",
+      "compiled from step 480: the switch took 90.2 s"], 4),
+    # eager throughout (runtime.compile off): at its first logged step
+    (["diffscale | cpu: CPU | fp32", "step 10/30  loss 0.73  213 samples/s"], 1),
+])
+def test_the_others_wait_until_the_first_runs_compiled_step_is_in_the_cache(lines, ready_at):
+    from benchmarks.suite.launch import KernelsReady
+
+    watch = KernelsReady()
+    said = [watch(line) for line in lines]
+    assert said.index(True) == ready_at, said
