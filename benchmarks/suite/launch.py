@@ -239,8 +239,8 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
     """Every spec trained and evaluated (``train_and_eval(..., **options)``) in slots;
     ``finish(spec, outcome)`` turns each outcome into the run's record, which is kept as
     ``result.json`` in its folder. With ``stagger``, runs of one step start once the first of them
-    has its compiled step in the kernel cache (``CompileLeaders``). Records come back in the order of ``specs``; a run a
-    SIGINT cut short has none."""
+    has its compiled step in the kernel cache (``CompileLeaders``). Records come back in the order
+    of ``specs``; a run a SIGINT cut short has none."""
     interrupted.clear()
     leaders = CompileLeaders() if stagger else None
 
