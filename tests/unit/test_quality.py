@@ -120,6 +120,34 @@ def test_the_feature_network_is_trained_once_then_read_from_the_cache(tmp_path, 
     assert second.head is not None and accuracy(second.head(second.features(x)), labels[:16]) > 0.9
 
 
+def test_evaluations_started_together_on_one_data_set_train_its_feature_network_once(tmp_path, monkeypatch):
+    """Two evaluations that look for the feature network at the same moment (a barrier) and find
+    none: one trains it while holding the lock, the other waits and reads it. Without the lock both
+    would train (each looked before either had written it)."""
+    import threading
+
+    monkeypatch.setattr(quality, "TRAIN_STEPS", 120)
+    images, labels = _stripes()
+    path = tmp_path / "quality" / "features.safetensors"
+    trainings = quality.TRAININGS
+    barrier = threading.Barrier(2)
+    found: list[quality.Featurizer] = []
+
+    def evaluate() -> None:
+        barrier.wait()
+        found.append(quality.trained_features(images, labels, path))
+
+    threads = [threading.Thread(target=evaluate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(found) == 2 and quality.TRAININGS == trainings + 1
+    assert found[0].accuracy == found[1].accuracy
+    x = images[:8].float() / 127.5 - 1
+    torch.testing.assert_close(found[0].features(x), found[1].features(x))
+
+
 def test_without_labels_the_feature_network_predicts_rotations(tmp_path, quick_features):
     images, _ = _stripes()
     featurizer = quality.trained_features(images, None, tmp_path / "f.safetensors")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,19 +100,53 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
     target = "classes" if labels is not None else "rotations"
     classes = int(labels.max()) + 1 if labels is not None else 4
     network = FeatureNet(images.shape[1], classes)
-    try:
-        with safe_open(str(path), "pt") as handle:
-            meta = handle.metadata()
-        state = load_file(str(path))
-        network.load_state_dict(state)
-        accuracy = float(meta["accuracy"])
-    except (OSError, KeyError, RuntimeError, ValueError):  # not there yet, unreadable or another shape
-        accuracy = _train(network, images, labels, seed)
-        _save(network, path, {"accuracy": repr(accuracy), "target": target})
+
+    def cached() -> float | None:
+        try:
+            with safe_open(str(path), "pt") as handle:
+                meta = handle.metadata()
+            network.load_state_dict(load_file(str(path)))
+            return float(meta["accuracy"])
+        except (OSError, KeyError, RuntimeError, ValueError):  # not there yet, unreadable or another shape
+            return None
+
+    accuracy = cached()
+    if accuracy is None:
+        with _one_trainer(path):  # runs evaluated at once on one data set: one trains, the others read it
+            accuracy = cached()
+            if accuracy is None:
+                accuracy = _train(network, images, labels, seed)
+                _save(network, path, {"accuracy": repr(accuracy), "target": target})
     network.eval().requires_grad_(False)
     held = "held-out accuracy" + ("" if labels is not None else " of rotation prediction")
     return Featurizer(network, f"diffscale's feature network ({target}; {held} {accuracy:.3f})", accuracy,
                       network.head if labels is not None else None)
+
+
+TRAINER_WAIT_S = 1800.0
+"""How long a process waits for another training the same feature network before training its own."""
+
+
+@contextlib.contextmanager
+def _one_trainer(path: Path) -> Iterator[None]:
+    """Held while this process trains the feature network of ``path`` (filelock's ``flock`` lock,
+    freed by the kernel if its holder dies). Training takes minutes on a CPU at large sizes, and the
+    runs of a sweep or the benchmark suite's seeds are evaluated together; a lock that cannot be had
+    (no ``flock`` on the file system, an unwritable cache, a wait past ``TRAINER_WAIT_S``) lets this
+    process train as before."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(path.with_suffix(".lock")), thread_local=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=TRAINER_WAIT_S)
+    except (OSError, NotImplementedError, Timeout):
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _save(network: FeatureNet, path: Path, meta: dict[str, str]) -> None:
