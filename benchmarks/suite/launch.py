@@ -44,6 +44,11 @@ GRACE_S = 300
 INTERRUPTED_CODES = (130, -signal.SIGINT)
 """Exit codes of a ``diffscale`` process stopped by SIGINT (its own handler's, or the signal's)."""
 
+TRAINED_TO_AN_END = (0, 85)
+"""Exit codes of a training that ran to its end (85: stopped at ``--seconds``, checkpointed)."""
+EVAL_CUT_OFF = ("the call was interrupted during the evaluation: the run is kept without its score (remove its "
+                "result.json for the next call to train and evaluate it again)")
+
 interrupted = threading.Event()
 """Set when the call is interrupted: no further run starts, no interrupted run is kept."""
 
@@ -183,7 +188,7 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     log.write_text("")
     code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s, on_line)
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
-    if evaluate and code in (0, 85):
+    if evaluate and code in TRAINED_TO_AN_END and not interrupted.is_set():  # a stopping call starts no eval
         eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
         done["eval_s"], done["eval_code"] = round(eval_s, 1), eval_code
         try:
@@ -271,8 +276,12 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             if leads and ready is not None:
                 ready.set()  # a leader that failed before its first step releases the others too
         if interrupted.is_set() or {outcome["exit_code"], outcome.get("eval_code")} & set(INTERRUPTED_CODES):
-            say(f"{spec.label}: interrupted, not kept (the next call trains it again)")
-            return {}
+            if outcome["exit_code"] != 0:  # 85 here: the signal stopped the training (checkpointed) mid-run
+                say(f"{spec.label}: interrupted, not kept (the next call trains it again)")
+                return {}
+            # trained to its end, its evaluation cut off: its loss curve still answers whether it collapsed
+            outcome = {**outcome, "eval": None, "eval_error": EVAL_CUT_OFF}
+            say(f"{spec.label}: trained; its evaluation was cut off, kept without its score")
         record = finish(spec, outcome)
         kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
         kept.write_text(json.dumps(record, indent=1))

@@ -4,6 +4,7 @@ configs on a CPU, their records, tables and provenance; a run's record from its 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -220,6 +221,50 @@ def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
     assert "the finished runs are kept; the same command trains the others" in printed
     assert not (run_dir / "result.json").exists()
     assert "colour/defaults/seed0: training" not in printed and not (out / "runs" / "tiny" / "colour").exists()
+
+
+def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_verdict(tmp_path):
+    """The call stopped (SIGINT to the process group) while a run that trained to its end was being
+    evaluated: its loss curve is judged and kept, without a score, and the next call reuses it. The
+    evaluation waits in a feature network of the test's own until the signal comes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "waiting_features.py").write_text(
+        "import time\n"
+        "def build():\n"
+        "    while True:  # until the call is interrupted\n"
+        "        time.sleep(0.05)\n")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
+            "--seeds", "1", "--steps", "6", "--count", "40", "--out", str(out), "--gpus", "none",
+            *_sets([*MICRO, "train.eval_features=waiting_features:build"])]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env=env)
+    assert process.stdout is not None
+    log = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0.log"
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "strokes/defaults/seed0: training" in line:
+            break
+    while process.poll() is None and " eval " not in (log.read_text() if log.is_file() else ""):
+        time.sleep(0.1)  # the evaluation has started (or is about to: then the stopping call skips it)
+    os.killpg(process.pid, signal.SIGINT)
+    rest, _ = process.communicate(timeout=300)
+    printed = "".join(lines) + rest
+    assert process.returncode == 130, printed
+    assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed
+    kept = json.loads((log.with_suffix("") / "result.json").read_text())
+    assert kept["exit_code"] == 0 and kept["steps_reached"] == 6 and kept["collapsed"] is False
+    assert kept["quality"] is None and kept["eval_error"].startswith("the call was interrupted during the evaluation")
+    assert "colour/defaults/seed0: training" not in printed
+    again = subprocess.run([*argv[:7], *argv[8:]], capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0 and "strokes/defaults/seed0: kept from an earlier call" in again.stdout, again
 
 
 def test_runs_train_500_steps_past_their_warm_up_unless_told(tmp_path):

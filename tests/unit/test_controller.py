@@ -252,12 +252,14 @@ def test_a_controller_compiled_on_the_cpu_plans_what_the_eager_one_plans(task_an
     """``sampling_network(..., many_calls=True)`` (what ``Controller.load`` runs) compiles on the
     CPU under ``runtime.compile auto``, and its plans are the eager network's for the same seed."""
     from diffscale.diffusion.inference import sampling_network
+    from diffscale.io.stages import saying
 
     task, net = task_and_net
     runtime = resolve_config(ConfigSources(preset="policy-tiny", device="cpu")).runtime
     compiled = sampling_network(net, runtime, many_calls=True)
     assert compiled.policy.compile and not sampling_network(net, runtime).policy.compile
     two, one = task.preview_obs[:2], task.preview_obs[2:3]
+    said: list[str] = []
     for sampler in ("ddpm", "ddim"):
         plans = []
         for network in (net, compiled):
@@ -265,8 +267,14 @@ def test_a_controller_compiled_on_the_cpu_plans_what_the_eager_one_plans(task_an
             controller.reset(3)
             # re-plans of a shape seen before skip the guards; a new batch size compiles its own entry
             # and switching back picks the right one
-            plans.append(torch.cat([controller.plan(h).flatten() for h in (two, two, one, one, two)]))
+            with saying(said.append):
+                plans.append(torch.cat([controller.plan(h).flatten() for h in (two, two, one, one, two)]))
         assert torch.allclose(plans[0], plans[1], atol=1e-4), (sampler, (plans[0] - plans[1]).abs().max())
+    # the first compiled call says it compiles and how long it took; the eager network and later calls say nothing
+    assert len(said) == 2, said
+    assert said[0] == ("sampling network: compiling for cpu (the network; kernels are cached for later runs on "
+                       "this machine)")
+    assert re.fullmatch(r"sampling network: compiled in \d+\.\d s \(the network\)", said[1]), said
 
 
 # -- quality -------------------------------------------------------------------------------------

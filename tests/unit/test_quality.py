@@ -4,6 +4,7 @@ training."""
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -148,6 +149,44 @@ def test_evaluations_started_together_on_one_data_set_train_its_feature_network_
     torch.testing.assert_close(found[0].features(x), found[1].features(x))
 
 
+def test_an_evaluation_waiting_for_anothers_training_says_so_then_trains_itself_if_none_was_written(
+        tmp_path, monkeypatch):
+    """While another process holds the feature network's lock, an evaluation says it waits (it would
+    otherwise be silent for the minutes a large network trains on a CPU); once the lock is free and
+    no network was written (the other failed), it trains one itself and says that too."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    from diffscale.io.stages import saying
+
+    monkeypatch.setattr(quality, "TRAIN_STEPS", 5)
+    images, labels = _stripes()
+    path = tmp_path / "quality" / "features.safetensors"
+    path.parent.mkdir(parents=True)
+    said: list[str] = []
+
+    def evaluate() -> None:
+        with saying(said.append):
+            quality.trained_features(images, labels, path)
+
+    other = FileLock(str(path.with_suffix(".lock")), thread_local=False)
+    other.acquire()
+    thread = threading.Thread(target=evaluate)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said == ["feature network: another evaluation is training it for this data set; waiting to read it"]
+    other.release()
+    thread.join(timeout=300)
+    assert said[1] == (f"feature network: training on the CPU for this data set (200 images, 8 px; once: kept "
+                       f"in {path.parent} for later evaluations)")
+    assert re.fullmatch(r"feature network: trained in \d+\.\d s \(held-out accuracy [01]\.\d{3}\)", said[2]), said
+    assert len(said) == 3 and path.is_file()
+
+
 def test_without_labels_the_feature_network_predicts_rotations(tmp_path, quick_features):
     images, _ = _stripes()
     featurizer = quality.trained_features(images, None, tmp_path / "f.safetensors")
@@ -161,11 +200,17 @@ def _trained(tmp_path, *extra):
     return run
 
 
-def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path, capsys, quick_features):
+def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path, capsys, quick_features,
+                                                                       monkeypatch):
     run = _trained(tmp_path)
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))  # no feature network of these data yet
     capsys.readouterr()
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    record = json.loads(printed.out)
+    # the wait before the first sample is explained on stderr (stdout holds the JSON alone)
+    assert "feature network: training on the CPU for this data set" in printed.err
+    assert re.search(r"^feature network: trained in \d+\.\d s", printed.err, re.M), printed.err
     assert record["kind"] == "eval" and record["step"] == 4 and record["sampler"] == "dpmsolver"
     assert record["fd"] >= 0 and 0 <= record["precision"] <= 1 and 0 <= record["recall"] <= 1
     assert 0 <= record["feature_net_accuracy"] <= 1 and "classes" in record["features"]  # the glyphs have labels
@@ -175,7 +220,8 @@ def test_eval_of_an_image_run_scores_its_samples_and_appends_to_metrics(tmp_path
     assert lines[-1]["fd"] == pytest.approx(record["fd"], rel=1e-5)  # printed rounded
     # the same seed and checkpoint give the same scores; an earlier checkpoint is chosen by its step
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--sampler", "dpmsolver", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["fd"] == record["fd"]
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["fd"] == record["fd"] and "feature network" not in printed.err  # read, not trained
     assert main(["eval", str(run), "--count", "8", "--steps", "2", "--checkpoint", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["sampler"] == "dpmsolver"  # the run's train.sample_sampler
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -12,6 +14,7 @@ import torch
 from diffscale.config import RuntimeConfig, Toggle
 from diffscale.diffusion.graphed import LoopCache
 from diffscale.errors import UserError
+from diffscale.io.stages import stage
 from diffscale.runtime.device import DevicePolicy, configure_backends, inference_policy
 from diffscale.runtime.flex_attention import use_flex_attention
 from diffscale.runtime.parallelize import compile_options
@@ -52,7 +55,23 @@ class InferenceNetwork(torch.nn.Module):
         plain = compile_options("default", policy.layout_opt, tune_kernels)
         compiled = policy.compile and self.loops is not None
         self._step = torch.compile(step, options=plain, dynamic=False) if compiled else step
+        self._compiled_calls: set[str] = set()
+        """The compiled calls made once (their compile said and timed): forward, loop step."""
         self.eval()  # sampling leaves a network in eval mode alone (sampler.evaluating)
+
+    @contextlib.contextmanager
+    def _first_compile(self, call: str) -> Iterator[None]:
+        """Around a compiled call: the first says that it compiles and how long it took (a minute or
+        more where the kernel cache is cold, before the first sampling step reports anything)."""
+        if not self.policy.compile or call in self._compiled_calls:
+            yield
+            return
+        self._compiled_calls.add(call)
+        stage(f"sampling network: compiling for {self.policy.device.type} ({call}; kernels are cached "
+              "for later runs on this machine)")
+        start = time.perf_counter()
+        yield
+        stage(f"sampling network: compiled in {time.perf_counter() - start:.1f} s ({call})")
 
     def _compiling(self) -> contextlib.AbstractContextManager[Any]:
         """Inductor's freezing, where weights are frozen, for whatever compiles inside. It must be
@@ -63,7 +82,7 @@ class InferenceNetwork(torch.nn.Module):
 
     def loop_step(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
         """One network call inside a loop being recorded (``sampler.sample``)."""
-        with self._compiling():
+        with self._compiling(), self._first_compile("the network inside the recorded DDIM loop"):
             return self._step(x, t, *condition)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, *condition: torch.Tensor) -> torch.Tensor:
@@ -71,7 +90,7 @@ class InferenceNetwork(torch.nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         if self.graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous call's output is consumed
-        with self.policy.autocast(), self._compiling():
+        with self.policy.autocast(), self._compiling(), self._first_compile("the network"):
             out = self.run(x, t, *condition)
         return out.clone() if self.graphs else out  # a graph's output buffer is reused by the next replay
 

@@ -145,6 +145,7 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, se
     from diffscale.diffusion.inference import sampling_network
     from diffscale.diffusion.sampler import reporting
     from diffscale.inference.trained import load_trained
+    from diffscale.io.stages import saying
     from diffscale.tasks.base import preview
 
     check_seed(seed, "sample_run's seed")
@@ -164,7 +165,8 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, se
                "run sample again with other --seed values", device_name)
     name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}{_class_suffix(classes, guidance)}.png"
     target = Path(out) if out else run.run_dir / "samples" / name
-    with reporting(progress_for(status)):
+    # a compile before the first sampling step is said (io/stages.py), as diffscale eval says it
+    with reporting(progress_for(status)), saying(lambda line: status.print(line, markup=False, highlight=False)):
         return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
                        seed=seed, sampler=sampler, trajectory=gif, classes=classes, guidance=guidance)
 

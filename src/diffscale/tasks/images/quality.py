@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from diffscale.errors import UserError
 from diffscale.io.atomic import atomic_path
 from diffscale.io.paths import cache_dir
+from diffscale.io.stages import stage
 
 FORMAT = 1
 """Bump when the network or its training changes: older cached networks are trained again."""
@@ -115,7 +117,13 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
         with _one_trainer(path):  # runs evaluated at once on one data set: one trains, the others read it
             accuracy = cached()
             if accuracy is None:
+                # minutes on a CPU at large sizes, before any sample is drawn: said, so a wait is explained
+                stage(f"feature network: training on the CPU for this data set ({images.shape[0]:,} images, "
+                      f"{images.shape[-1]} px; once: kept in {path.parent} for later evaluations)")
+                start = time.perf_counter()
                 accuracy = _train(network, images, labels, seed)
+                stage(f"feature network: trained in {time.perf_counter() - start:.1f} s "
+                      f"(held-out accuracy {accuracy:.3f})")
                 _save(network, path, {"accuracy": repr(accuracy), "target": target})
     network.eval().requires_grad_(False)
     held = "held-out accuracy" + ("" if labels is not None else " of rotation prediction")
@@ -139,7 +147,11 @@ def _one_trainer(path: Path) -> Iterator[None]:
     lock = FileLock(str(path.with_suffix(".lock")), thread_local=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock.acquire(timeout=TRAINER_WAIT_S)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            stage("feature network: another evaluation is training it for this data set; waiting to read it")
+            lock.acquire(timeout=TRAINER_WAIT_S)
     except (OSError, NotImplementedError, Timeout):
         yield
         return
