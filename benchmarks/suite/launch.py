@@ -6,7 +6,7 @@ then ``diffscale eval RUN --json``; its output goes to a log beside the run fold
 record (``result.json``) is already in its folder is not trained again, so a benchmark cut short
 continues where it stopped; a folder without one (a run killed midway) is trained afresh. A call
 interrupted (^C, or ``timeout --signal=INT``) starts no further run and keeps no record of the runs
-it interrupted.
+it interrupted in their training; a run it caught in its evaluation is kept without its score.
 
 On GPUs, runs that compile the same step (one preset, set and variant: the seed does not change the
 graph) wait until the first of them has its compiled step in the shared kernel cache
@@ -50,7 +50,8 @@ EVAL_CUT_OFF = ("the call was interrupted during the evaluation: the run is kept
                 "result.json for the next call to train and evaluate it again)")
 
 interrupted = threading.Event()
-"""Set when the call is interrupted: no further run starts, no interrupted run is kept."""
+"""Set when the call is interrupted: no further run or evaluation starts, no run cut off in its
+training is kept."""
 
 STEP_LOGGED = re.compile(r"\bstep \d+/\d+ |first step of this job")
 """A line of ``diffscale train`` after a step ran: its progress (``step 50/20000  loss ...``) or
