@@ -263,8 +263,16 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
     assert kept["exit_code"] == 0 and kept["steps_reached"] == 6 and kept["collapsed"] is False
     assert kept["quality"] is None and kept["eval_error"].startswith("the call was interrupted during the evaluation")
     assert "colour/defaults/seed0: training" not in printed
-    again = subprocess.run([*argv[:7], *argv[8:]], capture_output=True, text=True, env=env, timeout=300)
-    assert again.returncode == 0 and "strokes/defaults/seed0: kept from an earlier call" in again.stdout, again
+    # strokes alone again: kept, so nothing trains and no evaluation waits (were it trained again, its
+    # evaluation would wait for good: the whole session is stopped after the time limit)
+    again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env=env)
+    try:
+        printed, _ = again.communicate(timeout=300)
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
+    assert again.returncode == 0 and "strokes/defaults/seed0: kept from an earlier call" in printed, printed
 
 
 def test_runs_train_500_steps_past_their_warm_up_unless_told(tmp_path):
