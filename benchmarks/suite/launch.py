@@ -189,15 +189,20 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     log.write_text("")
     code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s, on_line)
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
-    if evaluate and code in TRAINED_TO_AN_END and not interrupted.is_set():  # a stopping call starts no eval
-        eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
-        done["eval_s"], done["eval_code"] = round(eval_s, 1), eval_code
-        try:
-            done["eval"] = json.loads(last) if eval_code == 0 else None
-        except json.JSONDecodeError:
-            done["eval"] = None
-        if done["eval"] is None:
-            done["eval_error"] = f"diffscale eval exited {eval_code} (see {log})"
+    if not evaluate or code not in TRAINED_TO_AN_END:
+        return done
+    if interrupted.is_set():  # a stopping call starts no evaluation
+        done["eval_error"] = EVAL_CUT_OFF
+        return done
+    eval_code, eval_s, last = run_logged(spec.eval_command(eval_count), env, log, None)
+    done["eval_s"], done["eval_code"] = round(eval_s, 1), eval_code
+    try:
+        done["eval"] = json.loads(last) if eval_code == 0 else None
+    except json.JSONDecodeError:
+        done["eval"] = None
+    if done["eval"] is None:
+        done["eval_error"] = (EVAL_CUT_OFF if eval_code in INTERRUPTED_CODES
+                              else f"diffscale eval exited {eval_code} (see {log})")
     return done
 
 
@@ -280,9 +285,10 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             if outcome["exit_code"] != 0:  # 85 here: the signal stopped the training (checkpointed) mid-run
                 say(f"{spec.label}: interrupted, not kept (the next call trains it again)")
                 return {}
-            # trained to its end, its evaluation cut off: its loss curve still answers whether it collapsed
-            outcome = {**outcome, "eval": None, "eval_error": EVAL_CUT_OFF}
-            say(f"{spec.label}: trained; its evaluation was cut off, kept without its score")
+            # trained to its end: its loss curve still answers whether it collapsed
+            cut = outcome.get("eval_error") == EVAL_CUT_OFF
+            say(f"{spec.label}: trained; " + ("its evaluation was cut off, kept without its score" if cut
+                                              else "kept, the call was interrupted after its training"))
         record = finish(spec, outcome)
         kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
         kept.write_text(json.dumps(record, indent=1))
