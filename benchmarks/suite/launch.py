@@ -201,8 +201,10 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     except json.JSONDecodeError:
         done["eval"] = None
     if done["eval"] is None:
-        done["eval_error"] = (EVAL_CUT_OFF if eval_code in INTERRUPTED_CODES
-                              else f"diffscale eval exited {eval_code} (see {log})")
+        # the call's SIGINT reaches the evaluation too, and may end it in another way than 130 (a
+        # traceback from wherever it landed): while the call stops, an evaluation that failed was cut off
+        cut = eval_code in INTERRUPTED_CODES or interrupted.is_set()
+        done["eval_error"] = EVAL_CUT_OFF if cut else f"diffscale eval exited {eval_code} (see {log})"
     return done
 
 

@@ -258,8 +258,9 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
     rest, _ = process.communicate(timeout=300)
     printed = "".join(lines) + rest
     assert process.returncode == 130, printed
-    assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed
     kept = json.loads((log.with_suffix("") / "result.json").read_text())
+    assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed, (
+        {key: kept.get(key) for key in ("exit_code", "eval_code", "eval_error")}, log.read_text()[-2000:])
     assert kept["exit_code"] == 0 and kept["steps_reached"] == 6 and kept["collapsed"] is False
     assert kept["quality"] is None and kept["eval_error"].startswith("the call was interrupted during the evaluation")
     assert "colour/defaults/seed0: training" not in printed
