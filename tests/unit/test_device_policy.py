@@ -2,6 +2,7 @@
 recorded device description (H100 properties); the CPU branch runs for real."""
 
 import io
+import re
 import types
 
 import pytest
@@ -93,6 +94,57 @@ def test_compiled_sampling_freezes_weights_unless_live(live):
         net.lin.weight.mul_(2.0)
         after = sampler(x, t)
     assert torch.equal(before, after) != live
+
+
+def test_one_sampling_job_runs_eager_until_its_eager_seconds_pass_then_compiles():
+    """``eager_first_s`` (one ``sample`` or ``eval`` job under ``runtime.compile auto``): the first
+    calls run eager (they see a weight change, as a frozen compiled graph would not); the first
+    call after the seconds have passed says so, compiles and runs frozen; outputs agree."""
+    import time
+
+    from diffscale.diffusion.inference import InferenceNetwork
+    from diffscale.io.stages import saying
+    from diffscale.runtime.device import DevicePolicy
+
+    policy = DevicePolicy(device=torch.device("cpu"), name="CPU", memory_bytes=0, precision=C.Precision.FP32,
+                          use_grad_scaler=False, compile=True, channels_last=False)
+    torch._dynamo.reset()  # dynamo keeps compiled code per function: not the earlier tests' unfrozen graph
+    torch.manual_seed(0)
+    net = _Denoiser()
+    sampler = InferenceNetwork(net, policy, eager_first_s=0.2)
+    x, t = torch.randn(2, 4), torch.tensor([1.0, 2.0])
+    said: list[str] = []
+    with torch.no_grad(), saying(said.append):
+        first = sampler(x, t)  # the job's first call starts its clock: eager whatever the machine's load
+        net.lin.weight.mul_(2.0)
+        assert not torch.equal(sampler(x, t), first) or said, said  # eager unless 0.2 s passed already
+        time.sleep(0.3)
+        compiled = sampler(x, t)
+        net.lin.weight.mul_(0.5)
+        assert torch.equal(sampler(x, t), compiled)  # frozen from the compile on
+    assert torch.allclose(compiled, net.lin(x) * 2 - net.lin.bias + t[:, None], atol=1e-5)
+    assert re.fullmatch(r"sampling network: this job has sampled eagerly for \d+ s; it compiles for the rest "
+                        r"\(a shorter job ends before a compile pays\)", said[0]), said
+    assert said[1].startswith("sampling network: compiling for cpu (the network;"), said
+    assert len(said) == 3 and said[2].startswith("sampling network: compiled in "), said
+
+
+@pytest.mark.parametrize("toggle", [C.Toggle.AUTO, C.Toggle.ON])
+def test_one_job_waits_before_compiling_only_under_auto(toggle, fake_h100, monkeypatch):
+    """``sampling_network(..., one_job=True)``: on a GPU under ``auto`` the job runs eager for
+    ``ONE_JOB_EAGER_S``; ``runtime.compile on`` compiles from the first call; other callers (the
+    controller, the online trainer, bench) compile from the first call under ``auto`` too."""
+    from diffscale.diffusion import inference
+    from diffscale.diffusion.inference import ONE_JOB_EAGER_S, sampling_network
+
+    monkeypatch.setattr(inference, "inference_policy", lambda runtime, device: inference_policy(runtime, fake_h100))
+    monkeypatch.setattr(inference, "configure_backends", lambda policy: None)  # no GPU's settings on CI
+    net = _Denoiser()
+    runtime = C.RuntimeConfig(compile=toggle)
+    one_job = sampling_network(net, runtime, one_job=True)
+    assert one_job.policy.compile
+    assert one_job._eager_until == (ONE_JOB_EAGER_S if toggle == C.Toggle.AUTO else None)
+    assert sampling_network(net, runtime)._eager_until is None
 
 
 def test_sampling_compiles_with_cuda_graphs(fake_h100):

@@ -24,7 +24,9 @@ class RuntimeConfig:
     recipe: Recipe = Recipe.FAST
     """``fast`` (default) or ``plain`` (the common recipe, for benchmarks)."""
     compile: Toggle = Toggle.AUTO
-    """torch.compile the network (``auto``: on CUDA only)."""
+    """torch.compile the network (``auto``: on CUDA only; ``diffscale sample`` and ``eval`` then run
+    a job eager for its first 30 s and compile only if it goes on, as most end sooner than a compile;
+    ``on``: compiled from the first call)."""
     compile_while_training: Toggle = Toggle.AUTO
     """``diffscale train``: a compiled run's first steps run eager (bf16 autocast, fused AdamW, the
     data on the device: everything of the fast recipe that needs no compiler) while a background
@@ -36,7 +38,7 @@ class RuntimeConfig:
     arrive over time (a spool), unless the kernel cache holds a whole build of the step already (a
     warm start compiles before its first step, in seconds, and reaches its compiled speed sooner);
     ``on``: wherever the run compiles (the CPU too), warm or cold; ``off``: compile before the first
-    step, as bench, the online trainer and sampling do. No effect where
+    step, as bench and the online trainer do. No effect where
     ``runtime.compile`` is off. Not part of the compiled graph (docs/decisions.md, "Training while
     the step compiles")."""
     compile_mode: CompileMode = CompileMode.AUTO

@@ -40,7 +40,7 @@ def evaluate_run(run_dir: Path, *, count: int | None, steps: int | None, seed: i
     out_dir = run.run_dir / "eval" / f"step_{run.step:08d}"
     made = next((p for p in (*reversed(out_dir.parents), out_dir) if not p.exists()), None)
     out_dir.mkdir(parents=True, exist_ok=True)
-    network = sampling_network(run.network, run.cfg.runtime)
+    network = sampling_network(run.network, run.cfg.runtime, one_job=True)
     try:
         with reporting(progress_for(status)), saying(lambda line: status.print(line, markup=False)):
             scores = run.task.evaluate(network, out_dir, count=count, steps=steps, seed=seed, env=env,

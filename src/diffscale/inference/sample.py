@@ -165,10 +165,11 @@ def sample_run(run_dir: Path | str, *, n: int = 64, steps: int | None = None, se
                "run sample again with other --seed values", device_name)
     name = f"sample_step{run.step:08d}_seed{seed}_{sampler}{steps}{_class_suffix(classes, guidance)}.png"
     target = Path(out) if out else run.run_dir / "samples" / name
-    # a compile before the first sampling step is said (io/stages.py), as diffscale eval says it
+    # a compile (a job that samples longer than ONE_JOB_EAGER_S) is said (io/stages.py), as diffscale eval says it
     with reporting(progress_for(status)), saying(lambda line: status.print(line, markup=False, highlight=False)):
-        return preview(run.task, sampling_network(run.network, run.cfg.runtime), target, count=n, steps=steps,
-                       seed=seed, sampler=sampler, trajectory=gif, classes=classes, guidance=guidance)
+        network = sampling_network(run.network, run.cfg.runtime, one_job=True)
+        return preview(run.task, network, target, count=n, steps=steps, seed=seed, sampler=sampler, trajectory=gif,
+                       classes=classes, guidance=guidance)
 
 
 def _class_suffix(classes: Sequence[str], guidance: float | None) -> str:
@@ -228,7 +229,7 @@ def sample_ensembles(run_dir: Path | str, cond: Any, *, members: int = 16, steps
     run = load_trained(Path(run_dir), device)
     sampler, steps = run.cfg.train.sampling(sampler, steps)
     steps = min(steps, run.cfg.diffusion.num_train_timesteps)
-    network = sampling_network(run.network, run.cfg.runtime)
+    network = sampling_network(run.network, run.cfg.runtime, one_job=True)
     return run.task.sample_for(network, cond, members=members, steps=steps, seed=seed, sampler=sampler).numpy()
 
 
