@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -118,10 +119,12 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
             accuracy = cached()
             if accuracy is None:
                 # minutes on a CPU at large sizes, before any sample is drawn: said, so a wait is explained
-                stage(f"feature network: training on the CPU for this data set ({images.shape[0]:,} images, "
-                      f"{images.shape[-1]} px; once: kept in {path.parent} for later evaluations)")
-                start = time.perf_counter()
-                accuracy = _train(network, images, labels, seed)
+                with _free_threads() as threads:
+                    stage(f"feature network: training on the CPU for this data set ({images.shape[0]:,} images, "
+                          f"{images.shape[-1]} px, {threads} thread{'s' if threads > 1 else ''}; once: kept in "
+                          f"{path.parent} for later evaluations)")
+                    start = time.perf_counter()
+                    accuracy = _train(network, images, labels, seed)
                 stage(f"feature network: trained in {time.perf_counter() - start:.1f} s "
                       f"(held-out accuracy {accuracy:.3f})")
                 _save(network, path, {"accuracy": repr(accuracy), "target": target})
@@ -129,6 +132,24 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
     held = "held-out accuracy" + ("" if labels is not None else " of rotation prediction")
     return Featurizer(network, f"diffscale's feature network ({target}; {held} {accuracy:.3f})", accuracy,
                       network.head if labels is not None else None)
+
+
+@contextlib.contextmanager
+def _free_threads() -> Iterator[int]:
+    """torch's CPU threads set, inside, to the cores this process may use that other processes
+    leave free, as a CPU training run takes them (``runtime.cpu_threads`` auto), unless
+    ``OMP_NUM_THREADS`` is set. A thread per core beside busy processes makes the threads wait for
+    each other: beside a GPU host's training runs and their compiles, the network took 309 s to train
+    where it took 10 s alone (one H200 host, docs/benchmarks.md, "Evaluation's time")."""
+    from diffscale.runtime.resources import free_cpu_threads
+
+    before = torch.get_num_threads()
+    threads = before if os.environ.get("OMP_NUM_THREADS") else free_cpu_threads(1)
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
 
 
 TRAINER_WAIT_S = 1800.0
