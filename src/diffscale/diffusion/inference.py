@@ -24,9 +24,10 @@ from diffscale.runtime.parallelize import compile_options
 ONE_JOB_EAGER_S = 30.0
 """Seconds one sampling job runs eager before it compiles (``runtime.compile auto``). Compiling small's
 sampling network took 35-44 s on an empty kernel cache and 21-27 s on a warm one, while its eager
-evaluation of 256 samples sampled in under 3 s (one H200, docs/benchmarks.md, "Evaluation's
-time"). Renting before buying: a job compiles once it has spent about a compile's cost eager, so
-it never takes more than about twice its time compiled first, and a short one pays no compile."""
+evaluation of 256 samples sampled in under 3 s (one H200, docs/measurements/2026-11-30.md,
+"Where an evaluation's time goes"). Renting before buying: a job compiles once it has spent about
+a compile's cost eager, so it never takes more than about twice its time compiled first, and a
+short one pays no compile."""
 
 
 class InferenceNetwork(torch.nn.Module):

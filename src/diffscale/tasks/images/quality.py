@@ -140,7 +140,8 @@ def _free_threads() -> Iterator[int]:
     leave free, as a CPU training run takes them (``runtime.cpu_threads`` auto), unless
     ``OMP_NUM_THREADS`` is set. A thread per core beside busy processes makes the threads wait for
     each other: beside a GPU host's training runs and their compiles, the network took 309 s to train
-    where it took 10 s alone (one H200 host, docs/benchmarks.md, "Evaluation's time")."""
+    where it took 10 s alone (two-H200 host, docs/measurements/2026-11-30.md, "Where an evaluation's
+    time goes")."""
     from diffscale.runtime.resources import free_cpu_threads
 
     before = torch.get_num_threads()
