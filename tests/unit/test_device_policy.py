@@ -129,6 +129,27 @@ def test_one_sampling_job_runs_eager_until_its_eager_seconds_pass_then_compiles(
     assert len(said) == 3 and said[2].startswith("sampling network: compiled in "), said
 
 
+def test_a_job_replays_recorded_loops_once_compiled_unless_its_calls_compiled_first(fake_h100):
+    """On a GPU (a recorded device description: nothing runs), ``loops`` is what ``sampler.sample``
+    reads at each batch: None while the job runs eager, the loop cache once its eager seconds have
+    passed, and None again for good where the per-call network compiled first (a job that turned
+    compiled in the middle of a batch compiles once, not the recorded loop too)."""
+    import time
+
+    from diffscale.diffusion.graphed import LoopCache
+    from diffscale.diffusion.inference import InferenceNetwork
+
+    policy = inference_policy(C.RuntimeConfig(), fake_h100)
+    eager_first = InferenceNetwork(_Denoiser(), policy, loop_graphs=True, eager_first_s=0.2)
+    assert eager_first.loops is None  # the first batch starts the job's clock: eager
+    time.sleep(0.3)
+    assert isinstance(eager_first.loops, LoopCache)
+    compiled_first = InferenceNetwork(_Denoiser(), policy, loop_graphs=True)
+    assert isinstance(compiled_first.loops, LoopCache)
+    compiled_first._compiled_calls.add("the network")  # as a per-call compile records itself
+    assert compiled_first.loops is None
+
+
 @pytest.mark.parametrize("toggle", [C.Toggle.AUTO, C.Toggle.ON])
 def test_one_job_waits_before_compiling_only_under_auto(toggle, fake_h100, monkeypatch):
     """``sampling_network(..., one_job=True)``: on a GPU under ``auto`` the job runs eager for
