@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from diffscale.runtime.signals import EXIT_REQUEUE
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -44,8 +46,9 @@ GRACE_S = 300
 INTERRUPTED_CODES = (130, -signal.SIGINT)
 """Exit codes of a ``diffscale`` process stopped by SIGINT (its own handler's, or the signal's)."""
 
-TRAINED_TO_AN_END = (0, 85)
-"""Exit codes of a training that ran to its end (85: stopped at ``--seconds``, checkpointed)."""
+TRAINED_TO_AN_END = (0, EXIT_REQUEUE)
+"""Exit codes of a training that ran to its end (85: stopped at ``--seconds``, checkpointed; a run
+stopped so by another signal than the budget's is an interrupted one, ``train_and_eval``)."""
 EVAL_CUT_OFF = ("the call was interrupted during the evaluation: the run is kept without its score (remove its "
                 "result.json for the next call to train and evaluate it again)")
 
@@ -189,6 +192,12 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     log.write_text("")
     code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s, on_line)
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
+    if code == EXIT_REQUEUE and (budget_s is None or seconds < budget_s):
+        # checkpointed on a signal that was not the budget's: the call is being stopped. Said here, not
+        # left to the main thread's KeyboardInterrupt: a process-directed SIGINT may land on a worker
+        # thread, and the main thread, blocked on an unfinished run, then hears of it only when that run
+        # ends (on a GPU host the stopped runs went on to evaluate for minutes and the call was killed)
+        interrupted.set()
     if not evaluate or code not in TRAINED_TO_AN_END:
         return done
     if interrupted.is_set():  # a stopping call starts no evaluation
@@ -224,11 +233,14 @@ def in_slots(items: list[T], slots: Slots, work: Callable[[T, dict[str, str], st
 
     with ThreadPoolExecutor(max_workers=slots.count) as pool:
         try:
-            return list(pool.map(one, items))
+            results = list(pool.map(one, items))
         except KeyboardInterrupt:
             interrupted.set()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+    if interrupted.is_set():  # a run stopped by the call's signal, which the main thread did not hear
+        raise KeyboardInterrupt
+    return results
 
 
 class CompileLeaders:
@@ -264,6 +276,8 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
         if kept.is_file():
             say(f"{spec.label}: kept from an earlier call ({kept})")
             return json.loads(kept.read_text())
+        if interrupted.is_set():  # the call is stopping: no run starts
+            return {}
         leads, ready = leaders.claim(spec) if leaders else (False, None)
         if ready is not None and not leads and not ready.is_set():
             say(f"{spec.label}: waits for the first run of its step to compile it")

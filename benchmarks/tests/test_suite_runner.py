@@ -223,6 +223,58 @@ def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
     assert "colour/defaults/seed0: training" not in printed and not (out / "runs" / "tiny" / "colour").exists()
 
 
+def test_a_run_stopped_by_a_signal_the_main_thread_did_not_hear_stops_the_call(tmp_path):
+    """SIGINT to the training process alone, as a process-directed signal that landed on a worker
+    thread leaves the suite's main thread, blocked on that run, unaware: the run checkpoints and
+    exits 85 before its budget, which is not a budget stop. The call stops as interrupted (exit
+    130): the run is not kept, not evaluated, and the next set never starts (on a GPU host such runs
+    were evaluated for minutes, and the call was killed at its limit)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
+            "--seeds", "1", "--steps", "100000", "--count", "40", "--out", str(out), "--gpus", "none",
+            *_sets(MICRO)]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if "strokes/defaults/seed0: training" in line:
+            break
+    run_dir = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0"
+    while not (run_dir / "metrics.jsonl").is_file() and process.poll() is None:  # training has begun
+        time.sleep(0.1)
+    trainers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and str(run_dir).encode() in
+                _cmdline(int(pid)) and b"train" in _cmdline(int(pid))]
+    assert len(trainers) == 1, trainers
+    os.kill(trainers[0], signal.SIGINT)
+    try:
+        rest, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    printed = "".join(lines) + rest
+    log = run_dir.with_name("seed0.log").read_text()
+    assert "stop requested (SIGINT)" in log and " eval " not in log, log[-2000:]
+    assert process.returncode == 130, printed
+    assert "tiny/strokes/defaults/seed0: interrupted, not kept" in printed
+    assert not (run_dir / "result.json").exists()
+    assert "colour/defaults/seed0: training" not in printed and not (out / "runs" / "tiny" / "colour").exists()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:  # gone, or not ours to read
+        return b""
+
+
 def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_verdict(tmp_path):
     """The call stopped (SIGINT to the process group) while a run that trained to its end was being
     evaluated: its loss curve is judged and kept, without a score, and the next call reuses it. The
