@@ -188,17 +188,13 @@ def test_plain_needs_an_image_preset(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
-    """^C (or ``timeout --signal=INT``, as scripts/gpu/suite_defaults.sh stops a call) to the whole
-    process group mid-run: exit 130, the run it cut keeps no record (the next call trains it), the
-    next set never starts."""
+def _suite_in_training(out):
+    """The suite started on strokes then colour, tiny micro runs too long to end, once its first run
+    has begun training: (the suite's process, the lines it printed, that run's folder)."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
-    out = tmp_path / "out"
     argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
             "--seeds", "1", "--steps", "100000", "--count", "40", "--out", str(out), "--gpus", "none",
             *_sets(MICRO)]
@@ -213,9 +209,34 @@ def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
     run_dir = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0"
     while not (run_dir / "metrics.jsonl").is_file() and process.poll() is None:  # training has begun
         time.sleep(0.1)
+    return process, lines, run_dir
+
+
+def _stopped(process, lines) -> str:
+    """What the suite printed in all, once it ended (killed, with its runs, if it has not in 300 s)."""
+    import os
+    import signal
+    import subprocess
+
+    try:
+        rest, _ = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        rest, _ = process.communicate()
+    return "".join(lines) + rest
+
+
+def test_an_interrupted_call_keeps_no_half_run_and_starts_no_other(tmp_path):
+    """^C (or ``timeout --signal=INT``, as scripts/gpu/suite_defaults.sh stops a call) to the whole
+    process group mid-run: exit 130, the run it cut keeps no record (the next call trains it), the
+    next set never starts."""
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    process, lines, run_dir = _suite_in_training(out)
     os.killpg(process.pid, signal.SIGINT)
-    rest, _ = process.communicate(timeout=300)
-    printed = "".join(lines) + rest
+    printed = _stopped(process, lines)
     assert process.returncode == 130, printed
     assert "tiny/strokes/defaults/seed0: interrupted, not kept" in printed
     assert "the finished runs are kept; the same command trains the others" in printed
@@ -231,34 +252,14 @@ def test_a_run_stopped_by_a_signal_the_main_thread_did_not_hear_stops_the_call(t
     were evaluated for minutes, and the call was killed at its limit)."""
     import os
     import signal
-    import subprocess
-    import sys
 
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
-            "--seeds", "1", "--steps", "100000", "--count", "40", "--out", str(out), "--gpus", "none",
-            *_sets(MICRO)]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert process.stdout is not None
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if "strokes/defaults/seed0: training" in line:
-            break
-    run_dir = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0"
-    while not (run_dir / "metrics.jsonl").is_file() and process.poll() is None:  # training has begun
-        time.sleep(0.1)
+    process, lines, run_dir = _suite_in_training(out)
     trainers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and str(run_dir).encode() in
                 _cmdline(int(pid)) and b"train" in _cmdline(int(pid))]
     assert len(trainers) == 1, trainers
     os.kill(trainers[0], signal.SIGINT)
-    try:
-        rest, _ = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    printed = "".join(lines) + rest
+    printed = _stopped(process, lines)
     log = run_dir.with_name("seed0.log").read_text()
     assert "stop requested (SIGINT)" in log and " eval " not in log, log[-2000:]
     assert process.returncode == 130, printed
