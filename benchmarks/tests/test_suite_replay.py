@@ -7,7 +7,7 @@ import json
 
 from benchmarks.suite import replay
 from benchmarks.suite.collapse import read_metrics
-from benchmarks.tests.test_suite_runner import MICRO
+from benchmarks.tests.suite_micro import MICRO
 from diffscale.cli import main
 from diffscale.config import TrainConfig
 from diffscale.runtime import checkpoint as ckpt
