@@ -140,6 +140,14 @@ def free_cpu_threads(local_world_size: int, env: Mapping[str, str] | None = None
     return max(1, min(mine, free))
 
 
+def free_threads_unless_set(local_world_size: int) -> int | None:
+    """:func:`free_cpu_threads`, or None where ``OMP_NUM_THREADS`` is set: the user's choice, which
+    torch already follows (CPU training and the feature network's training set their threads so)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    return free_cpu_threads(local_world_size)
+
+
 def busy_elsewhere(every_s: float = 0.2) -> float:
     """Cores of this process's CPU set that other processes keep busy now: each allowed CPU's busy
     share over a short interval (/proc/stat), summed. Only the allowed CPUs count: on a shared

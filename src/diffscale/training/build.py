@@ -26,7 +26,7 @@ from diffscale.runtime.device import DevicePolicy, configure_backends, cudnn_sea
 from diffscale.runtime.distributed import DistContext, LaunchInfo, detect_launch, init_distributed
 from diffscale.runtime.flex_attention import sdpa_attention
 from diffscale.runtime.parallelize import compile_network, parallelize
-from diffscale.runtime.resources import cpus_for_rank, free_cpu_threads
+from diffscale.runtime.resources import cpus_for_rank, free_threads_unless_set
 from diffscale.training.state import RunState
 from diffscale.training.step import StepRunner
 from diffscale.training.step_graph import records_whole_steps
@@ -62,9 +62,9 @@ def set_cpu_threads(asked: int, local_world_size: int, console: Console) -> None
     if asked:
         torch.set_num_threads(asked)
         return
-    if "OMP_NUM_THREADS" in os.environ:
+    threads = free_threads_unless_set(local_world_size)
+    if threads is None:
         return
-    threads = free_cpu_threads(local_world_size)
     if threads < cpus_for_rank(local_world_size):
         console.print(f"note: other processes keep this machine's cores busy: training with {threads} CPU thread"
                       f"{'s' if threads > 1 else ''} of {cpus_for_rank(local_world_size)} (set runtime.cpu_threads "

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -142,10 +141,10 @@ def _free_threads() -> Iterator[int]:
     each other: beside a GPU host's training runs and their compiles, the network took 309 s to train
     where it took 10 s alone (two-H200 host, docs/measurements/2026-11-30.md, "Where an evaluation's
     time goes")."""
-    from diffscale.runtime.resources import free_cpu_threads
+    from diffscale.runtime.resources import free_threads_unless_set
 
     before = torch.get_num_threads()
-    threads = before if os.environ.get("OMP_NUM_THREADS") else free_cpu_threads(1)
+    threads = free_threads_unless_set(1) or before
     torch.set_num_threads(threads)
     try:
         yield threads
