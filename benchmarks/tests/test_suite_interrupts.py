@@ -18,24 +18,31 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-def _suite_in_training(out):
-    """The suite started on strokes then colour, tiny micro runs too long to end, once its first run
-    has begun training: (the suite's process, the lines it printed, that run's folder)."""
+def _suite_started(out, steps: int, extra_sets: tuple[str, ...] = (), env: dict[str, str] | None = None):
+    """The suite started on strokes then colour, tiny micro runs of ``steps`` steps, once it says
+    its first run trains: (its process, the lines it printed, its command)."""
     import os
     import subprocess
     import sys
 
     argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
-            "--seeds", "1", "--steps", "100000", "--count", "40", "--out", str(out), "--gpus", "none",
-            *set_args(MICRO)]
+            "--seeds", "1", "--steps", str(steps), "--count", "40", "--out", str(out), "--gpus", "none",
+            *set_args([*MICRO, *extra_sets])]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     assert process.stdout is not None
     lines = []
     for line in process.stdout:
         lines.append(line)
         if "strokes/defaults/seed0: training" in line:
             break
+    return process, lines, argv
+
+
+def _suite_in_training(out):
+    """The suite with runs too long to end, once its first run has begun training: (the suite's
+    process, the lines it printed, that run's folder)."""
+    process, lines, _ = _suite_started(out, steps=100000)
     run_dir = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0"
     while not (run_dir / "metrics.jsonl").is_file() and process.poll() is None:  # training has begun
         time.sleep(0.1)
@@ -113,7 +120,6 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
     import os
     import signal
     import subprocess
-    import sys
 
     (tmp_path / "waiting_features.py").write_text(
         "import time\n"
@@ -121,25 +127,14 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
         "    while True:  # until the call is interrupted\n"
         "        time.sleep(0.05)\n")
     out = tmp_path / "out"
-    argv = [sys.executable, "-m", "benchmarks.suite.defaults", "--preset", "tiny", "--sets", "strokes", "colour",
-            "--seeds", "1", "--steps", "6", "--count", "40", "--out", str(out), "--gpus", "none",
-            *set_args([*MICRO, "train.eval_features=waiting_features:build"])]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True, env=env)
-    assert process.stdout is not None
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    process, lines, argv = _suite_started(out, steps=6, extra_sets=("train.eval_features=waiting_features:build",),
+                                          env=env)
     log = out / "runs" / "tiny" / "strokes" / "defaults" / "seed0.log"
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if "strokes/defaults/seed0: training" in line:
-            break
     while process.poll() is None and " eval " not in (log.read_text() if log.is_file() else ""):
         time.sleep(0.1)  # the evaluation has started (or is about to: then the stopping call skips it)
     os.killpg(process.pid, signal.SIGINT)
-    rest, _ = process.communicate(timeout=300)
-    printed = "".join(lines) + rest
+    printed = _stopped(process, lines)
     assert process.returncode == 130, printed
     kept = json.loads((log.with_suffix("") / "result.json").read_text())
     assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed, (
@@ -150,7 +145,7 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
     # strokes alone again: kept, so nothing trains and no evaluation waits (were it trained again, its
     # evaluation would wait for good: the whole session is stopped after the time limit)
     again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, env=env)
+                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
     try:
         printed, _ = again.communicate(timeout=300)
     finally:
