@@ -192,11 +192,12 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
     log.write_text("")
     code, seconds, _ = run_logged(spec.train_command(), env, log, budget_s, on_line)
     done: dict = {"exit_code": code, "train_s": round(seconds, 1), "log": str(log), "eval": None}
-    if code == EXIT_REQUEUE and (budget_s is None or seconds < budget_s):
-        # checkpointed on a signal that was not the budget's: the call is being stopped. Said here, not
-        # left to the main thread's KeyboardInterrupt: a process-directed SIGINT may land on a worker
-        # thread, and the main thread, blocked on an unfinished run, then hears of it only when that run
-        # ends (on a GPU host the stopped runs went on to evaluate for minutes and the call was killed)
+    if code in INTERRUPTED_CODES or (code == EXIT_REQUEUE and (budget_s is None or seconds < budget_s)):
+        # stopped by SIGINT, or checkpointed on a signal that was not the budget's: the call is being
+        # stopped. Said here, not left to the main thread's KeyboardInterrupt: a process-directed SIGINT
+        # may land on a worker thread, and the main thread, blocked on an unfinished run, then hears of it
+        # only when that run ends (on a GPU host the stopped runs went on to evaluate for minutes and the
+        # call was killed)
         interrupted.set()
     if not evaluate or code not in TRAINED_TO_AN_END:
         return done
@@ -276,14 +277,13 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
         if kept.is_file():
             say(f"{spec.label}: kept from an earlier call ({kept})")
             return json.loads(kept.read_text())
-        if interrupted.is_set():  # the call is stopping: no run starts
-            return {}
         leads, ready = leaders.claim(spec) if leaders else (False, None)
         if ready is not None and not leads and not ready.is_set():
             say(f"{spec.label}: waits for the first run of its step to compile it")
-            while not ready.wait(1.0):
-                if interrupted.is_set():
-                    return {}
+            while not ready.wait(1.0) and not interrupted.is_set():
+                pass
+        if interrupted.is_set():  # the call is stopping: no run starts, nor one that waited (its leader, stopped,
+            return {}             # released it: on a GPU host it trained on and the call was killed at its limit)
         say(f"{spec.label}: training{where}")
         watch = KernelsReady()
 

@@ -152,3 +152,58 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
     assert again.returncode == 0 and "strokes/defaults/seed0: kept from an earlier call" in printed, printed
+
+
+@pytest.mark.parametrize("exit_code", [85, 130])
+def test_runs_waiting_for_a_stopped_leader_do_not_start(tmp_path, exit_code):
+    """Two seeds of one step, staggered as on GPUs: the second waits for the first's compiled step.
+    A SIGINT to the first before its first step (it checkpoints and exits 85, or exits 130 before it
+    could) releases the second, which must not start training: the call stops (KeyboardInterrupt)
+    with neither kept. On a GPU host the released run trained on and the call was killed at its
+    limit. The leader's training is a stand-in process that waits for the signal: a real run cannot
+    be held before its first step."""
+    import os
+    import signal
+    import sys
+    import threading
+    from dataclasses import dataclass
+
+    from benchmarks.suite.launch import RunSpec, Slots, run_all
+
+    waits_for_signal = (f"import pathlib, signal, sys, time\n"
+                        f"signal.signal(signal.SIGINT, lambda *_: sys.exit({exit_code}))\n"
+                        "folder = pathlib.Path(sys.argv[1]); folder.mkdir(parents=True)\n"
+                        "(folder / 'pid').write_text(str(__import__('os').getpid()))\n"
+                        "time.sleep(120)\n")
+
+    @dataclass(frozen=True)
+    class HeldBeforeItsFirstStep(RunSpec):
+        def train_command(self) -> list[str]:
+            return [sys.executable, "-c", waits_for_signal, str(self.run_dir)]
+
+    specs = [HeldBeforeItsFirstStep("tiny", "strokes", "images", "v", seed, "builtin:mix", (), (),
+                                    tmp_path / f"seed{seed}") for seed in (0, 1)]
+    said: list[str] = []
+    ended: list[BaseException | list[dict]] = []
+
+    def call() -> None:
+        try:
+            ended.append(run_all(specs, Slots(jobs=2, cores=2), lambda spec, outcome: {"summary": ""}, said.append,
+                                 stagger=True, budget_s=None, evaluate=False, eval_count=None))
+        except BaseException as stop:  # noqa: BLE001 - the test reads what ended the call
+            ended.append(stop)
+
+    runner = threading.Thread(target=call, daemon=True)
+    runner.start()
+    pid_files = [tmp_path / f"seed{seed}" / "pid" for seed in (0, 1)]
+    while not (any(p.is_file() and p.read_text() for p in pid_files) and any("waits" in s for s in said)):
+        assert runner.is_alive(), (said, ended)
+        time.sleep(0.05)
+    leader = next(p for p in pid_files if p.is_file() and p.read_text())
+    os.kill(int(leader.read_text()), signal.SIGINT)
+    runner.join(timeout=120)
+    follower = next(p for p in pid_files if p != leader)
+    assert not runner.is_alive() and isinstance(ended[0], KeyboardInterrupt), (said, ended)
+    assert not follower.parent.exists(), said  # never started
+    assert [s for s in said if s.endswith("training")] == [f"tiny/strokes/v/{leader.parent.name}: training"], said
+    assert not any(p.parent.joinpath("result.json").exists() for p in pid_files)
