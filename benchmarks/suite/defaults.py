@@ -32,6 +32,9 @@ the same up to there), so one pass with the guard off answers both "collapsed?" 
 Writes ``DIR/suite.json`` (provenance: date, host, GPUs, commit, command; the criterion; every
 run; the summary) and ``DIR/suite.md`` (the tables), and prints the tables. A run whose
 ``result.json`` is already in its folder is reused, so a call cut short continues where it stopped.
+
+``--prepare-features`` only builds the feature networks the image evaluations score in, on the CPU,
+for a GPU call to carry in (benchmarks/suite/features.py).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.suite import plain, report
+from benchmarks.suite import features, plain, report
 from benchmarks.suite.collapse import Criterion, judge, read_metrics
 from benchmarks.suite.launch import RunSpec, Slots, run_all
 from benchmarks.suite.plain import PlainSpec, run_plain
@@ -89,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plain", type=float, metavar="SECONDS",
                         help="also time to quality on each image set: the plain recipe against the defaults, "
                              "SECONDS of training each (benchmarks' quality_time)")
+    parser.add_argument("--prepare-features", action="store_true",
+                        help="only build the feature networks the image runs' evaluations score in (kept in "
+                             "the data cache; benchmarks/suite/features.py), then exit")
     parser.add_argument("--jump", type=float, default=Criterion.jump, help="collapse criterion: the jump factor")
     parser.add_argument("--stay", type=float, default=Criterion.stay, help="collapse criterion: the stay factor")
     args = parser.parse_args(argv)
@@ -240,6 +246,10 @@ def _main(args: argparse.Namespace, command: str) -> int:
     comparisons = plain_specs(args, specs)
     for entry in chosen(list(dict.fromkeys(s.set_name for s in specs))):
         print(f"[suite] {entry.name}: npz:{entry.ensure(data_dir, args.count)}", flush=True)
+    if args.prepare_features:
+        built = features.prepare(specs, lambda text: print(f"[suite] {text}", flush=True))
+        print(f"[suite] {built} feature network{'s' if built != 1 else ''} in the data cache", flush=True)
+        return 0
     gpus = gpu_slots(args.gpus)
     slots = Slots(gpus=gpus, jobs=args.jobs, cores=os.cpu_count() or 1)
     criterion = Criterion(jump=args.jump, stay=args.stay)

@@ -25,8 +25,13 @@ def test_two_image_sets_train_evaluate_and_report_then_a_second_call_reuses_them
     argv = ["--preset", "tiny", "--sets", "strokes", "colour", "--seeds", "1", "--steps", "8", "--log-every", "2",
             "--count", "40", "--eval-count", "16", "--out", str(out), "--gpus", "none", "--jobs", "2",
             *set_args(MICRO), "--variant", "short", "optim.warmup_steps=3"]
+    assert defaults.main([*argv, "--prepare-features"]) == 0  # the evaluations' feature networks, ahead
+    assert "2 feature networks in the data cache" in capsys.readouterr().out and not (out / "runs").exists()
+    assert len(list((tmp_path / "cache" / "quality").glob("features-*.safetensors"))) == 2
     assert defaults.main(argv) == 0
     printed = capsys.readouterr().out
+    logs = "".join(log.read_text() for log in out.glob("runs/tiny/*/short/seed0.log"))
+    assert logs.count(" eval ") == 2 and "feature network: training" not in logs  # read, not trained again
     suite = json.loads((out / "suite.json").read_text())
     about = suite["about"]
     assert about["command"].startswith("python -m benchmarks.suite.defaults --preset tiny")
