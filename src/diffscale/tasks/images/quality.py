@@ -28,8 +28,10 @@ from diffscale.io.atomic import atomic_path
 from diffscale.io.paths import cache_dir
 from diffscale.io.stages import stage
 
-FORMAT = 1
-"""Bump when the network or its training changes: older cached networks are trained again."""
+FORMAT = 2
+"""Bump when the network or its training changes: older cached networks are trained again (2: the
+network's initial weights come from the seed; before, from the process's random state, so two
+evaluations of one run on one data set could train networks whose FD differed 1.7-fold)."""
 FEATURES = 128
 TRAIN_STEPS = 400
 BATCH = 128
@@ -94,14 +96,18 @@ def cache_path(data_spec: str, max_items: int, size: int, channels: int) -> Path
     return cache_dir() / "quality" / f"features-{size}px-{key}.safetensors"
 
 
-def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Path, *, seed: int = 0) -> Featurizer:
+def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Path, *, seed: int = 0,
+                     device: torch.device | None = None) -> Featurizer:
     """The feature network of ``images`` (N, C, S, S) uint8 with ``labels`` (N,) (None: rotation
-    prediction), read from ``path`` or trained and written there."""
+    prediction), read from ``path`` or trained on ``device`` (default the CPU) and written there."""
+    device = device or torch.device("cpu")
     from safetensors.torch import load_file, safe_open
 
     target = "classes" if labels is not None else "rotations"
     classes = int(labels.max()) + 1 if labels is not None else 4
-    network = FeatureNet(images.shape[1], classes)
+    with torch.random.fork_rng(devices=[]):  # its start from the seed, not from whatever ran before it
+        torch.manual_seed(seed)
+        network = FeatureNet(images.shape[1], classes)
 
     def cached() -> float | None:
         try:
@@ -118,12 +124,11 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
             accuracy = cached()
             if accuracy is None:
                 # minutes on a CPU at large sizes, before any sample is drawn: said, so a wait is explained
-                with _free_threads() as threads:
-                    stage(f"feature network: training on the CPU for this data set ({images.shape[0]:,} images, "
-                          f"{images.shape[-1]} px, {threads} thread{'s' if threads > 1 else ''}; once: kept in "
-                          f"{path.parent} for later evaluations)")
+                with _training_on(device) as (where, threads):
+                    stage(f"feature network: training on {where} for this data set ({images.shape[0]:,} images, "
+                          f"{images.shape[-1]} px{threads}; once: kept in {path.parent} for later evaluations)")
                     start = time.perf_counter()
-                    accuracy = _train(network, images, labels, seed)
+                    accuracy = _train(network, images, labels, seed, device)
                 stage(f"feature network: trained in {time.perf_counter() - start:.1f} s "
                       f"(held-out accuracy {accuracy:.3f})")
                 _save(network, path, {"accuracy": repr(accuracy), "target": target})
@@ -134,20 +139,27 @@ def trained_features(images: torch.Tensor, labels: torch.Tensor | None, path: Pa
 
 
 @contextlib.contextmanager
-def _free_threads() -> Iterator[int]:
-    """torch's CPU threads set, inside, to the cores this process may use that other processes
-    leave free, as a CPU training run takes them (``runtime.cpu_threads`` auto), unless
-    ``OMP_NUM_THREADS`` is set. A thread per core beside busy processes makes the threads wait for
-    each other: beside a GPU host's training runs and their compiles, the network took 309 s to train
-    where it took 10 s alone (two-H200 host, docs/measurements/2026-11-30.md, "Where an evaluation's
-    time goes")."""
+def _training_on(device: torch.device) -> Iterator[tuple[str, str]]:
+    """Settings the network trains under on ``device``; yields where it trains and its threads as
+    said (``("the CPU", ", 16 threads")``, ``("cuda:0", "")``). On a GPU, cuDNN's deterministic
+    algorithms, so one device trains the same network each time (a run evaluated on a GPU trains it
+    there: on the CPU it took 288-302 s at 64 px beside a GPU host's training runs,
+    docs/measurements/2026-11-30.md, "medium on the whole suite, evaluated"). On the CPU, torch's
+    threads set to the cores this process may use that other processes leave free, as a CPU training
+    run takes them (``runtime.cpu_threads`` auto), unless ``OMP_NUM_THREADS`` is set; a thread per
+    core beside busy processes makes the threads wait for each other (309 s where it took 10 s
+    alone; "Where an evaluation's time goes")."""
+    if device.type != "cpu":
+        with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+            yield str(device), ""
+        return
     from diffscale.runtime.resources import free_threads_unless_set
 
     before = torch.get_num_threads()
     threads = free_threads_unless_set(1) or before
     torch.set_num_threads(threads)
     try:
-        yield threads
+        yield "the CPU", f", {threads} thread{'s' if threads > 1 else ''}"
     finally:
         torch.set_num_threads(before)
 
@@ -187,40 +199,47 @@ def _save(network: FeatureNet, path: Path, meta: dict[str, str]) -> None:
 
     with contextlib.suppress(OSError):  # a cache only: where it cannot be written, the next evaluation trains again
         with atomic_path(path) as tmp:
-            save_file({k: v.contiguous() for k, v in network.state_dict().items()}, str(tmp), metadata=meta)
+            save_file({k: v.detach().cpu().contiguous() for k, v in network.state_dict().items()}, str(tmp),
+                      metadata=meta)
 
 
-def _examples(images: torch.Tensor, labels: torch.Tensor | None,
-              rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float images in [-1, 1] and targets of ``rows``: the labels, or each image turned by a
-    right angle chosen by its row (so the held-out set is fixed)."""
-    x = images[rows].float() / 127.5 - 1.0
+def _examples(images: torch.Tensor, labels: torch.Tensor | None, rows: torch.Tensor,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float images in [-1, 1] and targets of ``rows`` on ``device`` (the uint8 rows go there, a
+    quarter of the bytes): the labels, or each image turned by a right angle chosen by its row (so
+    the held-out set is fixed)."""
+    x = images[rows].to(device).float() / 127.5 - 1.0
     if labels is not None:
-        return x, labels[rows]
+        return x, labels[rows].to(device)
     turns = rows % 4
-    return torch.stack([torch.rot90(img, int(k), dims=(1, 2)) for img, k in zip(x, turns, strict=True)]), turns
+    turned = torch.stack([torch.rot90(img, int(k), dims=(1, 2)) for img, k in zip(x, turns, strict=True)])
+    return turned, turns.to(device)
 
 
-def _train(network: FeatureNet, images: torch.Tensor, labels: torch.Tensor | None, seed: int) -> float:
-    """Train on a seeded 90 % of the rows; returns the accuracy on the other 10 %."""
+def _train(network: FeatureNet, images: torch.Tensor, labels: torch.Tensor | None, seed: int,
+           device: torch.device | None = None) -> float:
+    """Train on ``device`` (default the CPU) on a seeded 90 % of the rows; returns the accuracy on the
+    other 10 %. The rows are drawn on the CPU, the same on every device."""
+    device = device or torch.device("cpu")
     global TRAININGS
     TRAININGS += 1
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(images.shape[0], generator=generator)
     held = max(1, images.shape[0] // 10)
     test_rows, train_rows = order[:held], order[held:]
+    network.to(device)
     optimizer = torch.optim.AdamW(network.parameters(), lr=2e-3, weight_decay=1e-4)
     network.train()
     for _ in range(TRAIN_STEPS):
         rows = train_rows[torch.randint(0, train_rows.shape[0], (BATCH,), generator=generator)]
-        x, y = _examples(images, labels, rows)
+        x, y = _examples(images, labels, rows, device)
         loss = F.cross_entropy(network.head(network(x)), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     network.eval()
     with torch.no_grad():
-        x, y = _examples(images, labels, test_rows)
+        x, y = _examples(images, labels, test_rows, device)
         return float((network.head(network(x)).argmax(1) == y).float().mean())
 
 

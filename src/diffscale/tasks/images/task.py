@@ -258,7 +258,8 @@ class ImageTask:
             if labelled is not None:  # the classes the data's classifier knows: those evaluations ask for
                 self._known = sorted(set(labelled[0].tolist()))
             path = cache_path(self.cfg.data.source, self.cfg.data.max_items, size, self.channels)
-            self._featurizer = trained_features(images, labelled[0] if labelled else None, path)
+            self._featurizer = trained_features(images, labelled[0] if labelled else None, path,
+                                                device=self.device)
         self._featurizer.network.to(self.device)
         self._data_features = DataFeatures(images, self._featurizer, path.with_suffix("") if path else None)
 
