@@ -1,11 +1,12 @@
 """The feature networks the suite's image evaluations score in, built ahead of a call.
 
-``diffscale eval`` trains one per data set and resolution on the CPU, once, and keeps it in the
-data cache (``DIFFSCALE_CACHE_DIR``/quality). At medium's 64 px that took 288-302 s on a two-H200
-host beside four training runs, where sampling took 6 s (2026-11-30), so a call of a few minutes
-spent most of its time there. ``--prepare-features`` builds them on any CPU machine, for the
-same data paths, and the GPU script carries the folder in (scripts/gpu/suite_defaults.sh,
-``FEATURES=FILE``); an evaluation that finds one reads it, as a user's second evaluation does.
+``diffscale eval`` trains one per data set, resolution and seed and keeps it in the data cache
+(``DIFFSCALE_CACHE_DIR``/quality). Until fdd9d60 it trained on the CPU: at medium's 64 px 288-302 s
+on a two-H200 host beside four training runs, where sampling took 6 s (2026-11-30); since then an
+evaluation on a GPU trains it there (2.1 s). ``--prepare-features`` builds them on the CPU for the
+same data paths, and the GPU script carries them in (scripts/gpu/suite_defaults.sh,
+``FEATURES=FILE``): a call then scores in the networks a CPU machine or an earlier call built, as a
+user's second evaluation does.
 """
 
 from __future__ import annotations
