@@ -139,6 +139,18 @@ def test_one_data_set_and_seed_train_one_network_whatever_the_process_drew_befor
     assert torch.equal(first, again) and not torch.allclose(first, other_seed)
 
 
+def test_the_held_out_accuracy_is_counted_in_parts_as_at_once(tmp_path, monkeypatch):
+    """A tenth of a large data set at once would not fit a GPU: the held-out images go through the
+    network in parts, and the accuracy is the same as in one part."""
+    monkeypatch.setattr(quality, "TRAIN_STEPS", 60)  # stripes are easy: nearly all 20 right
+    images, labels = _stripes()
+    monkeypatch.setattr(quality, "HELD_OUT_BATCH", 7)  # 20 held out: parts of 7, 7 and 6
+    parts = quality.trained_features(images, labels, tmp_path / "a.safetensors").accuracy
+    monkeypatch.setattr(quality, "HELD_OUT_BATCH", 1000)
+    whole = quality.trained_features(images, labels, tmp_path / "b.safetensors").accuracy
+    assert parts == whole and parts > 0.9 and parts * 20 == round(parts * 20)
+
+
 def test_evaluations_started_together_on_one_data_set_train_its_feature_network_once(tmp_path, monkeypatch):
     """Two evaluations that look for the feature network at the same moment (a barrier) and find
     none: one trains it while holding the lock, the other waits and reads it. Without the lock both
