@@ -200,8 +200,7 @@ def _save(network: FeatureNet, path: Path, meta: dict[str, str]) -> None:
 
     with contextlib.suppress(OSError):  # a cache only: where it cannot be written, the next evaluation trains again
         with atomic_path(path) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in network.state_dict().items()}, str(tmp),
-                      metadata=meta)
+            save_file({k: v.cpu().contiguous() for k, v in network.state_dict().items()}, str(tmp), metadata=meta)
 
 
 def _examples(images: torch.Tensor, labels: torch.Tensor | None, rows: torch.Tensor,
@@ -218,10 +217,9 @@ def _examples(images: torch.Tensor, labels: torch.Tensor | None, rows: torch.Ten
 
 
 def _train(network: FeatureNet, images: torch.Tensor, labels: torch.Tensor | None, seed: int,
-           device: torch.device | None = None) -> float:
-    """Train on ``device`` (default the CPU) on a seeded 90 % of the rows; returns the accuracy on the
-    other 10 %. The rows are drawn on the CPU, the same on every device."""
-    device = device or torch.device("cpu")
+           device: torch.device) -> float:
+    """Train on ``device`` on a seeded 90 % of the rows; returns the accuracy on the other 10 %. The
+    rows are drawn on the CPU, the same on every device."""
     global TRAININGS
     TRAININGS += 1
     generator = torch.Generator().manual_seed(seed)
