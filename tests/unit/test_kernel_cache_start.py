@@ -45,6 +45,38 @@ def test_kernel_folders_are_named_by_gpu_kind_and_torch_release_and_listed_witho
     assert KernelCache.read(tmp_path / "none").compiled == ()
 
 
+def test_a_whole_build_counts_for_the_data_it_was_built_for(tmp_path):
+    """One config's folder holds the step of grayscale and of colour images (the channels follow the
+    data): a build made for one data source is not whole for another; one marked before the marker
+    named its data counts for none that names one."""
+    folder = tmp_path / "nvidia-h200-torch-2.11.0-cu130" / "aaaa"
+    folder.mkdir(parents=True)
+    mark_step_built(folder, "npz:/data/grey.npz")
+    assert step_built(folder, "npz:/data/grey.npz") and step_built(folder)
+    assert not step_built(folder, "npz:/data/colour.npz")
+    mark_step_built(folder, "npz:/data/grey.npz")  # once per data source
+    mark_step_built(folder, "npz:/data/colour.npz")
+    assert step_built(folder, "npz:/data/colour.npz")
+    assert (folder / STEP_BUILT).read_text().count("built for: npz:/data/grey.npz\n") == 1
+    cache = KernelCache.read(tmp_path)
+    assert cache.builds_of("aaaa", "H200", "npz:/data/colour.npz") == [folder.parent.name]
+    assert cache.builds_of("aaaa", "H200", "imagefolder:/data/other") == []
+    assert cache.builds_of("aaaa", "H200") == [folder.parent.name]  # sizes fixed by the config: any data
+    (folder / STEP_BUILT).write_text("a training step compiled through this folder ran\n")  # marked before
+    assert step_built(folder) and not step_built(folder, "npz:/data/grey.npz")
+    mark_step_built(folder, "npz:/data/grey.npz")
+    assert step_built(folder, "npz:/data/grey.npz")
+
+
+def test_the_data_source_decides_a_build_only_where_a_size_follows_the_data():
+    cfg = resolve_config(ConfigSources(preset="large", overrides=["data.source=npz:/data/colour.npz"]))
+    assert cfg.model.channels == 0 and cfg.kernels_built_for() == "npz:/data/colour.npz"
+    cfg.model.channels = 3
+    assert cfg.kernels_built_for() == ""
+    policy = resolve_config(ConfigSources(preset="policy-tiny"))
+    assert policy.model.obs_dim and policy.kernels_built_for() == ""  # the preset sizes its network itself
+
+
 def _policy(device: str, **runtime: str):
     cfg = resolve_config(ConfigSources(preset="tiny", overrides=[f"runtime.{k}={v}" for k, v in runtime.items()]))
     # the policy of a CUDA run without a GPU: resolve it on the CPU, then name the device
@@ -97,8 +129,28 @@ def test_a_cuda_run_compiles_first_where_its_kernel_folder_holds_a_whole_build(t
     kernels = tmp_path / "cache" / "kernels" / build_name(policy.name, torch.__version__) / cfg.graph_key(1)
     (kernels / "fxgraph").mkdir(parents=True)
     if built:
-        mark_step_built(kernels)
+        mark_step_built(kernels, cfg.kernels_built_for())
     assert _trains_beside(cfg, tmp_path / "run", ctx, policy) == (kernels.resolve() if trains_beside else None)
+
+
+def test_a_run_of_other_data_trains_eager_beside_the_compile_of_its_own_step(tmp_path, monkeypatch):
+    """The folder holds a whole build for grayscale glyphs; the same preset on other data (colour
+    images, the same graph key) would compile before its first step from a build that is not its
+    own: it trains eager beside the background compile instead."""
+    from diffscale.runtime.distributed import DistContext, LaunchInfo
+    from diffscale.training.loop import _trains_beside
+
+    monkeypatch.setenv("DIFFSCALE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "set here so that the test's end restores it")
+    cfg, policy = _policy("cuda")
+    ctx = DistContext(info=LaunchInfo(launcher="single"), device=torch.device("cpu"))
+    kernels = tmp_path / "cache" / "kernels" / build_name(policy.name, torch.__version__) / cfg.graph_key(1)
+    (kernels / "fxgraph").mkdir(parents=True)
+    mark_step_built(kernels, cfg.kernels_built_for())
+    other = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source="npz:/data/colour.npz"))
+    assert other.graph_key(1) == cfg.graph_key(1)
+    assert _trains_beside(cfg, tmp_path / "run", ctx, policy) is None
+    assert _trains_beside(other, tmp_path / "run2", ctx, policy) == kernels.resolve()
 
 
 def test_plan_says_whether_a_job_starts_warm_or_cold_and_tells_the_job_where_the_cache_is(tmp_path, cli):
@@ -126,7 +178,9 @@ def test_plan_says_whether_a_job_starts_warm_or_cold_and_tells_the_job_where_the
     h200 = cache / "kernels" / build_name("NVIDIA H200", metadata.version("torch")) / key
     (h200 / "fxgraph").mkdir(parents=True)
     assert "kernel cache: cold" in plan()  # kernels, but not a whole step's build (a killed compile's)
-    (h200 / STEP_BUILT).write_text("")
+    mark_step_built(h200, "npz:/data/colour.npz")
+    assert "kernel cache: cold" in plan()  # a whole build, but for other data than the preset's
+    mark_step_built(h200, resolve_config(ConfigSources(preset="small")).kernels_built_for())
     warm, version = plan(), metadata.version("torch")
     assert (f"kernel cache: warm -- {cache / 'kernels'}/{h200.parent.name}/{key} holds this network's kernels for "
             f"H200 and torch {version}: it compiles from them in seconds, before its first step") in warm

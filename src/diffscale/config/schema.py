@@ -313,6 +313,15 @@ class RunConfig:
                 "batch_per_gpu": self.train.batch_per_gpu, "grad_accum": self.train.grad_accum,
                 "world_size": world_size}
 
+    def kernels_built_for(self) -> str:
+        """The data a whole build in this run's kernel folder must have been made for, beyond
+        :meth:`graph_key`: the data source where a network size follows the data (a ``FOLLOW_DATA``
+        field at 0, e.g. image channels, which the key cannot tell), else empty (the config fixes
+        every size). A run of other data trains eager beside the compile of its own step
+        (``io/kernels.py``)."""
+        follows = [name for name in getattr(type(self.model), "FOLLOW_DATA", ()) if not getattr(self.model, name)]
+        return self.data.source if follows else ""
+
     def graph_key(self, world_size: int) -> str:
         """:meth:`graph_parts` as a short hash: runs that agree on it share one folder of compiled
         kernels. Torch and source versions are keyed by torch's caches themselves."""

@@ -38,22 +38,46 @@ def kernels_root() -> Path:
 
 STEP_BUILT = "step-built"
 """The file a kernel folder gets once a training step compiled through it has run (``mark_step_built``):
-it holds a whole build of the step, not the part a killed compile left."""
+it holds a whole build of the step, not the part a killed compile left. It lists the data each build
+was for (``RunConfig.kernels_built_for``): the folder is keyed by the config, and where a network's
+sizes follow its data (image channels) one config compiles one step for grayscale images and another
+for colour ones. large on colour images after grayscale ones compiled first from such a folder and
+waited 98.5 s without a step (four H200, 2026-11-30)."""
+
+BUILT_FOR = "built for: "
+"""The prefix of ``STEP_BUILT``'s lines naming the data a whole build was for."""
 
 
-def step_built(folder: Path) -> bool:
-    """Whether ``folder`` holds a whole build of a training step (``STEP_BUILT``)."""
+def builds_recorded(folder: Path) -> frozenset[str] | None:
+    """The data ``folder``'s whole builds were for (``STEP_BUILT``'s lines; empty for a build that
+    follows no data, or one marked before the file named it), None where it holds no whole build."""
     try:
-        return (folder / STEP_BUILT).is_file()
-    except OSError:
-        return False
+        text = (folder / STEP_BUILT).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return frozenset(line[len(BUILT_FOR):] for line in text.splitlines() if line.startswith(BUILT_FOR))
 
 
-def mark_step_built(folder: Path) -> None:
-    """Mark ``folder`` as holding a whole build; a cache the job cannot write to stays unmarked (its
-    next runs then train eager while a background process loads the kernels, as on a cold cache)."""
+def step_built(folder: Path, built_for: str = "") -> bool:
+    """Whether ``folder`` holds a whole build of a training step (``STEP_BUILT``), made for the data
+    ``built_for`` names where it names one (``RunConfig.kernels_built_for``)."""
+    recorded = builds_recorded(folder)
+    return recorded is not None and (not built_for or built_for in recorded)
+
+
+def mark_step_built(folder: Path, built_for: str = "") -> None:
+    """Mark ``folder`` as holding a whole build, made for the data ``built_for`` names (if any); a
+    cache the job cannot write to stays unmarked (its next runs then train eager while a background
+    process loads the kernels, as on a cold cache)."""
+    recorded = builds_recorded(folder)
+    if recorded is not None and (not built_for or built_for in recorded):
+        return
+    lines = "" if recorded is not None else "a training step compiled through this folder ran\n"
+    if built_for:
+        lines += f"{BUILT_FOR}{' '.join(built_for.splitlines())}\n"
     try:
-        (folder / STEP_BUILT).write_text("a training step compiled through this folder ran\n")
+        with (folder / STEP_BUILT).open("a") as marker:  # runs of other data may add theirs beside it
+            marker.write(lines)
     except OSError:
         pass
 
@@ -73,6 +97,8 @@ class KernelCache:
 
     root: str
     compiled: tuple[tuple[str, str], ...] = ()
+    built_for: tuple[frozenset[str], ...] = ()
+    """For each of ``compiled``: the data its whole builds were for (``builds_recorded``)."""
     torch_version: str | None = None
     """The torch release of the environment that plans (None: not installed there)."""
 
@@ -87,21 +113,28 @@ class KernelCache:
         except metadata.PackageNotFoundError:
             version = None
         compiled: list[tuple[str, str]] = []
+        built_for: list[frozenset[str]] = []
         try:
             builds = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
             for build in builds:
-                compiled += [(build.name, g.name) for g in sorted(build.iterdir()) if step_built(g)]
+                for graph in sorted(build.iterdir()):
+                    recorded = builds_recorded(graph)
+                    if recorded is not None:
+                        compiled.append((build.name, graph.name))
+                        built_for.append(recorded)
         except OSError:
             pass
-        return cls(str(root), tuple(compiled), version)
+        return cls(str(root), tuple(compiled), tuple(built_for), version)
 
-    def builds_of(self, graph_key: str, gpu_kind: str | None) -> list[str]:
+    def builds_of(self, graph_key: str, gpu_kind: str | None, built_for: str = "") -> list[str]:
         """The builds holding kernels of ``graph_key`` for ``gpu_kind`` (a partition's GPU type, e.g.
         ``A100-80GB``: its model word, ``a100``, is one word of the build's device name; None or no model
-        word: any device)."""
+        word: any device) and, where ``built_for`` names data, for that data (``step_built``)."""
         word = _model_word(gpu_kind) if gpu_kind else ""
-        return [build for build, graph in self.compiled
-                if graph == graph_key and (not word or word in build.split("-"))]
+        recorded = self.built_for or (frozenset(),) * len(self.compiled)
+        return [build for (build, graph), sources in zip(self.compiled, recorded, strict=True)
+                if graph == graph_key and (not word or word in build.split("-"))
+                and (not built_for or built_for in sources)]
 
 
 def _model_word(gpu_kind: str) -> str:

@@ -113,7 +113,7 @@ class Run:
         """After a step that ran compiled: its kernel folder holds a whole build of the step, which
         the next run of this network compiles from before its first step (``io/kernels.py``)."""
         if self.compile_dir is not None and not self.eager:
-            mark_step_built(self.compile_dir)
+            mark_step_built(self.compile_dir, self.state.cfg.kernels_built_for())
 
     def close(self) -> None:
         try:

@@ -17,7 +17,7 @@ def start_note(run: DiffscaleRun, gpu_type: str | None, world_size: int) -> str 
                                                           and runtime.recipe == Recipe.PLAIN):
         return None
     key = run.config.graph_key(world_size)
-    builds = cache.builds_of(key, gpu_type)
+    builds = cache.builds_of(key, gpu_type, run.config.kernels_built_for())
     same_torch = [b for b in builds if cache.torch_version and b.endswith(torch_part(cache.torch_version))]
     gpu = gpu_type or "its GPU"
     torch_release = f"torch {cache.torch_version}" if cache.torch_version else "this torch"
