@@ -286,12 +286,13 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))  # where torch's DynamoCache looks
     said: list[str] = []
 
-    def cache_with(entry_bytes: bytes, stamp: str, world_size: int = 1):
+    def cache_with(entry_bytes: bytes, stamp: str, world_size: int = 1, built_for: str | None = None):
         dynamo = cache_dir / "dynamo"
         entry = dynamo / CompilePackage.source_id_from_fn(net.forward) / "entry"
         entry.parent.mkdir(parents=True, exist_ok=True)
         entry.write_bytes(entry_bytes)
-        (dynamo / STAMP).write_text(json.dumps({"fingerprint": stamp}))
+        written = {"fingerprint": stamp, "built_for": cfg.kernels_built_for() if built_for is None else built_for}
+        (dynamo / STAMP).write_text(json.dumps(written))
         said.clear()
         return open_compile_cache(cfg, cache_dir, world_size=world_size, own_cache=True, net=net, say=said.append)
 
@@ -307,6 +308,9 @@ def test_a_cached_traced_network_that_cannot_be_used_is_discarded_with_one_warni
     cache = cache_with(b"x", "another config")
     assert cache.active and not cache.found and not dynamo.exists()
     assert len(said) == 1 and "(it was traced for another config or torch)" in said[0]
+    # traced for other data (the image channels follow it): traced anew for this data, without a warning
+    cache = cache_with(b"x", fingerprint(cfg, 1), built_for="npz:/data/colour.npz")
+    assert cache.active and not cache.found and not dynamo.exists() and not said
     cache = cache_with(b"x", fingerprint(cfg, 2), world_size=2)
     assert not cache.active and cache.why_not.startswith("runtime.compile_cache is for one process")
     assert not said and dynamo.exists()  # a distributed run leaves the cache alone
@@ -442,8 +446,8 @@ def test_the_stamp_is_in_place_before_the_traced_network_is_written(tmp_path, mo
                         lambda: stamps_when_written.append(json.loads((dynamo / cc.STAMP).read_text())))
     monkeypatch.setattr(cc, "_graphs_traced", lambda: 1)  # this job traced the network
     said: list[str] = []
-    cc.CompileCache(directory=dynamo, stamp="abc", say=said.append).save_once()
-    assert stamps_when_written == [{"fingerprint": "abc"}] and not said
+    cc.CompileCache(directory=dynamo, stamp="abc", built_for="npz:/data/grey.npz", say=said.append).save_once()
+    assert stamps_when_written == [{"fingerprint": "abc", "built_for": "npz:/data/grey.npz"}] and not said
 
 
 

@@ -8,9 +8,13 @@ Torch keys the entry by the compiled function alone (``Denoiser.forward``'s name
 the Python and torch versions and the source of every function it inlined, and drops the guards it
 cannot write (object identities, dict versions, closures). A stamp of what else decides the graph
 (this config's model, runtime and batch, the world size) stands in for those: an entry written under
-another stamp is discarded and the network traced again. The precompile package is torch's own,
-so this module reaches into ``torch._dynamo.package`` (private) and is written against torch 2.11
-and 2.13, where it was measured (docs/benchmarks.md, "Start-up and compile time")."""
+another stamp is discarded and the network traced again. The stamp also names the data the network
+is sized for (``RunConfig.kernels_built_for``): one folder serves a config's runs on grayscale and
+on colour images, and an entry traced for the other data is traced anew without a warning (it was
+installed, failed its guards and warned "traced the network again", large on the suite, 2026-11-30).
+The precompile package is torch's own, so this module reaches into ``torch._dynamo.package``
+(private) and is written against torch 2.11 and 2.13, where it was measured (docs/benchmarks.md,
+"Start-up and compile time")."""
 
 from __future__ import annotations
 
@@ -103,6 +107,9 @@ class CompileCache:
     """``<inductor cache>/dynamo`` where the cache is on, else None."""
     stamp: str = ""
     """``fingerprint`` of this job's run."""
+    built_for: str = ""
+    """The data this job's network is sized for (``RunConfig.kernels_built_for``): an entry traced for
+    other data in the same folder (colour images where grayscale ones were traced) is traced anew."""
     found: bool = False
     """An entry traced for this run was there when the job started."""
     why_not: str = ""
@@ -174,7 +181,8 @@ class CompileCache:
             # Runs of one network share the folder, and may run at once (two seeds on two GPUs): the
             # stamp goes first and whole, so a job starting meanwhile finds a stamp and no entry yet
             # (it traces) rather than an entry without its stamp (which it would discard).
-            write_text(self.directory / STAMP, json.dumps({"fingerprint": self.stamp}) + "\n")
+            stamp = {"fingerprint": self.stamp, "built_for": self.built_for}
+            write_text(self.directory / STAMP, json.dumps(stamp) + "\n")
             torch.compiler.save_cache_artifacts()  # caching precompile: also writes the dynamo entries (each whole)
         except Exception as exc:
             self.say(f"[yellow]warning: the traced network was not cached ({type(exc).__name__}: {exc}); "
@@ -244,11 +252,15 @@ class CompileCache:
         if not self.directory.is_dir():
             return
         try:
-            stamp = json.loads((self.directory / STAMP).read_text())["fingerprint"]
-        except (OSError, ValueError, KeyError, TypeError):
-            stamp = None
+            written = json.loads((self.directory / STAMP).read_text())
+            stamp, built_for = written["fingerprint"], written.get("built_for", "")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            stamp, built_for = None, ""
         if stamp != self.stamp:
             self._discard("it was traced for another config or torch" if stamp else "its stamp is missing")
+            return
+        if built_for != self.built_for:  # the same config on other data: nothing wrong, one entry a folder
+            shutil.rmtree(self.directory, ignore_errors=True)
             return
         from torch._dynamo.package import CompilePackage, DynamoCache
 
@@ -309,7 +321,8 @@ def open_compile_cache(cfg: RunConfig, cache_dir: Path, *, world_size: int, own_
                    "the network is traced as before")
     if why_not:
         return CompileCache(say=say, why_not=why_not if asked else "")
-    cache = CompileCache(directory=cache_dir / "dynamo", stamp=fingerprint(cfg, world_size), say=say)
+    cache = CompileCache(directory=cache_dir / "dynamo", stamp=fingerprint(cfg, world_size),
+                         built_for=cfg.kernels_built_for(), say=say)
     cache.check(net)
     return cache
 
