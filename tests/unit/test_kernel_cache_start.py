@@ -66,6 +66,8 @@ def test_a_whole_build_counts_for_the_data_it_was_built_for(tmp_path):
     assert step_built(folder) and not step_built(folder, "npz:/data/grey.npz")
     mark_step_built(folder, "npz:/data/grey.npz")
     assert step_built(folder, "npz:/data/grey.npz")
+    mark_step_built(folder, "imagefolder:/data/two\nlines")  # the file keeps one line a build
+    assert step_built(folder, "imagefolder:/data/two\nlines") and not step_built(folder, "imagefolder:/data/two")
 
 
 def test_the_data_source_decides_a_build_only_where_a_size_follows_the_data():

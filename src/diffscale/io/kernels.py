@@ -58,23 +58,26 @@ def builds_recorded(folder: Path) -> frozenset[str] | None:
     return frozenset(line[len(BUILT_FOR):] for line in text.splitlines() if line.startswith(BUILT_FOR))
 
 
+def _one_line(built_for: str) -> str:
+    return " ".join(built_for.splitlines())
+
+
 def step_built(folder: Path, built_for: str = "") -> bool:
     """Whether ``folder`` holds a whole build of a training step (``STEP_BUILT``), made for the data
     ``built_for`` names where it names one (``RunConfig.kernels_built_for``)."""
     recorded = builds_recorded(folder)
-    return recorded is not None and (not built_for or built_for in recorded)
+    return recorded is not None and (not built_for or _one_line(built_for) in recorded)
 
 
 def mark_step_built(folder: Path, built_for: str = "") -> None:
     """Mark ``folder`` as holding a whole build, made for the data ``built_for`` names (if any); a
     cache the job cannot write to stays unmarked (its next runs then train eager while a background
     process loads the kernels, as on a cold cache)."""
-    recorded = builds_recorded(folder)
-    if recorded is not None and (not built_for or built_for in recorded):
+    if step_built(folder, built_for):
         return
-    lines = "" if recorded is not None else "a training step compiled through this folder ran\n"
+    lines = "" if step_built(folder) else "a training step compiled through this folder ran\n"
     if built_for:
-        lines += f"{BUILT_FOR}{' '.join(built_for.splitlines())}\n"
+        lines += f"{BUILT_FOR}{_one_line(built_for)}\n"
     try:
         with (folder / STEP_BUILT).open("a") as marker:  # runs of other data may add theirs beside it
             marker.write(lines)
@@ -134,7 +137,7 @@ class KernelCache:
         recorded = self.built_for or (frozenset(),) * len(self.compiled)
         return [build for (build, graph), sources in zip(self.compiled, recorded, strict=True)
                 if graph == graph_key and (not word or word in build.split("-"))
-                and (not built_for or built_for in sources)]
+                and (not built_for or _one_line(built_for) in sources)]
 
 
 def _model_word(gpu_kind: str) -> str:

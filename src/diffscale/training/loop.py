@@ -282,9 +282,9 @@ def _trains_beside(cfg: RunConfig, run_dir: Path, ctx: DistContext, policy: Devi
     """The kernel folder a run trains eager beside while its background process compiles into it
     (``compiles_while_training``), or None where it compiles before its first step: also under
     ``auto`` where every rank's folder holds a whole build of the step made for this run's data
-    (``step_built``, ``RunConfig.kernels_built_for``). Compiled
-    first from such a folder, small on an H200 trained at its compiled speed 10.6-13.4 s after the
-    command; eager first, after 26.2-34.1 s (its first step at 4.3-6.5 s; 2026-11-30)."""
+    (``step_built``, ``RunConfig.kernels_built_for``). Compiled first from such a folder, small on
+    an H200 trained at its compiled speed 10.6-13.4 s after the command; eager first, after
+    26.2-34.1 s (its first step at 4.3-6.5 s; 2026-11-30)."""
     if not compiles_while_training(cfg, policy):
         return None
     kernels = run_compile_cache(run_dir, cfg, ctx.world_size, policy.name)
