@@ -13,23 +13,23 @@ PRESET=${PRESET:-medium} SET=${SET:-flat} STEPS=${STEPS:-300}
 source scripts/gpu/env.sh
 mkdir -p "$OUT"
 if [ "${NETWORK_ONLY:-0}" != 1 ]; then
-mkdir -p /tmp/w/data /tmp/fcache/cpu
-"$PY" -m benchmarks.suite.generate --out /tmp/w/data --sets "$SET" > "$OUT/generate.log"
-DATA=npz:$(ls /tmp/w/data/images-"$SET"-n*-seed0.npz)
-if [ -n "${CPU_FEATURES:-}" ]; then tar -xzf "$CPU_FEATURES" -C /tmp/fcache/cpu
-else DIFFSCALE_CACHE_DIR=/tmp/fcache/cpu "$PY" -m benchmarks.suite.defaults --preset "$PRESET" --sets "$SET" \
-  --seeds 1 --out /tmp/fprep --data-dir /tmp/w/data --prepare-features > "$OUT/prepare.log" 2>&1; fi
-RUN=/tmp/fnrun
-rm -rf "$RUN" /tmp/fcache/gpu1 /tmp/fcache/gpu2
-DIFFSCALE_CACHE_DIR=/tmp/fcache/train "$PY" -m diffscale train --preset "$PRESET" --data "$DATA" --out "$RUN" \
-  --set train.steps="$STEPS" --set runtime.compile=off > "$OUT/train.log" 2>&1
-for cache in cpu gpu1 gpu2; do
-  DIFFSCALE_CACHE_DIR=/tmp/fcache/$cache "$PY" -m diffscale eval "$RUN" --json > "$OUT/eval-$cache.json" \
-    2> "$OUT/eval-$cache.err"
-  echo "$cache: $(grep 'feature network' "$OUT/eval-$cache.err" | tr '\n' ' ')"
-  "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(' fd', r['fd'], 'data vs data', r['reference_fd'],
-  'accuracy', r['feature_net_accuracy'])" "$OUT/eval-$cache.json"
-done
+  mkdir -p /tmp/w/data /tmp/fcache/cpu
+  "$PY" -m benchmarks.suite.generate --out /tmp/w/data --sets "$SET" > "$OUT/generate.log"
+  DATA=npz:$(ls /tmp/w/data/images-"$SET"-n*-seed0.npz)
+  if [ -n "${CPU_FEATURES:-}" ]; then tar -xzf "$CPU_FEATURES" -C /tmp/fcache/cpu
+  else DIFFSCALE_CACHE_DIR=/tmp/fcache/cpu "$PY" -m benchmarks.suite.defaults --preset "$PRESET" --sets "$SET" \
+    --seeds 1 --out /tmp/fprep --data-dir /tmp/w/data --prepare-features > "$OUT/prepare.log" 2>&1; fi
+  RUN=/tmp/fnrun
+  rm -rf "$RUN" /tmp/fcache/gpu1 /tmp/fcache/gpu2
+  DIFFSCALE_CACHE_DIR=/tmp/fcache/train "$PY" -m diffscale train --preset "$PRESET" --data "$DATA" --out "$RUN" \
+    --set train.steps="$STEPS" --set runtime.compile=off > "$OUT/train.log" 2>&1
+  for cache in cpu gpu1 gpu2; do
+    DIFFSCALE_CACHE_DIR=/tmp/fcache/$cache "$PY" -m diffscale eval "$RUN" --json > "$OUT/eval-$cache.json" \
+      2> "$OUT/eval-$cache.err"
+    echo "$cache: $(grep 'feature network' "$OUT/eval-$cache.err" | tr '\n' ' ')"
+    "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); print(' fd', r['fd'], 'data vs data', r['reference_fd'],
+    'accuracy', r['feature_net_accuracy'])" "$OUT/eval-$cache.json"
+  done
 fi
 "$PY" - <<'PY'
 import tempfile, time
