@@ -313,14 +313,17 @@ class RunConfig:
                 "batch_per_gpu": self.train.batch_per_gpu, "grad_accum": self.train.grad_accum,
                 "world_size": world_size}
 
+    def sizes_from_data(self) -> list[str]:
+        """The network sizes the model section leaves to the data: its ``FOLLOW_DATA`` fields at 0."""
+        return [name for name in self.model.FOLLOW_DATA if getattr(self.model, name) == 0]
+
     def kernels_built_for(self) -> str:
         """The data a whole build in this run's kernel folder must have been made for, beyond
-        :meth:`graph_key`: the data source where a network size follows the data (a ``FOLLOW_DATA``
-        field at 0, e.g. image channels, which the key cannot tell), else empty (the config fixes
-        every size). A run of other data trains eager beside the compile of its own step
+        :meth:`graph_key`: the data source where a network size follows the data
+        (:meth:`sizes_from_data`, e.g. image channels, which the key cannot tell), else empty (the
+        config fixes every size). A run of other data trains eager beside the compile of its own step
         (``io/kernels.py``)."""
-        follows = [name for name in getattr(type(self.model), "FOLLOW_DATA", ()) if not getattr(self.model, name)]
-        return self.data.source if follows else ""
+        return self.data.source if self.sizes_from_data() else ""
 
     def graph_key(self, world_size: int) -> str:
         """:meth:`graph_parts` as a short hash: runs that agree on it share one folder of compiled

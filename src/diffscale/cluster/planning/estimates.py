@@ -134,7 +134,7 @@ def with_data_sizes(cfg: RunConfig) -> tuple[RunConfig, str]:
     the estimates can build its network, and a line saying where they came from: the data's own
     where it is readable here, else the preset's. ``cfg`` itself and '' where the network is built
     without them (an image run's channels)."""
-    follow = [name for name in cfg.model.FOLLOW_DATA if getattr(cfg.model, name) == 0]
+    follow = cfg.sizes_from_data()
     if not follow or isinstance(cfg.model, ModelConfig):  # nothing to read (the UNet walk needs no channels)
         return cfg, ""
     import torch
