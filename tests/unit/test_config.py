@@ -23,6 +23,16 @@ def test_presets_keep_the_reference_widths():
                             "policy-tiny"}
 
 
+def test_image_presets_predict_the_velocity_and_a_written_run_keeps_its_own_target():
+    for name in ("tiny", "small", "medium", "large", "xl"):
+        assert get_preset(name).diffusion.prediction_type == C.Prediction.V_PREDICTION, name
+    # the config.yaml of an xl run written while xl predicted the noise resumes predicting the noise
+    written = get_preset("xl").to_yaml()
+    assert "prediction_type: v_prediction" in written
+    before = C.from_dict(yaml.safe_load(written.replace("prediction_type: v_prediction", "prediction_type: epsilon")))
+    assert before.diffusion.prediction_type == C.Prediction.EPSILON
+
+
 def test_yaml_round_trip_is_identity():
     for name in PRESETS:
         cfg = get_preset(name)

@@ -98,12 +98,16 @@ def large() -> RunConfig:
 
 
 def xl() -> RunConfig:
-    """128 px, widths (128, 128, 256, 256, 512, 512), attention at level 5, batch 32 per GPU."""
+    """128 px, widths (128, 128, 256, 256, 512, 512), attention at level 5, batch 32 per GPU.
+    v-prediction: on the suite's `strokes` its FD after 1,500 steps was 6.5 against 270 predicting
+    the noise (three seeds each), on `clouds` 50.6 against 69.1, at the same learning rate
+    (docs/decisions.md, "xl: v-prediction at large's learning rate")."""
     return RunConfig(
         preset="xl",
         model=ModelConfig(sample_size=128, block_out_channels=(128, 128, 256, 256, 512, 512),
                           attention=(False, False, False, False, True, False)),
         data=DataConfig(source="builtin:mix", shift_px=4),
+        diffusion=DiffusionConfig(prediction_type=Prediction.V_PREDICTION),
         optim=OptimConfig(lr=1e-4, warmup_steps=1000),
         train=TrainConfig(steps=200_000, batch_per_gpu=32, ema_decay=0.9999, log_every=50, checkpoint_every=2000,
                           sample_every=10_000),

@@ -41,16 +41,16 @@ class DiffusionConfig:
     beta_end: float = 0.02
     """Last beta of the linear schedules."""
     prediction_type: Prediction = Prediction.EPSILON
-    """Training target: ``epsilon`` (the noise), ``v_prediction`` or ``sample``. The image presets but
-    xl train ``v_prediction``, which reached a given quality sooner (docs/benchmarks.md, "Time to
+    """Training target: ``epsilon`` (the noise), ``v_prediction`` or ``sample``. The image presets
+    train ``v_prediction``, which reached a given quality sooner (docs/benchmarks.md, "Time to
     quality (images)")."""
     loss_weighting: LossWeighting = LossWeighting.NONE
     """``none``: every timestep's error counts alike (the common recipe). ``min-snr``: Min-SNR-gamma
     weighting (Hang et al. 2023, as diffusers' training examples apply it): each sample's error
     weighted by min(SNR_t, gamma) / SNR_t for epsilon prediction (/(SNR_t + 1) for v-prediction,
     min(SNR_t, gamma) for sample prediction), so low-noise timesteps stop dominating the loss. Off
-    by default: it sped up noise prediction's time to quality but not v-prediction's, which tiny,
-    small, medium and large train (docs/benchmarks.md, "Time to quality (images)")."""
+    by default: it sped up noise prediction's time to quality but not v-prediction's, which the
+    image presets train (docs/benchmarks.md, "Time to quality (images)")."""
     min_snr_gamma: float = 5.0
     """gamma of ``loss_weighting: min-snr`` (the paper's and diffusers' 5)."""
     clip_sample: bool = True
