@@ -305,6 +305,30 @@ def test_eval_uses_a_feature_network_of_the_users_own(tmp_path, capsys, monkeypa
     assert my_features.CALLS == [1] and quality.TRAININGS == trainings  # no network of diffscale's trained
 
 
+def test_a_users_feature_network_without_weights_runs_and_one_of_the_wrong_shape_is_named(tmp_path, capsys,
+                                                                                         monkeypatch, quick_features):
+    (tmp_path / "fixed_features.py").write_text(
+        "import torch\n"
+        "def pixels():\n"
+        "    return torch.nn.Flatten()  # no parameters, no buffers: a fixed transform\n"
+        "def maps():\n"
+        "    return torch.nn.Conv2d(1, 4, 3)  # (B, 4, H-2, W-2): no feature vector per image\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = _trained(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--count", "6", "--steps", "2", "--features", "fixed_features:pixels",
+                 "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["features"] == "user network fixed_features:pixels" and record["fd"] >= 0
+    assert main(["eval", str(run), "--count", "6", "--steps", "2", "--features", "fixed_features:maps"]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.strip().splitlines()[-1] == (
+        "error: the feature network (user network fixed_features:maps) mapped images of shape (6, 1, 8, 8) to "
+        "(6, 4, 6, 6), not (images, features) -- return a network whose output is one feature vector per image, "
+        "(B, D): end it with torch.nn.Flatten() or a pooling and flatten"), printed.err
+    assert "Traceback" not in printed.err
+
+
 def test_training_evaluates_every_n_steps_into_metrics_and_tensorboard(tmp_path, quick_features, capsys):
     run = _trained(tmp_path, "train.eval_every=2", "train.eval_count=6", "train.sample_sampler=dpmsolver")
     said = capsys.readouterr().err  # training's progress, on stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,9 +72,16 @@ class Featurizer:
     @torch.no_grad()
     def features(self, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
         """(N, D) float32 on the CPU of ``images`` (N, C, S, S) in [-1, 1]."""
-        device = next(self.network.parameters()).device
+        # where its weights are; a network with none (a fixed transform of a user's) runs on the CPU
+        held = next(itertools.chain(self.network.parameters(), self.network.buffers()), None)
+        device = held.device if held is not None else torch.device("cpu")
         parts = [self.network(images[i:i + batch].to(device).float()).float().cpu()
                  for i in range(0, images.shape[0], batch)]
+        if parts and (parts[0].ndim != 2 or parts[0].shape[0] != min(batch, images.shape[0])):
+            raise UserError(f"the feature network ({self.description}) mapped images of shape "
+                            f"{tuple(images[:batch].shape)} to {tuple(parts[0].shape)}, not (images, features)",
+                            "return a network whose output is one feature vector per image, (B, D): end it "
+                            "with torch.nn.Flatten() or a pooling and flatten")
         return torch.cat(parts) if parts else torch.zeros(0, FEATURES)
 
 
