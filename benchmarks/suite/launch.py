@@ -6,7 +6,8 @@ then ``diffscale eval RUN --json``; its output goes to a log beside the run fold
 record (``result.json``) is already in its folder is not trained again, so a benchmark cut short
 continues where it stopped; a folder without one (a run killed midway) is trained afresh. A call
 interrupted (^C, or ``timeout --signal=INT``) starts no further run and keeps no record of the runs
-it interrupted in their training; a run it caught in its evaluation is kept without its score.
+it interrupted in their training; a run it caught in its evaluation is kept without its score,
+and the next call evaluates it where its checkpoints still are (the machine that trained it).
 
 On GPUs, runs that compile the same step (one preset, set and variant: the seed does not change the
 graph) wait until the first of them has its compiled step in the shared kernel cache
@@ -49,8 +50,8 @@ INTERRUPTED_CODES = (130, -signal.SIGINT)
 TRAINED_TO_AN_END = (0, EXIT_REQUEUE)
 """Exit codes of a training that ran to its end (85: stopped at ``--seconds``, checkpointed; a run
 stopped so by another signal than the budget's is an interrupted one, ``train_and_eval``)."""
-EVAL_CUT_OFF = ("the call was interrupted during the evaluation: the run is kept without its score (remove its "
-                "result.json for the next call to train and evaluate it again)")
+EVAL_CUT_OFF = ("the call was interrupted during the evaluation: the run is kept without its score (the next call "
+                "evaluates it where its checkpoints are; elsewhere remove its result.json to train it again)")
 
 interrupted = threading.Event()
 """Set when the call is interrupted: no further run or evaluation starts, no run cut off in its
@@ -201,6 +202,13 @@ def train_and_eval(spec: RunSpec, env: dict[str, str], *, budget_s: float | None
         interrupted.set()
     if not evaluate or code not in TRAINED_TO_AN_END:
         return done
+    return done | evaluate_trained(spec, env, log, eval_count)
+
+
+def evaluate_trained(spec: RunSpec, env: dict[str, str], log: Path, eval_count: int | None) -> dict:
+    """``diffscale eval`` of a run trained to its end (output appended to ``log``): the outcome's
+    evaluation keys (the JSON record, seconds and exit code, or why there is no score)."""
+    done: dict = {"eval": None}
     if interrupted.is_set():  # a stopping call starts no evaluation
         done["eval_error"] = EVAL_CUT_OFF
         return done
@@ -275,8 +283,22 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
     def one(spec: RunSpec, env: dict[str, str], where: str) -> dict:
         kept = spec.run_dir / "result.json"
         if kept.is_file():
-            say(f"{spec.label}: kept from an earlier call ({kept})")
-            return json.loads(kept.read_text())
+            earlier = json.loads(kept.read_text())
+            if not (options.get("evaluate") and scoreless_with_weights(earlier, spec.run_dir)):
+                say(f"{spec.label}: kept from an earlier call ({kept})")
+                return earlier
+            if interrupted.is_set():
+                return earlier
+            # an earlier call on this machine trained it and was stopped in its evaluation: its
+            # weights are still here, so it is scored now instead of trained again
+            say(f"{spec.label}: trained by an earlier call, its evaluation cut off: evaluating it{where}")
+            outcome = {key: earlier[key] for key in ("exit_code", "train_s", "log")}
+            outcome |= evaluate_trained(spec, env, Path(earlier["log"]),
+                                        options.get("eval_count"))  # type: ignore[arg-type]
+            if outcome.get("eval_error") == EVAL_CUT_OFF:
+                say(f"{spec.label}: its evaluation was cut off again, kept without its score")
+                return earlier
+            return keep(spec, finish(spec, outcome))
         leads, ready = leaders.claim(spec) if leaders else (False, None)
         if ready is not None and not leads and not ready.is_set():
             say(f"{spec.label}: waits for the first run of its step to compile it")
@@ -305,10 +327,21 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             cut = outcome.get("eval_error") == EVAL_CUT_OFF
             say(f"{spec.label}: trained; " + ("its evaluation was cut off, kept without its score" if cut
                                               else "kept, the call was interrupted after its training"))
-        record = finish(spec, outcome)
+        return keep(spec, finish(spec, outcome))
+
+    def keep(spec: RunSpec, record: dict) -> dict:
+        kept = spec.run_dir / "result.json"
         kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
         kept.write_text(json.dumps(record, indent=1))
         say(f"{spec.label}: {record['summary']}")
         return record
 
     return [record for record in in_slots(specs, slots, one) if record]
+
+
+def scoreless_with_weights(record: dict, run_dir: Path) -> bool:
+    """Whether a kept run lost its evaluation to a stopping call and its checkpoints are still in
+    ``run_dir`` (the same machine: carried records come without weights)."""
+    from diffscale.runtime.checkpoint import list_checkpoints  # torch, only where a run is scored again
+
+    return record.get("eval_error") == EVAL_CUT_OFF and bool(list_checkpoints(run_dir))

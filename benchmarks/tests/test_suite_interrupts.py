@@ -113,19 +113,26 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_verdict(tmp_path):
+def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_then_scored_where_its_weights_are(tmp_path):
     """The call stopped (SIGINT to the process group) while a run that trained to its end was being
-    evaluated: its loss curve is judged and kept, without a score, and the next call reuses it. The
-    evaluation waits in a feature network of the test's own until the signal comes."""
+    evaluated: its loss curve is judged and kept, without a score. The next call reuses it: carried
+    without its checkpoints (another machine) it stays as it is; where its checkpoints are (the same
+    machine) it is evaluated, not trained again. The evaluation waits in a feature network of the
+    test's own while a flag file exists, until the signal comes."""
     import os
+    import shutil
     import signal
     import subprocess
 
+    flag = tmp_path / "hold-the-evaluation"
+    flag.touch()
     (tmp_path / "waiting_features.py").write_text(
-        "import time\n"
+        "import os, time\n"
+        "import torch\n"
         "def build():\n"
-        "    while True:  # until the call is interrupted\n"
-        "        time.sleep(0.05)\n")
+        f"    while os.path.exists({str(flag)!r}):  # until the call is interrupted\n"
+        "        time.sleep(0.05)\n"
+        "    return torch.nn.Flatten()  # the pixels as features\n")
     out = tmp_path / "out"
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     process, lines, argv = _suite_started(out, steps=6, extra_sets=("train.eval_features=waiting_features:build",),
@@ -136,22 +143,49 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_with_its_ver
     os.killpg(process.pid, signal.SIGINT)
     printed = _stopped(process, lines)
     assert process.returncode == 130, printed
-    kept = json.loads((log.with_suffix("") / "result.json").read_text())
+    run_dir = log.with_suffix("")
+    kept = json.loads((run_dir / "result.json").read_text())
     assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed, (
         {key: kept.get(key) for key in ("exit_code", "eval_code", "eval_error")}, log.read_text()[-2000:])
     assert kept["exit_code"] == 0 and kept["steps_reached"] == 6 and kept["collapsed"] is False
     assert kept["quality"] is None and kept["eval_error"].startswith("the call was interrupted during the evaluation")
     assert "colour/defaults/seed0: training" not in printed
-    # strokes alone again: kept, so nothing trains and no evaluation waits (were it trained again, its
-    # evaluation would wait for good: the whole session is stopped after the time limit)
-    again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
-    try:
-        printed, _ = again.communicate(timeout=300)
-    finally:
-        if again.poll() is None:
-            os.killpg(again.pid, signal.SIGKILL)
-    assert again.returncode == 0 and "strokes/defaults/seed0: kept from an earlier call" in printed, printed
+
+    def strokes_again() -> str:
+        """strokes alone again (were it trained or evaluated while the flag is there, its evaluation
+        would wait for good: the whole session is stopped after the time limit)"""
+        again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+        try:
+            said, _ = again.communicate(timeout=300)
+        finally:
+            if again.poll() is None:
+                os.killpg(again.pid, signal.SIGKILL)
+        assert again.returncode == 0, said
+        return said
+
+    # its record carried to another machine, without the weights: kept as it is
+    shutil.move(run_dir / "checkpoints", tmp_path / "checkpoints")
+    printed = strokes_again()
+    assert "strokes/defaults/seed0: kept from an earlier call" in printed, printed
+    assert json.loads((run_dir / "result.json").read_text()) == kept
+    # on the machine that trained it: evaluated now, its training and verdict unchanged
+    shutil.move(tmp_path / "checkpoints", run_dir / "checkpoints")
+    flag.unlink()
+    metrics = (run_dir / "metrics.jsonl").read_text()
+    printed = strokes_again()
+    assert "strokes/defaults/seed0: trained by an earlier call, its evaluation cut off: evaluating it" in printed
+    assert "strokes/defaults/seed0: training" not in printed, printed
+    scored = json.loads((run_dir / "result.json").read_text())
+    assert scored["quality"] is not None and scored["quality"] >= 0 and "eval_error" not in scored, scored
+    assert {key: scored[key] for key in ("exit_code", "train_s", "steps_reached", "collapsed", "final_loss")} == {
+        key: kept[key] for key in ("exit_code", "train_s", "steps_reached", "collapsed", "final_loss")}
+    now = (run_dir / "metrics.jsonl").read_text()  # no step trained again; the evaluation's record added
+    assert now.startswith(metrics) and [json.loads(line)["kind"] for line in now[len(metrics):].splitlines()] == [
+        "eval"]
+    assert f"fd {round(scored['quality'], 4)}" in printed
+    # and a third call keeps the scored run
+    assert "strokes/defaults/seed0: kept from an earlier call" in strokes_again()
 
 
 @pytest.mark.parametrize("exit_code", [85, 130])
