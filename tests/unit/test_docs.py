@@ -119,3 +119,19 @@ def test_benchmarks_page_is_one_short_table_a_section_with_provenance():
             assert re.search(r"\b[0-9a-f]{7}\b|not recorded", cells["commit"]), (title, row)
             assert cells["command"] and cells["card"], (title, row)
             assert max(len(cell) for cell in cells.values()) <= 120, (title, row)
+
+
+def test_readmes_preset_table_is_what_the_presets_are():
+    """Each image preset's row (px, widths, attention, batch, target) as ``get_preset`` builds it."""
+    from diffscale.config.presets import get_preset
+
+    rows = re.findall(r"^\| (tiny|small|medium|large|xl)\b[^|]* \| (\d+) \| (\([\d, ]+\)) \| ([a-z, ]+) \| (\d+) \| "
+                      r"(\w+) \|$", (REPO / "README.md").read_text(), re.M)
+    assert [row[0] for row in rows] == ["tiny", "small", "medium", "large", "xl"]
+    target = {"v_prediction": "v", "epsilon": "noise", "sample": "sample"}
+    for name, px, widths, attention, batch, predicts in rows:
+        cfg = get_preset(name)
+        assert (int(px), widths, attention, int(batch), predicts) == (
+            cfg.model.sample_size, str(cfg.model.block_out_channels),
+            ", ".join("yes" if a else "no" for a in cfg.model.attention), cfg.train.batch_per_gpu,
+            target[cfg.diffusion.prediction_type.value]), name
