@@ -284,21 +284,11 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
         kept = spec.run_dir / "result.json"
         if kept.is_file():
             earlier = json.loads(kept.read_text())
-            if not (options.get("evaluate") and scoreless_with_weights(earlier, spec.run_dir)):
-                say(f"{spec.label}: kept from an earlier call ({kept})")
-                return earlier
-            if interrupted.is_set():
-                return earlier
-            # an earlier call on this machine trained it and was stopped in its evaluation: its
-            # weights are still here, so it is scored now instead of trained again
-            say(f"{spec.label}: trained by an earlier call, its evaluation cut off: evaluating it{where}")
-            outcome = {key: earlier[key] for key in ("exit_code", "train_s", "log")}
-            outcome |= evaluate_trained(spec, env, Path(earlier["log"]),
-                                        options.get("eval_count"))  # type: ignore[arg-type]
-            if outcome.get("eval_error") == EVAL_CUT_OFF:
-                say(f"{spec.label}: its evaluation was cut off again, kept without its score")
-                return earlier
-            return keep(spec, finish(spec, outcome))
+            if options.get("evaluate") and scoreless_with_weights(earlier, spec.run_dir):
+                return score_kept(spec, earlier, env, where, finish, say,
+                                  options.get("eval_count"))  # type: ignore[arg-type]
+            say(f"{spec.label}: kept from an earlier call ({kept})")
+            return earlier
         leads, ready = leaders.claim(spec) if leaders else (False, None)
         if ready is not None and not leads and not ready.is_set():
             say(f"{spec.label}: waits for the first run of its step to compile it")
@@ -327,16 +317,34 @@ def run_all(specs: list[RunSpec], slots: Slots, finish: Callable[[RunSpec, dict]
             cut = outcome.get("eval_error") == EVAL_CUT_OFF
             say(f"{spec.label}: trained; " + ("its evaluation was cut off, kept without its score" if cut
                                               else "kept, the call was interrupted after its training"))
-        return keep(spec, finish(spec, outcome))
-
-    def keep(spec: RunSpec, record: dict) -> dict:
-        kept = spec.run_dir / "result.json"
-        kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
-        kept.write_text(json.dumps(record, indent=1))
-        say(f"{spec.label}: {record['summary']}")
-        return record
+        return keep(spec, finish(spec, outcome), say)
 
     return [record for record in in_slots(specs, slots, one) if record]
+
+
+def keep(spec: RunSpec, record: dict, say: Callable[[str], None]) -> dict:
+    """``record`` kept as the run's ``result.json`` and its summary said."""
+    kept = spec.run_dir / "result.json"
+    kept.parent.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder
+    kept.write_text(json.dumps(record, indent=1))
+    say(f"{spec.label}: {record['summary']}")
+    return record
+
+
+def score_kept(spec: RunSpec, earlier: dict, env: dict[str, str], where: str,
+               finish: Callable[[RunSpec, dict], dict], say: Callable[[str], None], eval_count: int | None) -> dict:
+    """A run an earlier call on this machine trained and was stopped in evaluating: its weights are
+    still here, so it is scored now instead of trained again. Its new record, or ``earlier`` when
+    this call is stopped too."""
+    if interrupted.is_set():
+        return earlier
+    say(f"{spec.label}: trained by an earlier call, its evaluation cut off: evaluating it{where}")
+    outcome = {key: earlier[key] for key in ("exit_code", "train_s", "log")}
+    outcome |= evaluate_trained(spec, env, Path(earlier["log"]), eval_count)
+    if outcome.get("eval_error") == EVAL_CUT_OFF:
+        say(f"{spec.label}: its evaluation was cut off again, kept without its score")
+        return earlier
+    return keep(spec, finish(spec, outcome), say)
 
 
 def scoreless_with_weights(record: dict, run_dir: Path) -> bool:

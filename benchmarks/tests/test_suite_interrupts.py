@@ -113,19 +113,13 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_then_scored_where_its_weights_are(tmp_path):
-    """The call stopped (SIGINT to the process group) while a run that trained to its end was being
-    evaluated: its loss curve is judged and kept, without a score. The next call reuses it: carried
-    without its checkpoints (another machine) it stays as it is; where its checkpoints are (the same
-    machine) it is evaluated, not trained again. The evaluation waits in a feature network of the
-    test's own while a flag file exists, until the signal comes."""
+def _cut_off_in_its_evaluation(tmp_path, flag):
+    """A suite call on strokes stopped (SIGINT to the process group) while its run, trained to its
+    end, was being evaluated in a feature network of the test's own that waits while ``flag``
+    exists: (the run's folder, its kept record, the call's command, its environment)."""
     import os
-    import shutil
     import signal
-    import subprocess
 
-    flag = tmp_path / "hold-the-evaluation"
-    flag.touch()
     (tmp_path / "waiting_features.py").write_text(
         "import os, time\n"
         "import torch\n"
@@ -147,33 +141,49 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_then_scored_
     kept = json.loads((run_dir / "result.json").read_text())
     assert "tiny/strokes/defaults/seed0: trained; its evaluation was cut off, kept without its score" in printed, (
         {key: kept.get(key) for key in ("exit_code", "eval_code", "eval_error")}, log.read_text()[-2000:])
+    assert "colour/defaults/seed0: training" not in printed
+    return run_dir, kept, argv, env
+
+
+def _strokes_again(argv: list[str], env: dict[str, str]) -> str:
+    """The suite on strokes alone again, to its end: what it printed. (Were the run trained or
+    evaluated while the test's feature network waits, it would wait for good: the whole session
+    is stopped after the time limit.)"""
+    import os
+    import signal
+    import subprocess
+
+    again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+    try:
+        said, _ = again.communicate(timeout=300)
+    finally:
+        if again.poll() is None:
+            os.killpg(again.pid, signal.SIGKILL)
+    assert again.returncode == 0, said
+    return said
+
+
+def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_then_scored_where_its_weights_are(tmp_path):
+    """A run the stopping call caught in its evaluation is kept with its verdict, without a score.
+    The next call reuses it: carried without its checkpoints (another machine) it stays as it is;
+    where its checkpoints are (the same machine) it is evaluated, not trained again."""
+    import shutil
+
+    flag = tmp_path / "hold-the-evaluation"
+    flag.touch()
+    run_dir, kept, argv, env = _cut_off_in_its_evaluation(tmp_path, flag)
     assert kept["exit_code"] == 0 and kept["steps_reached"] == 6 and kept["collapsed"] is False
     assert kept["quality"] is None and kept["eval_error"].startswith("the call was interrupted during the evaluation")
-    assert "colour/defaults/seed0: training" not in printed
-
-    def strokes_again() -> str:
-        """strokes alone again (were it trained or evaluated while the flag is there, its evaluation
-        would wait for good: the whole session is stopped after the time limit)"""
-        again = subprocess.Popen([*argv[:7], *argv[8:]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
-        try:
-            said, _ = again.communicate(timeout=300)
-        finally:
-            if again.poll() is None:
-                os.killpg(again.pid, signal.SIGKILL)
-        assert again.returncode == 0, said
-        return said
-
     # its record carried to another machine, without the weights: kept as it is
     shutil.move(run_dir / "checkpoints", tmp_path / "checkpoints")
-    printed = strokes_again()
-    assert "strokes/defaults/seed0: kept from an earlier call" in printed, printed
+    assert "strokes/defaults/seed0: kept from an earlier call" in _strokes_again(argv, env)
     assert json.loads((run_dir / "result.json").read_text()) == kept
     # on the machine that trained it: evaluated now, its training and verdict unchanged
     shutil.move(tmp_path / "checkpoints", run_dir / "checkpoints")
     flag.unlink()
     metrics = (run_dir / "metrics.jsonl").read_text()
-    printed = strokes_again()
+    printed = _strokes_again(argv, env)
     assert "strokes/defaults/seed0: trained by an earlier call, its evaluation cut off: evaluating it" in printed
     assert "strokes/defaults/seed0: training" not in printed, printed
     scored = json.loads((run_dir / "result.json").read_text())
@@ -185,7 +195,7 @@ def test_a_run_whose_evaluation_an_interrupted_call_cut_off_is_kept_then_scored_
         "eval"]
     assert f"fd {round(scored['quality'], 4)}" in printed
     # and a third call keeps the scored run
-    assert "strokes/defaults/seed0: kept from an earlier call" in strokes_again()
+    assert "strokes/defaults/seed0: kept from an earlier call" in _strokes_again(argv, env)
 
 
 @pytest.mark.parametrize("exit_code", [85, 130])
