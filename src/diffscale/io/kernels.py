@@ -62,20 +62,27 @@ def _one_line(built_for: str) -> str:
     return " ".join(built_for.splitlines())
 
 
+def _made_for(recorded: frozenset[str], built_for: str) -> bool:
+    """Whether whole builds made for the data ``recorded`` names serve a run of ``built_for`` (any
+    data where it names none)."""
+    return not built_for or _one_line(built_for) in recorded
+
+
 def step_built(folder: Path, built_for: str = "") -> bool:
     """Whether ``folder`` holds a whole build of a training step (``STEP_BUILT``), made for the data
     ``built_for`` names where it names one (``RunConfig.kernels_built_for``)."""
     recorded = builds_recorded(folder)
-    return recorded is not None and (not built_for or _one_line(built_for) in recorded)
+    return recorded is not None and _made_for(recorded, built_for)
 
 
 def mark_step_built(folder: Path, built_for: str = "") -> None:
     """Mark ``folder`` as holding a whole build, made for the data ``built_for`` names (if any); a
     cache the job cannot write to stays unmarked (its next runs then train eager while a background
     process loads the kernels, as on a cold cache)."""
-    if step_built(folder, built_for):
+    recorded = builds_recorded(folder)
+    if recorded is not None and _made_for(recorded, built_for):
         return
-    lines = "" if step_built(folder) else "a training step compiled through this folder ran\n"
+    lines = "" if recorded is not None else "a training step compiled through this folder ran\n"
     if built_for:
         lines += f"{BUILT_FOR}{_one_line(built_for)}\n"
     try:
@@ -137,7 +144,7 @@ class KernelCache:
         recorded = self.built_for or (frozenset(),) * len(self.compiled)
         return [build for (build, graph), sources in zip(self.compiled, recorded, strict=True)
                 if graph == graph_key and (not word or word in build.split("-"))
-                and (not built_for or _one_line(built_for) in sources)]
+                and _made_for(sources, built_for)]
 
 
 def _model_word(gpu_kind: str) -> str:
