@@ -100,7 +100,8 @@ def large() -> RunConfig:
 def xl() -> RunConfig:
     """128 px, widths (128, 128, 256, 256, 512, 512), attention at level 5, batch 32 per GPU.
     v-prediction: on the suite's `strokes` its FD after 1,500 steps was 6.5 against 270 predicting
-    the noise (three seeds each), on `clouds` 50.6 against 69.1, at the same learning rate
+    the noise (three seeds each), on `clouds` 50.6 against 69.1, summed over the suite's six sets
+    118 against 429 (farther only on `flat` and `colour`), at the same learning rate
     (docs/decisions.md, "xl: v-prediction at large's learning rate")."""
     return RunConfig(
         preset="xl",
